@@ -1,0 +1,38 @@
+# Two commands do everything on a fresh machine with only python3:
+#   make run    execute every notebook at the default scale and write the report (build/report/)
+#   make test   run the test suite (includes every notebook at CI scale through papermill)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+SCALE  ?= default
+export MPLCONFIGDIR := $(CURDIR)/build/mpl
+export HF_HOME      := $(CURDIR)/build/hf
+export RAY_AUTH_MODE := disabled
+
+.PHONY: install run test lab lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[torch,notebooks,test]"
+	$(BIN)/python -m pip install --quiet --no-deps $$($(BIN)/python -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['packlab']['no_deps']))")
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+run: $(STAMP)
+	$(BIN)/python -m packlab.notebooks run --scale $(SCALE)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
+
+lint: $(STAMP)
+	$(BIN)/ruff check packlab tests
+
+clean:
+	rm -rf build data/*/ $(VENV)

@@ -1,0 +1,57 @@
+"""One packed bin, the unit every format stores and returns (DESIGN.md, "One packed bin").
+
+- ``input_ids``: concatenated tokens, length ``packed_len``, ``0 < packed_len <= pack_size``;
+- ``loss_mask``: uint8 0/1, same length, aligned for next-token prediction within each
+  sub-sequence (the last position of every sub-sequence is 0);
+- ``seq_start_id``: start offsets ``[0, s1, ...]``, strictly increasing, last ``< packed_len``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+import numpy as np
+
+
+class PackedBin(NamedTuple):
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    seq_start_id: np.ndarray
+
+    @property
+    def packed_len(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_start_id.shape[0])
+
+    def seq_boundaries(self) -> np.ndarray:
+        """``list(seq_start_id) + [packed_len]`` as int32: what Megatron-Bridge datasets return."""
+        out = np.empty(self.num_seqs + 1, dtype=np.int32)
+        out[:-1] = self.seq_start_id
+        out[-1] = self.packed_len
+        return out
+
+    def copy(self) -> PackedBin:
+        return PackedBin(self.input_ids.copy(), self.loss_mask.copy(), self.seq_start_id.copy())
+
+
+def bin_digest(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.ndarray) -> str:
+    """A content hash of one bin that ignores storage dtypes (uint16 vs int32 tokens hash alike)."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(np.ascontiguousarray(input_ids, dtype="<i8").tobytes())
+    digest.update(b"|")
+    digest.update(np.ascontiguousarray(loss_mask, dtype="|u1").tobytes())
+    digest.update(b"|")
+    digest.update(np.ascontiguousarray(seq_start_id, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+def bins_equal(a: PackedBin, b: PackedBin) -> bool:
+    return (
+        np.array_equal(a.input_ids, b.input_ids)
+        and np.array_equal(a.loss_mask, b.loss_mask)
+        and np.array_equal(a.seq_start_id, b.seq_start_id)
+    )

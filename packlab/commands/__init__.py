@@ -1,0 +1,34 @@
+"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`); shared helpers below."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+
+def emit_json(obj: Any) -> None:
+    """One JSON object on stdout (what ``--json`` promises)."""
+    json.dump(obj, sys.stdout, default=_jsonable)
+    sys.stdout.write("\n")
+
+
+def _jsonable(value: Any) -> Any:
+    import numpy as np
+
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    return str(value)
+
+
+def emit_table(rows: dict[str, Any]) -> None:
+    """Key/value lines for people."""
+    width = max((len(k) for k in rows), default=0)
+    for key, value in rows.items():
+        if isinstance(value, float):
+            value = f"{value:.6g}"
+        print(f"{key:<{width}}  {value}")

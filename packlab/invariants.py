@@ -1,0 +1,131 @@
+"""The rules of "One packed bin" (DESIGN.md), vectorized; errors name the source and the bin.
+
+Writers call :func:`check_bin` on every bin; ``packlab validate`` calls :func:`check_csr` on a
+whole shard at once (flat tokens and masks with their offsets), so a million bins cost a few
+numpy passes, not a Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from packlab.errors import InvariantError
+
+
+def check_bin(
+    input_ids: np.ndarray,
+    loss_mask: np.ndarray,
+    seq_start_id: np.ndarray,
+    *,
+    pack_size: int,
+    source: str = "<bin>",
+    bin_id: int = 0,
+) -> None:
+    """Raise :class:`InvariantError` naming ``source`` and ``bin_id`` if the bin breaks a rule."""
+    where = f"{source}: bin {bin_id}"
+    n = int(np.shape(input_ids)[0]) if np.ndim(input_ids) == 1 else -1
+    if n < 0 or np.ndim(loss_mask) != 1 or np.ndim(seq_start_id) != 1:
+        raise InvariantError(f"{where}: input_ids, loss_mask and seq_start_id must be 1-D")
+    if not 0 < n <= pack_size:
+        raise InvariantError(f"{where}: packed_len {n} not in (0, {pack_size}]")
+    if loss_mask.shape[0] != n:
+        raise InvariantError(f"{where}: loss_mask has {loss_mask.shape[0]} values, input_ids {n}")
+    if input_ids.dtype.kind not in "iu":
+        raise InvariantError(f"{where}: input_ids dtype {input_ids.dtype} is not integer")
+    if input_ids.dtype.kind == "i" and int(input_ids.min()) < 0:
+        raise InvariantError(f"{where}: negative token id {int(input_ids.min())}")
+    if loss_mask.dtype != np.bool_ and (int(loss_mask.max()) > 1 or int(loss_mask.min()) < 0):
+        raise InvariantError(f"{where}: loss_mask values must be 0 or 1")
+    starts = np.asarray(seq_start_id, dtype=np.int64)
+    if starts.shape[0] == 0:
+        raise InvariantError(f"{where}: seq_start_id is empty")
+    if starts[0] != 0:
+        raise InvariantError(f"{where}: seq_start_id[0] is {int(starts[0])}, must be 0")
+    if starts.shape[0] > 1 and not bool(np.all(starts[1:] > starts[:-1])):
+        i = int(np.argmax(starts[1:] <= starts[:-1])) + 1
+        raise InvariantError(f"{where}: seq_start_id not strictly increasing at position {i}")
+    if starts[-1] >= n:
+        raise InvariantError(f"{where}: last seq_start_id {int(starts[-1])} >= packed_len {n}")
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1] = n
+    if bool(np.any(loss_mask[ends - 1])):
+        j = int(np.argmax(loss_mask[ends - 1] != 0))
+        raise InvariantError(
+            f"{where}: loss_mask is 1 at position {int(ends[j] - 1)}, the last token of "
+            f"sub-sequence {j}: loss would cross a sequence boundary"
+        )
+
+
+def check_csr(
+    token_offsets: np.ndarray,
+    seq_offsets: np.ndarray,
+    seq_starts: np.ndarray,
+    loss_mask: np.ndarray | None,
+    *,
+    pack_size: int,
+    source: str,
+    first_bin: int = 0,
+) -> None:
+    """Check many bins at once, given in CSR form.
+
+    ``token_offsets`` (num_bins+1) delimit each bin's tokens in the flat ``loss_mask``;
+    ``seq_offsets`` (num_bins+1) delimit each bin's starts in the flat ``seq_starts``.
+    """
+    tok = np.asarray(token_offsets, dtype=np.int64)
+    so = np.asarray(seq_offsets, dtype=np.int64)
+    starts = np.asarray(seq_starts, dtype=np.int64)
+    num_bins = tok.shape[0] - 1
+
+    def fail(bin_index: int, what: str) -> InvariantError:
+        return InvariantError(f"{source}: bin {first_bin + bin_index}: {what}")
+
+    if so.shape[0] != num_bins + 1:
+        raise InvariantError(f"{source}: {so.shape[0]} sequence offsets for {num_bins} bins")
+    if tok[0] != 0 or so[0] != 0:
+        raise InvariantError(f"{source}: offsets must start at 0")
+    packed_len = np.diff(tok)
+    bad = (packed_len <= 0) | (packed_len > pack_size)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise fail(b, f"packed_len {int(packed_len[b])} not in (0, {pack_size}]")
+    nseq = np.diff(so)
+    if (nseq <= 0).any():
+        raise fail(int(np.argmax(nseq <= 0)), "seq_start_id is empty")
+    if so[-1] != starts.shape[0]:
+        raise InvariantError(f"{source}: seq offsets end at {int(so[-1])}, {starts.shape[0]} starts")
+    first = starts[so[:-1]]
+    if (first != 0).any():
+        b = int(np.argmax(first != 0))
+        raise fail(b, f"seq_start_id[0] is {int(first[b])}, must be 0")
+    bin_of_start = np.repeat(np.arange(num_bins), nseq)
+    if starts.shape[0] > 1:
+        same_bin = bin_of_start[1:] == bin_of_start[:-1]
+        not_increasing = same_bin & (starts[1:] <= starts[:-1])
+        if not_increasing.any():
+            b = int(bin_of_start[1:][np.argmax(not_increasing)])
+            raise fail(b, "seq_start_id not strictly increasing")
+    last = starts[so[1:] - 1]
+    if (last >= packed_len).any():
+        b = int(np.argmax(last >= packed_len))
+        raise fail(b, f"last seq_start_id {int(last[b])} >= packed_len {int(packed_len[b])}")
+    if loss_mask is None:
+        return
+    mask = np.asarray(loss_mask)
+    if mask.shape[0] != tok[-1]:
+        raise InvariantError(f"{source}: {mask.shape[0]} loss_mask values for {int(tok[-1])} tokens")
+    if mask.size and int(mask.max()) > 1:
+        pos = int(np.argmax(mask > 1))
+        b = int(np.searchsorted(tok, pos, side="right") - 1)
+        raise fail(b, "loss_mask values must be 0 or 1")
+    # the last token of every sub-sequence: next start - 1 within a bin, packed_len - 1 at the end
+    ends = np.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[so[1:] - 1] = packed_len
+    last_token = tok[:-1][bin_of_start] + ends - 1
+    leaking = mask[last_token] != 0
+    if leaking.any():
+        k = int(np.argmax(leaking))
+        b = int(bin_of_start[k])
+        raise fail(b, f"loss_mask is 1 at position {int(ends[k] - 1)}, the last token of a "
+                      "sub-sequence: loss would cross a sequence boundary")

@@ -1,0 +1,199 @@
+"""Packing: from sequence lengths alone, assign sequences to bins of at most ``pack_size`` tokens.
+
+The result is a :class:`BinAssignment`, a CSR pair: bin ``b`` holds the sequences
+``seq_indices[bin_offsets[b]:bin_offsets[b + 1]]``, in the order they are laid out in the bin.
+
+Over-long sequences (longer than ``pack_size``) are either truncated to ``pack_size`` (each
+then fills a bin alone) or dropped; both are counted in the :class:`PackingReport`, never silent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from packlab.errors import FormatError, PacklabError
+
+Overlong = Literal["truncate", "drop"]
+ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {}
+DEFAULT_ALGORITHM = "first_fit_shuffle"
+
+
+@dataclass(frozen=True)
+class BinAssignment:
+    """Sequences per bin, as CSR; ``pack_size`` and the over-long policy travel with it."""
+
+    bin_offsets: np.ndarray  # int64[num_bins + 1]
+    seq_indices: np.ndarray  # int64[num_assigned]
+    pack_size: int
+    overlong: Overlong = "truncate"
+
+    @property
+    def num_bins(self) -> int:
+        return int(self.bin_offsets.shape[0] - 1)
+
+    def bin_indices(self, bin_id: int) -> np.ndarray:
+        """Spool indices of the sequences in bin ``bin_id``, in layout order."""
+        return self.seq_indices[self.bin_offsets[bin_id] : self.bin_offsets[bin_id + 1]]
+
+    def seqs_per_bin(self) -> np.ndarray:
+        return np.diff(self.bin_offsets)
+
+    def select(self, start: int, stop: int) -> BinAssignment:
+        """Bins ``start:stop`` as an assignment of their own (for shards)."""
+        lo, hi = int(self.bin_offsets[start]), int(self.bin_offsets[stop])
+        return BinAssignment(
+            bin_offsets=self.bin_offsets[start : stop + 1] - lo,
+            seq_indices=self.seq_indices[lo:hi],
+            pack_size=self.pack_size,
+            overlong=self.overlong,
+        )
+
+    def bin_lengths(self, lengths: np.ndarray) -> np.ndarray:
+        """Packed length of every bin, given the spool's sequence lengths (truncation applied)."""
+        kept = np.minimum(np.asarray(lengths, dtype=np.int64)[self.seq_indices], self.pack_size)
+        sums = np.add.reduceat(kept, self.bin_offsets[:-1]) if kept.size else kept
+        return sums.astype(np.int64)
+
+    def save(self, path: str | Path) -> None:
+        np.savez(
+            Path(path),
+            bin_offsets=self.bin_offsets,
+            seq_indices=self.seq_indices,
+            pack_size=np.int64(self.pack_size),
+            overlong=np.str_(self.overlong),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> BinAssignment:
+        try:
+            with np.load(Path(path), allow_pickle=False) as z:
+                return cls(
+                    bin_offsets=z["bin_offsets"].astype(np.int64),
+                    seq_indices=z["seq_indices"].astype(np.int64),
+                    pack_size=int(z["pack_size"]),
+                    overlong=str(z["overlong"]),  # type: ignore[arg-type]
+                )
+        except (OSError, KeyError, ValueError) as exc:
+            raise FormatError(f"{path}: not a bin assignment ({exc})") from None
+
+
+@dataclass(frozen=True)
+class PackingReport:
+    """What a packing did, for ``packlab plan --json`` and the notebooks."""
+
+    algorithm: str
+    num_sequences: int
+    num_tokens: int
+    pack_size: int
+    num_bins: int
+    lower_bound_bins: int
+    efficiency: float  # packed tokens / (num_bins * pack_size)
+    bins_over_lower_bound: float  # num_bins / lower_bound_bins - 1
+    mean_seqs_per_bin: float
+    max_seqs_per_bin: int
+    dropped: int
+    truncated: int
+    truncated_tokens: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def register(name: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
+    """Register a packing algorithm.
+
+    An algorithm takes ``(lengths int64[n], pack_size, rng)`` with every length in
+    ``[1, pack_size]`` and returns ``bin_of int64[n]``, the bin of each sequence, bins numbered
+    from 0 in the order they should be written. Within a bin, sequences keep ascending index
+    order unless the algorithm says otherwise through the order it returns from :func:`pack`.
+    """
+
+    def decorate(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        ALGORITHMS[name] = fn
+        return fn
+
+    return decorate
+
+
+def check_pack_size(pack_size: int) -> int:
+    if isinstance(pack_size, bool) or not isinstance(pack_size, int | np.integer) or pack_size <= 0:
+        raise PacklabError(f"pack_size must be a positive integer, got {pack_size!r}")
+    return int(pack_size)
+
+
+def pack(
+    lengths: np.ndarray,
+    pack_size: int,
+    *,
+    algorithm: str = DEFAULT_ALGORITHM,
+    seed: int = 0,
+    overlong: Overlong = "truncate",
+) -> tuple[BinAssignment, PackingReport]:
+    """Pack sequences of the given lengths; deterministic for a seed."""
+    from packlab import packers  # noqa: F401  (registers the algorithms)
+
+    pack_size = check_pack_size(pack_size)
+    if algorithm not in ALGORITHMS:
+        raise PacklabError(f"unknown packing algorithm {algorithm!r}; choose from {sorted(ALGORITHMS)}")
+    if overlong not in ("truncate", "drop"):
+        raise PacklabError(f"overlong must be 'truncate' or 'drop', got {overlong!r}")
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or lengths.size == 0:
+        raise PacklabError("nothing to pack: no sequence lengths")
+    if int(lengths.min()) <= 0:
+        raise PacklabError(f"sequence {int(np.argmin(lengths))} has length {int(lengths.min())}")
+    began = time.perf_counter()
+    over = lengths > pack_size
+    if overlong == "drop":
+        kept_index = np.flatnonzero(~over)
+        if kept_index.size == 0:
+            raise PacklabError(f"every sequence is longer than pack_size {pack_size}")
+    else:
+        kept_index = np.arange(lengths.shape[0], dtype=np.int64)
+    kept_len = np.minimum(lengths[kept_index], pack_size)
+    rng = np.random.default_rng(seed)
+    bin_of = ALGORITHMS[algorithm](kept_len, pack_size, rng)
+    assignment = assignment_from_bins(bin_of, kept_index, pack_size, overlong)
+    seconds = time.perf_counter() - began
+    total = int(kept_len.sum())
+    num_bins = assignment.num_bins
+    lower = -(-total // pack_size)
+    per_bin = assignment.seqs_per_bin()
+    report = PackingReport(
+        algorithm=algorithm,
+        num_sequences=int(lengths.shape[0]),
+        num_tokens=total,
+        pack_size=pack_size,
+        num_bins=num_bins,
+        lower_bound_bins=lower,
+        efficiency=total / (num_bins * pack_size),
+        bins_over_lower_bound=num_bins / lower - 1.0,
+        mean_seqs_per_bin=float(per_bin.mean()),
+        max_seqs_per_bin=int(per_bin.max()),
+        dropped=int(over.sum()) if overlong == "drop" else 0,
+        truncated=int(over.sum()) if overlong == "truncate" else 0,
+        truncated_tokens=int((lengths[over] - pack_size).sum()) if overlong == "truncate" else 0,
+        seconds=seconds,
+    )
+    return assignment, report
+
+
+def assignment_from_bins(
+    bin_of: np.ndarray, kept_index: np.ndarray, pack_size: int, overlong: Overlong
+) -> BinAssignment:
+    """CSR from a per-sequence bin number (stable: ascending spool index within a bin)."""
+    bin_of = np.asarray(bin_of, dtype=np.int64)
+    order = np.argsort(bin_of, kind="stable")
+    counts = np.bincount(bin_of)
+    if (counts == 0).any():
+        raise PacklabError("packing produced an empty bin (algorithm bug)")
+    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    return BinAssignment(offsets, kept_index[order].astype(np.int64), pack_size, overlong)

@@ -1,0 +1,24 @@
+"""Progress bars for long work: shown on a terminal, quiet in CI and in notebooks run headless."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
+
+from tqdm.auto import tqdm
+
+T = TypeVar("T")
+
+
+def progress_enabled() -> bool:
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "") -> Iterator[T]:
+    """``tqdm`` when a person is watching, the plain iterable otherwise."""
+    if not progress_enabled():
+        yield from iterable
+        return
+    yield from tqdm(iterable, total=total, desc=desc, unit_scale=True, leave=False)

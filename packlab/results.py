@@ -1,0 +1,85 @@
+"""Where notebooks put what they found: results JSON, figures and data under the build folder.
+
+Every notebook ends with one :func:`record` call; tests and the report read the JSON back, so
+the words in a notebook's conclusion never drift from its numbers.
+
+A literal results file (``build/results/02_packing.json``)::
+
+    {"notebook": "02_packing", "parameters": {"num_sequences": 20000},
+     "numbers": {"ffd_efficiency": 0.9991, "ffd_seconds_1m": 0.84},
+     "findings": [{"claim": "FFD within 0.5% of the lower bound", "measured": "0.09%",
+                   "verdict": "holds"}]}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _root() -> Path:
+    """The repository when packlab runs from a checkout, else the working directory."""
+    return _REPO if (_REPO / "pyproject.toml").is_file() else Path.cwd()
+
+
+def build_dir() -> Path:
+    return Path(os.environ.get("PACKLAB_BUILD", _root() / "build"))
+
+
+def data_dir(name: str = "") -> Path:
+    """A folder for generated data (``data/`` in the repository, git-ignored)."""
+    path = Path(os.environ.get("PACKLAB_DATA", _root() / "data")) / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def figure_path(name: str) -> Path:
+    """``build/figures/NAME.png``: where a notebook saves a figure."""
+    path = build_dir() / "figures" / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def results_path(notebook: str) -> Path:
+    return build_dir() / "results" / f"{notebook}.json"
+
+
+def finding(claim: str, measured: str, verdict: str) -> dict[str, str]:
+    """One row of the claims table: what was said, what we measured, and whether it holds."""
+    return {"claim": claim, "measured": measured, "verdict": verdict}
+
+
+def record(
+    notebook: str,
+    numbers: dict[str, Any],
+    *,
+    parameters: dict[str, Any] | None = None,
+    findings: list[dict[str, str]] | None = None,
+) -> Path:
+    """Write a notebook's headline numbers; returns the path."""
+    path = results_path(notebook)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "notebook": notebook,
+        "parameters": parameters or {},
+        "numbers": numbers,
+        "findings": findings or [],
+    }
+    path.write_text(json.dumps(payload, indent=2, default=_plain) + "\n")
+    return path
+
+
+def load(notebook: str) -> dict[str, Any]:
+    return json.loads(results_path(notebook).read_text())
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)

@@ -1,0 +1,294 @@
+"""Spools: tokenized sequences written once, streaming, read through memory maps.
+
+Layout ``spool_v1`` (compatible with Nemotron's spool), one directory::
+
+    tokens.bin     int32    all tokens, concatenated
+    masks.bin      uint8    1 = a token the model must learn to produce (unshifted)
+    offsets.bin    uint64   token offset of each sequence
+    lengths.bin    uint32   length of each sequence
+    manifest.json  written last
+
+A literal manifest::
+
+    {"version": "spool_v1", "num_sequences": 3, "num_tokens": 17,
+     "dtypes": {"tokens": "<i4", "masks": "|u1", "offsets": "<u8", "lengths": "<u4"},
+     "vocab_size": 131072,
+     "files": {"tokens.bin": {"bytes": 68, "sha256": "..."}, ...},
+     "source": {"generator": "synth", "profile": "chat", "seed": 0}}
+
+The writer builds the directory under a temporary name and renames it once, after the
+manifest: a crash never leaves a half spool under the final name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import HashedFile, publish, sha256_file, temporary_sibling
+
+SPOOL_VERSION = "spool_v1"
+DTYPES = {
+    "tokens": np.dtype("<i4"),
+    "masks": np.dtype("|u1"),
+    "offsets": np.dtype("<u8"),
+    "lengths": np.dtype("<u4"),
+}
+FILES = {name: f"{name}.bin" for name in DTYPES}
+MANIFEST = "manifest.json"
+_FLUSH_TOKENS = 1 << 20
+
+
+class SpoolWriter:
+    """Streaming spool writer; keyword-only, a context manager.
+
+    Memory is bounded by one flush buffer (about 1M tokens), never by the spool.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        vocab_size: int | None = None,
+        source: dict[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> None:
+        self.path = Path(path)
+        self.vocab_size = vocab_size
+        self.source = dict(source or {})
+        self.overwrite = overwrite
+        if self.path.exists() and not overwrite:
+            raise PacklabError(f"{self.path}: already exists (pass overwrite=True to replace it)")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temporary_sibling(self.path)
+        self._tmp.mkdir()
+        self._files = {name: HashedFile(self._tmp / FILES[name]) for name in DTYPES}
+        self._pending_tokens: list[np.ndarray] = []
+        self._pending_masks: list[np.ndarray] = []
+        self._pending_lengths: list[np.ndarray] = []
+        self._pending_count = 0
+        self.num_sequences = 0
+        self.num_tokens = 0
+        self._closed = False
+
+    def __enter__(self) -> SpoolWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.finalize()
+        else:
+            self.abort()
+
+    def append(self, tokens: np.ndarray, mask: np.ndarray) -> None:
+        """Append one sequence: its token ids and its 0/1 learn mask (same length, > 0)."""
+        tokens = np.asarray(tokens)
+        mask = np.asarray(mask)
+        self.append_many(tokens, mask, np.array([tokens.shape[0]], dtype=np.int64))
+
+    def append_many(self, tokens: np.ndarray, masks: np.ndarray, lengths: np.ndarray) -> None:
+        """Append many sequences given flat tokens, flat masks and per-sequence lengths."""
+        if self._closed:
+            raise PacklabError(f"{self.path}: writer already finalized")
+        tokens = np.asarray(tokens)
+        masks = np.asarray(masks)
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if tokens.ndim != 1 or masks.ndim != 1 or lengths.ndim != 1:
+            raise PacklabError(f"{self.path}: tokens, masks and lengths must be 1-D")
+        if tokens.shape != masks.shape:
+            raise PacklabError(
+                f"{self.path}: sequence {self.num_sequences}: {tokens.shape[0]} tokens "
+                f"but {masks.shape[0]} mask values"
+            )
+        if lengths.size and int(lengths.min()) <= 0:
+            bad = self.num_sequences + int(np.argmax(lengths <= 0))
+            raise PacklabError(f"{self.path}: sequence {bad}: empty sequences cannot be spooled")
+        if int(lengths.sum()) != tokens.shape[0]:
+            raise PacklabError(f"{self.path}: lengths sum to {int(lengths.sum())}, "
+                               f"but {tokens.shape[0]} tokens were given")
+        if tokens.size:
+            if not np.issubdtype(tokens.dtype, np.integer):
+                raise PacklabError(f"{self.path}: token ids must be integers, got {tokens.dtype}")
+            lo, hi = int(tokens.min()), int(tokens.max())
+            limit = self.vocab_size if self.vocab_size is not None else 2**31
+            if lo < 0 or hi >= limit:
+                raise PacklabError(f"{self.path}: token id out of range [0, {limit}): {lo}..{hi}")
+            if masks.dtype != np.bool_ and int(masks.max()) > 1:
+                raise PacklabError(f"{self.path}: mask values must be 0 or 1")
+        self._pending_tokens.append(tokens.astype(DTYPES["tokens"], copy=False))
+        self._pending_masks.append(masks.astype(DTYPES["masks"], copy=False))
+        self._pending_lengths.append(lengths)
+        self._pending_count += tokens.shape[0]
+        if self._pending_count >= _FLUSH_TOKENS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending_lengths:
+            return
+        lengths = np.concatenate(self._pending_lengths)
+        offsets = self.num_tokens + np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        self._files["tokens"].write(np.concatenate(self._pending_tokens))
+        self._files["masks"].write(np.concatenate(self._pending_masks))
+        self._files["offsets"].write(offsets.astype(DTYPES["offsets"]))
+        self._files["lengths"].write(lengths.astype(DTYPES["lengths"]))
+        self.num_sequences += lengths.shape[0]
+        self.num_tokens += int(lengths.sum())
+        self._pending_tokens.clear()
+        self._pending_masks.clear()
+        self._pending_lengths.clear()
+        self._pending_count = 0
+
+    def finalize(self) -> dict[str, Any]:
+        """Flush, write the manifest last and publish the directory atomically."""
+        if self._closed:
+            raise PacklabError(f"{self.path}: writer already finalized")
+        self._flush()
+        if self.num_sequences == 0:
+            self.abort()
+            raise PacklabError(f"{self.path}: no sequences were written (empty spool)")
+        files = {FILES[name]: f.close() for name, f in self._files.items()}
+        manifest = {
+            "version": SPOOL_VERSION,
+            "num_sequences": self.num_sequences,
+            "num_tokens": self.num_tokens,
+            "dtypes": {name: dt.str for name, dt in DTYPES.items()},
+            "vocab_size": self.vocab_size,
+            "files": files,
+            "source": self.source,
+        }
+        (self._tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        publish(self._tmp, self.path, overwrite=self.overwrite)
+        self._closed = True
+        return manifest
+
+    def abort(self) -> None:
+        """Drop everything written so far; nothing appears under the final name."""
+        for f in self._files.values():
+            f.discard()
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._closed = True
+
+
+class SpoolReader:
+    """Memory-mapped spool reader: opening costs the manifest; sequences are views."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.manifest = read_spool_manifest(self.path)
+        self.num_sequences: int = int(self.manifest["num_sequences"])
+        self.num_tokens: int = int(self.manifest["num_tokens"])
+        self.vocab_size: int | None = self.manifest.get("vocab_size")
+        self._check_sizes()
+        self._maps: dict[str, np.ndarray] | None = None
+
+    def _check_sizes(self) -> None:
+        expected = {
+            "tokens": self.num_tokens,
+            "masks": self.num_tokens,
+            "offsets": self.num_sequences,
+            "lengths": self.num_sequences,
+        }
+        for name, count in expected.items():
+            file = self.path / FILES[name]
+            if not file.is_file():
+                raise FormatError(f"{file}: missing spool file")
+            want = count * DTYPES[name].itemsize
+            have = file.stat().st_size
+            if have != want:
+                raise FormatError(
+                    f"{file}: {have} bytes, manifest says {want} "
+                    f"({count} x {DTYPES[name].str}): truncated or corrupted spool"
+                )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_maps"] = None
+        return state
+
+    def _map(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            self._maps = {
+                name: np.memmap(self.path / FILES[name], dtype=DTYPES[name], mode="r")
+                for name in DTYPES
+            }
+        return self._maps
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self._map()["tokens"]
+
+    @property
+    def masks(self) -> np.ndarray:
+        return self._map()["masks"]
+
+    @property
+    def offsets(self) -> np.ndarray:
+        return self._map()["offsets"]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self._map()["lengths"]
+
+    def __len__(self) -> int:
+        return self.num_sequences
+
+    def read_sequence(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens and learn mask of one sequence, as read-only views into the memory map."""
+        if not 0 <= index < self.num_sequences:
+            raise IndexError(f"{self.path}: sequence {index} out of range [0, {self.num_sequences})")
+        maps = self._map()
+        start = int(maps["offsets"][index])
+        stop = start + int(maps["lengths"][index])
+        if stop > self.num_tokens:
+            raise FormatError(f"{self.path}: sequence {index}: offsets point past tokens.bin")
+        return maps["tokens"][start:stop], maps["masks"][start:stop]
+
+    def iter_sequences(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for i in range(self.num_sequences):
+            yield self.read_sequence(i)
+
+    def verify(self) -> None:
+        """Full check: checksums, offsets consistent with lengths, masks 0/1, tokens in range."""
+        for name, entry in self.manifest.get("files", {}).items():
+            digest = sha256_file(self.path / name)
+            if digest != entry.get("sha256"):
+                raise FormatError(f"{self.path / name}: checksum mismatch (corrupted spool)")
+        lengths = self.lengths.astype(np.int64)
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
+        if not np.array_equal(starts, self.offsets.astype(np.int64)):
+            bad = int(np.argmax(starts != self.offsets.astype(np.int64)))
+            raise FormatError(f"{self.path}: sequence {bad}: offset does not follow lengths")
+        if self.num_tokens and int(self.masks.max()) > 1:
+            raise FormatError(f"{self.path / FILES['masks']}: mask values must be 0 or 1")
+
+
+def read_spool_manifest(path: Path) -> dict[str, Any]:
+    """Read and check a spool manifest; errors name the file."""
+    if not path.exists():
+        raise FormatError(f"{path}: no such spool")
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise FormatError(f"{manifest_path}: missing (not a spool, or an unfinished one)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{manifest_path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("version") != SPOOL_VERSION:
+        raise FormatError(f"{manifest_path}: not a {SPOOL_VERSION} manifest")
+    for key in ("num_sequences", "num_tokens"):
+        if not isinstance(manifest.get(key), int) or manifest[key] < 0:
+            raise FormatError(f"{manifest_path}: bad or missing {key!r}")
+    if manifest["num_sequences"] == 0:
+        raise FormatError(f"{path}: empty spool (no sequences)")
+    dtypes = manifest.get("dtypes", {})
+    for name, dt in DTYPES.items():
+        if dtypes.get(name, dt.str) != dt.str:
+            raise FormatError(f"{manifest_path}: {name} dtype {dtypes[name]}, expected {dt.str}")
+    return manifest
