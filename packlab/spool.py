@@ -120,8 +120,12 @@ class SpoolWriter:
             limit = self.vocab_size if self.vocab_size is not None else 2**31
             if lo < 0 or hi >= limit:
                 raise PacklabError(f"{self.path}: token id out of range [0, {limit}): {lo}..{hi}")
-            if masks.dtype != np.bool_ and int(masks.max()) > 1:
-                raise PacklabError(f"{self.path}: mask values must be 0 or 1")
+            if masks.dtype != np.bool_ and (
+                not np.issubdtype(masks.dtype, np.integer)
+                or int(masks.min()) < 0
+                or int(masks.max()) > 1
+            ):
+                raise PacklabError(f"{self.path}: mask values must be 0 or 1 (integers or bool)")
         self._pending_tokens.append(tokens.astype(DTYPES["tokens"], copy=False))
         self._pending_masks.append(masks.astype(DTYPES["masks"], copy=False))
         self._pending_lengths.append(lengths)
@@ -265,8 +269,17 @@ class SpoolReader:
         if not np.array_equal(starts, self.offsets.astype(np.int64)):
             bad = int(np.argmax(starts != self.offsets.astype(np.int64)))
             raise FormatError(f"{self.path}: sequence {bad}: offset does not follow lengths")
+        if int(lengths.sum()) != self.num_tokens:
+            raise FormatError(f"{self.path / FILES['lengths']}: lengths sum to "
+                              f"{int(lengths.sum())}, manifest says {self.num_tokens} tokens")
         if self.num_tokens and int(self.masks.max()) > 1:
             raise FormatError(f"{self.path / FILES['masks']}: mask values must be 0 or 1")
+        if self.num_tokens:
+            lo, hi = int(self.tokens.min()), int(self.tokens.max())
+            limit = self.vocab_size if self.vocab_size is not None else 2**31
+            if lo < 0 or hi >= limit:
+                raise FormatError(f"{self.path / FILES['tokens']}: token ids {lo}..{hi} "
+                                  f"outside [0, {limit})")
 
 
 def read_spool_manifest(path: Path) -> dict[str, Any]:
