@@ -1,0 +1,176 @@
+"""Collate packed bins into the THD batch Megatron-Bridge expects.
+
+Follows ``GPTSFTPackedDataset.collate_fn`` of Megatron-Bridge (``data/datasets/sft.py``):
+
+- each sub-sequence of length ``L`` contributes ``L - 1`` positions: ``tokens`` are its first
+  ``L - 1`` tokens, ``labels`` its last ``L - 1`` (the real next token, never ``-100``: the
+  ``loss_mask`` decides what counts), ``loss_mask`` the stored (already next-token aligned)
+  mask over the same positions; ``position_ids`` restart at 0 for every sub-sequence;
+- rows are padded to one width with ``pad_token_id`` in ``tokens`` and ``labels``
+  (Megatron-Bridge pads with the tokenizer's EOS id), 0 in ``loss_mask`` and ``position_ids``;
+- ``cu_seqlens`` (int32) are the cumulative sub-sequence lengths; when the row is wider than
+  its sequences, the row width is appended (the padding is one more segment, as the attention
+  kernels expect no unaccounted tail); rows are then padded with ``-1`` to the longest row
+  plus one, and ``cu_seqlens_argmin`` gives the index of the first ``-1`` (where a consumer
+  cuts, without a device-to-host sync);
+- ``pad_seq_to_mult`` pads every sub-sequence to a multiple (for context parallelism); the
+  padding then lives inside the segment (positions keep counting, loss 0), ``cu_seqlens``
+  count padded lengths and ``cu_seqlens_unpadded`` the real ones, as Megatron-Bridge does;
+- ``cu_seqlens_size`` fixes the width of ``cu_seqlens`` (CUDA graphs need one shape): the
+  real entries, then the last value repeated (zero-length sequences), then one ``-1``, which
+  is Megatron-Bridge's ``pad_cu_seqlens`` layout. Pair it with ``pad_to_length`` so tokens
+  have one shape too.
+
+``max_seqlen`` (int32, ``[batch, 1]``) is the longest segment of each row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from packlab.errors import PacklabError
+
+
+def _ceil_to(n: np.ndarray, mult: int) -> np.ndarray:
+    return -(-n // mult) * mult
+
+
+def _row_layout(
+    item: Mapping[str, Any], mult: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Boundaries (int64), real THD segment lengths and padded segment lengths of one bin."""
+    ids = np.asarray(item["input_ids"])
+    bounds = np.asarray(item["seq_boundaries"], dtype=np.int64)
+    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != ids.shape[0]:
+        raise PacklabError(
+            f"collate: seq_boundaries must run from 0 to packed_len {ids.shape[0]}, got "
+            f"{bounds[:3].tolist()}...{bounds[-1:].tolist()}"
+        )
+    lengths = np.diff(bounds)
+    if (lengths <= 0).any():
+        raise PacklabError("collate: seq_boundaries must be strictly increasing")
+    real = lengths - 1
+    return bounds, real, _ceil_to(real, mult)
+
+
+def collate(
+    items: Sequence[Mapping[str, Any]],
+    *,
+    pad_seq_to_mult: int = 1,
+    cu_seqlens_size: int | None = None,
+    pad_to_length: int | None = None,
+    pad_token_id: int = 0,
+    return_tensors: Literal["np", "pt"] = "np",
+) -> dict[str, Any]:
+    """The THD batch of ``items`` (dicts with ``input_ids``, ``loss_mask``, ``seq_boundaries``)."""
+    if not items:
+        raise PacklabError("collate: empty batch")
+    mult = int(pad_seq_to_mult)
+    if mult < 1:
+        raise PacklabError(f"collate: pad_seq_to_mult must be >= 1, got {pad_seq_to_mult}")
+    layouts = [_row_layout(item, mult) for item in items]
+    needed = max(int(padded.sum()) for _, _, padded in layouts)
+    width = needed if pad_to_length is None else int(pad_to_length)
+    if width < needed:
+        raise PacklabError(f"collate: a bin needs {needed} positions, pad_to_length is {width}")
+    batch = len(items)
+    tokens = np.full((batch, width), pad_token_id, dtype=np.int64)
+    labels = np.full((batch, width), pad_token_id, dtype=np.int64)
+    loss_mask = np.zeros((batch, width), dtype=np.int64)
+    position_ids = np.zeros((batch, width), dtype=np.int64)
+    cu_rows: list[np.ndarray] = []
+    cu_unpadded_rows: list[np.ndarray] = []
+    token_count = np.zeros(batch, dtype=np.int64)
+    for row, (item, (bounds, real, padded)) in enumerate(zip(items, layouts, strict=True)):
+        ids = np.asarray(item["input_ids"])
+        mask = np.asarray(item["loss_mask"])
+        n = ids.shape[0]
+        keep = np.ones(n, dtype=bool)
+        keep[bounds[1:] - 1] = False  # the last token of each sub-sequence is only a label
+        src = np.flatnonzero(keep)
+        seg_dest = np.zeros(real.shape[0], dtype=np.int64)
+        np.cumsum(padded[:-1], out=seg_dest[1:])
+        seg_of = np.repeat(np.arange(real.shape[0]), real)
+        dest = seg_dest[seg_of] + (src - bounds[:-1][seg_of])
+        tokens[row, dest] = ids[src]
+        labels[row, dest] = ids[src + 1]
+        loss_mask[row, dest] = mask[src]
+        used = int(padded.sum())
+        position_ids[row, :used] = np.arange(used) - np.repeat(seg_dest, padded)
+        token_count[row] = int(real.sum())
+        cu = np.concatenate(([0], np.cumsum(padded)))
+        cu_unpadded = np.concatenate(([0], np.cumsum(real)))
+        if cu[-1] != width:
+            cu = np.append(cu, width)
+            cu_unpadded = np.append(cu_unpadded, cu_unpadded[-1])
+        cu_rows.append(cu)
+        cu_unpadded_rows.append(cu_unpadded)
+    out: dict[str, Any] = {
+        "tokens": tokens,
+        "labels": labels,
+        "loss_mask": loss_mask,
+        "position_ids": position_ids,
+        "token_count": token_count,
+    }
+    cu_seqlens, argmin = _pad_cu_rows(cu_rows, cu_seqlens_size)
+    out["cu_seqlens"] = cu_seqlens
+    out["cu_seqlens_argmin"] = argmin
+    out["max_seqlen"] = np.array(
+        [[int(np.diff(c).max())] for c in cu_rows], dtype=np.int32
+    )
+    if mult > 1:
+        out["cu_seqlens_unpadded"], out["cu_seqlens_unpadded_argmin"] = _pad_cu_rows(
+            cu_unpadded_rows, cu_seqlens_size
+        )
+    if return_tensors == "pt":
+        return _to_torch(out)
+    if return_tensors != "np":
+        raise PacklabError(f"collate: return_tensors must be 'np' or 'pt', got {return_tensors!r}")
+    return out
+
+
+def _pad_cu_rows(rows: list[np.ndarray], size: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of cumulative lengths -> one int32 array, ``-1``-terminated, and the argmin."""
+    longest = max(r.shape[0] for r in rows)
+    if size is None:
+        width = longest + 1
+        out = np.full((len(rows), width), -1, dtype=np.int32)
+        for i, r in enumerate(rows):
+            out[i, : r.shape[0]] = r
+    else:
+        width = int(size)
+        if width < longest + 1:
+            raise PacklabError(
+                f"collate: cu_seqlens_size {width} is too small: a bin needs {longest} entries "
+                f"plus the -1 terminator ({longest + 1}); raise it to at least max sequences "
+                "per bin + 3"
+            )
+        out = np.empty((len(rows), width), dtype=np.int32)
+        for i, r in enumerate(rows):
+            out[i, : r.shape[0]] = r
+            out[i, r.shape[0] : width - 1] = r[-1]
+        out[:, -1] = -1
+    argmin = np.argmin(out, axis=1).reshape(-1, 1).astype(np.int64)
+    return out, argmin
+
+
+def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
+    try:
+        import torch
+    except ImportError:
+        raise PacklabError("collate: return_tensors='pt' needs torch, which is not installed"
+                           ) from None
+    return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in batch.items()}
+
+
+class Collator:
+    """``collate`` with its options bound: a picklable ``collate_fn`` for a DataLoader."""
+
+    def __init__(self, **options: Any) -> None:
+        self.options = options
+
+    def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        return collate(items, **self.options)

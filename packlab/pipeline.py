@@ -1,0 +1,274 @@
+"""Spool + assignment -> a directory of shards, written in parallel, each with a receipt.
+
+Bins are cut into shards of ``bins_per_shard`` consecutive bins, named ``shard_000000`` plus
+the format's suffix. Each shard is one task for a process pool: the worker opens the spool by
+path (memory-mapped), materializes its bins one at a time and streams them into one writer, so
+a worker's memory is bounded by one shard's writer, never by the dataset. A shard is published
+atomically by its writer; its receipt (``shard_000000<suffix>.receipt.json``) is written after,
+so a receipt always vouches for a complete shard.
+
+A receipt::
+
+    {"shard": "shard_000000.parquet", "format": "parquet", "bins": [0, 4096],
+     "num_bins": 4096, "num_tokens": 16512331, "pack_size": 4096, "bytes": 21033100,
+     "sha256": "...", "sha256_of": "shard_000000.parquet", "seconds": 1.9}
+
+Output is deterministic: the same spool, assignment and options give the same bytes whatever
+the number of workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import publish, remove, sha256_file, temporary_sibling
+from packlab.formats import get_format, open_writer
+from packlab.materialize import BinMaterializer
+from packlab.packing import BinAssignment
+from packlab.spool import SpoolReader
+
+RECEIPT_SUFFIX = ".receipt.json"
+SHARD_NAME = re.compile(r"^shard_(\d{6,})")
+
+
+def shard_name(index: int, format: str) -> str:
+    return f"shard_{index:06d}{get_format(format).SUFFIX}"
+
+
+def shard_ranges(num_bins: int, bins_per_shard: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``0..num_bins`` in runs of ``bins_per_shard``."""
+    if bins_per_shard <= 0:
+        raise PacklabError(f"bins_per_shard must be positive, got {bins_per_shard}")
+    return [(s, min(s + bins_per_shard, num_bins)) for s in range(0, num_bins, bins_per_shard)]
+
+
+def needs_spool(format: str) -> bool:
+    """True for formats that store a reference to the spool instead of tokens (packed_index).
+
+    Such a format's writer takes ``spool=`` and ``assignment=`` (the shard's bins); when it
+    offers ``write_assignment()`` the pipeline calls that instead of materializing any bin.
+    """
+    module = get_format(format)
+    return bool(getattr(module, "NEEDS_SPOOL", False) or getattr(module.Writer, "needs_spool", False))
+
+
+def shard_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def shard_checksum(path: Path) -> tuple[str, str]:
+    """SHA-256 of a file shard, or of a directory shard's manifest (which lists every file's)."""
+    if path.is_file():
+        return sha256_file(path), path.name
+    for name in ("manifest.json", "index.json"):
+        if (path / name).is_file():
+            return sha256_file(path / name), f"{path.name}/{name}"
+    raise PacklabError(f"{path}: directory shard without a manifest.json to checksum")
+
+
+def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
+    """Write ``<shard>.receipt.json`` atomically (after the shard itself is published)."""
+    final = shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
+    tmp = temporary_sibling(final)
+    tmp.write_text(json.dumps(receipt, indent=2) + "\n")
+    publish(tmp, final, overwrite=True)
+    return final
+
+
+def write_shard(
+    spool_path: str,
+    part: BinAssignment,
+    start: int,
+    path: str,
+    format: str,
+    overwrite: bool,
+    format_options: dict[str, Any],
+) -> dict[str, Any]:
+    """Write ``part`` (bins ``start:start + part.num_bins`` of the whole assignment) into one
+    shard; return its receipt. Runs in a worker: everything arrives by value or by path.
+    """
+    began = time.perf_counter()
+    stop = start + part.num_bins
+    spool = SpoolReader(spool_path)
+    out = Path(path)
+    options = dict(format_options)
+    by_reference = needs_spool(format)
+    if by_reference:
+        options.setdefault("spool", spool)
+        options.setdefault("assignment", part)
+    metadata = {"spool": str(Path(spool_path).resolve()), "bins": [start, stop],
+                "vocab_size": spool.vocab_size}
+    with open_writer(format, out, pack_size=part.pack_size, num_bins=stop - start,
+                     overwrite=overwrite, metadata=metadata, **options) as writer:
+        if by_reference and hasattr(writer, "write_assignment"):
+            writer.write_assignment()  # the index only: no token is gathered
+        else:
+            materializer = BinMaterializer(spool, part)
+            for bin_id in range(stop - start):
+                writer.write_bin(bin_id, *materializer.materialize(bin_id))
+        manifest = writer.finalize()
+    digest, digest_of = shard_checksum(out)
+    receipt = {
+        "shard": out.name,
+        "format": format,
+        "bins": [start, stop],
+        "num_bins": stop - start,
+        "num_tokens": int(manifest.get("num_tokens", writer.tokens_written)),
+        "pack_size": part.pack_size,
+        "bytes": shard_bytes(out),
+        "sha256": digest,
+        "sha256_of": digest_of,
+        "seconds": round(time.perf_counter() - began, 6),
+    }
+    write_receipt(out, receipt)
+    return receipt
+
+
+def existing_shards(out_dir: Path) -> list[Path]:
+    """Entries of ``out_dir`` named like pipeline shards (``shard_NNNNNN...``), receipts excluded."""
+    if not out_dir.is_dir():
+        return []
+    return sorted(p for p in out_dir.iterdir()
+                  if SHARD_NAME.match(p.name) and not p.name.endswith(RECEIPT_SUFFIX))
+
+
+def write_shards(
+    spool: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    out_dir: str | os.PathLike[str],
+    *,
+    format: str,
+    bins_per_shard: int,
+    workers: int = 2,
+    overwrite: bool = False,
+    **format_options: Any,
+) -> list[dict[str, Any]]:
+    """Write every bin of ``assignment`` as shards of ``format`` under ``out_dir``.
+
+    Returns the receipts in shard order. Refuses to mix with shards already in ``out_dir``
+    unless ``overwrite``; then shards left over from a larger earlier run are removed, so the
+    directory reads as exactly this dataset.
+    """
+    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    SpoolReader(spool_path)  # fail early, naming the spool, if it is missing or damaged
+    get_format(format)
+    out = Path(out_dir)
+    ranges = shard_ranges(assignment.num_bins, bins_per_shard)
+    names = [shard_name(i, format) for i in range(len(ranges))]
+    present = existing_shards(out)
+    if present and not overwrite:
+        raise PacklabError(f"{out}: already holds shards ({present[0].name}, ...); "
+                           "pass overwrite=True (--overwrite) to replace them")
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [
+        (spool_path, assignment.select(start, stop), start, str(out / name), format, overwrite,
+         format_options)
+        for (start, stop), name in zip(ranges, names, strict=True)
+    ]
+    if workers <= 1 or len(jobs) == 1:
+        receipts = [write_shard(*job) for job in jobs]
+    else:
+        receipts = _run_pool(jobs, workers)
+    keep = set(names)
+    for stale in existing_shards(out):
+        if stale.name not in keep:
+            remove(stale)
+            remove(stale.parent / f"{stale.name}{RECEIPT_SUFFIX}")
+    return receipts
+
+
+def _run_pool(jobs: list[tuple[Any, ...]], workers: int) -> list[dict[str, Any]]:
+    """Run the shard jobs in a process pool; the first failure cancels the rest and is raised."""
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        futures = [pool.submit(write_shard, *job) for job in jobs]
+        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
+        for future in pending:
+            future.cancel()
+        for future in futures:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                raise future.exception()  # type: ignore[misc]
+        return [future.result() for future in futures]
+
+
+# -- validation -------------------------------------------------------------------------------
+def check_receipt(shard: Path) -> dict[str, Any] | None:
+    """Compare a shard with its receipt, if it has one (bins, bytes, checksum)."""
+    receipt_path = shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
+    if not receipt_path.is_file():
+        return None
+    try:
+        receipt = json.loads(receipt_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{receipt_path}: unreadable receipt: {exc}") from None
+    size = shard_bytes(shard)
+    if size != receipt.get("bytes"):
+        raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "
+                          "(truncated or replaced?)")
+    digest, _ = shard_checksum(shard)
+    if digest != receipt.get("sha256"):
+        raise FormatError(f"{shard}: checksum differs from its receipt (corrupted)")
+    return receipt
+
+
+def validate_shard(path: Path, format: str) -> dict[str, Any]:
+    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt.
+
+    Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
+    """
+    from packlab.formats import open_shard
+
+    try:
+        reader = open_shard(path, format=format)
+        try:
+            summary = dict(reader.validate())
+            summary.setdefault("num_bins", reader.num_bins)
+            summary.setdefault("num_tokens", reader.num_tokens)
+            summary["bytes"] = reader.bytes_on_disk()
+        finally:
+            reader.close()
+    except PacklabError:
+        raise
+    except Exception as exc:  # damaged bytes surface as library errors: name the file, one line
+        detail = " ".join(str(exc).split())[:300]
+        raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
+                          ) from None
+    receipt = check_receipt(path)
+    if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
+        raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
+                          f"{receipt.get('num_bins')}")
+    summary["path"] = str(path)
+    summary["format"] = format
+    summary["receipt"] = receipt is not None
+    return summary
+
+
+def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Validate a shard or a directory of shards; raises on the first problem, naming it."""
+    from packlab.dataset import find_shards
+
+    root = Path(path)
+    shards = find_shards(root)
+    if root.is_dir() and not (len(shards) == 1 and shards[0][0] == root):
+        names = {p.name for p, _ in shards}
+        for receipt in sorted(root.glob(f"*{RECEIPT_SUFFIX}")):
+            shard = receipt.name[: -len(RECEIPT_SUFFIX)]
+            if shard not in names:
+                raise FormatError(f"{root / shard}: missing (its receipt {receipt.name} exists)")
+    rows = [validate_shard(p, name) for p, name in shards]
+    return {
+        "path": str(root),
+        "num_shards": len(rows),
+        "num_bins": sum(int(r["num_bins"]) for r in rows),
+        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
+        "bytes": sum(int(r["bytes"]) for r in rows),
+        "shards": rows,
+    }
