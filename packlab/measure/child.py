@@ -1,0 +1,91 @@
+"""The fresh process a measured job runs in: ``python -m packlab.measure.child SPEC OUT``.
+
+``SPEC`` is a JSON file: ``{"job": "module:function", "args": [...], "kwargs": {...},
+"imports": [...], "trace": false, "interval": 0.002}``. The child imports what the job needs,
+takes its baseline, runs the job (a generator marks phase ends by yielding their names; a plain
+function is one phase, ``job``), and writes ``{"baseline", "phases", "result"}`` (or
+``{"error"}``) as JSON to ``OUT``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import traceback
+from typing import Any
+
+from packlab.measure.memory import PhaseRecorder, Sampler
+
+DEFAULT_IMPORTS = ("numpy", "pyarrow", "packlab", "packlab.formats", "packlab.bins")
+
+
+def resolve(job: str) -> Any:
+    module, _, name = job.partition(":")
+    obj: Any = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def run(spec: dict[str, Any]) -> dict[str, Any]:
+    for name in (*DEFAULT_IMPORTS, *spec.get("imports", ())):
+        importlib.import_module(name)
+    fn = resolve(spec["job"])
+    sampler = Sampler(float(spec.get("interval", 0.002)))
+    sampler.start()
+    recorder = PhaseRecorder(sampler, trace=bool(spec.get("trace", False)))
+    try:
+        out = fn(*spec.get("args", ()), **spec.get("kwargs", {}))
+        if inspect.isgenerator(out):
+            result = None
+            while True:
+                try:
+                    phase = next(out)
+                except StopIteration as stop:
+                    result = stop.value
+                    break
+                recorder.close(str(phase))
+        else:
+            result = out
+            recorder.close("job")
+    finally:
+        recorder.finish()
+        sampler.stop()
+    return {
+        "baseline": recorder.baseline,
+        "hwm_reset": recorder.hwm_reset,
+        "phases": recorder.phases,
+        "result": result,
+    }
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    try:
+        payload = run(spec)
+        code = 0
+    except Exception as exc:  # reported to the parent, which raises it as a PacklabError
+        from packlab.errors import PacklabError
+
+        kind = "PacklabError" if isinstance(exc, PacklabError) else type(exc).__name__
+        payload = {"error": str(exc), "type": kind, "traceback": traceback.format_exc()}
+        code = 3
+    with open(out_path, "w") as f:
+        json.dump(payload, f, default=_plain)
+    return code
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,135 @@
+"""Jobs the memory harness runs in a fresh process (importable, so never notebook-defined).
+
+A job is a plain function (one phase, ``job``) or a generator that yields the name of each
+phase as it ends. Arguments and return values are JSON: paths as strings, small dicts back.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+Via = str  # "reader" (packlab.formats.open_shard) or "dataset" (packlab.open_dataset)
+
+
+def resolve_via(via: str) -> str:
+    """``auto`` means the dataset when :mod:`packlab.dataset` exists, else the shard reader."""
+    if via == "auto":
+        return "dataset" if importlib.util.find_spec("packlab.dataset") is not None else "reader"
+    if via not in ("reader", "dataset"):
+        from packlab.errors import PacklabError
+
+        raise PacklabError(f"via must be 'reader', 'dataset' or 'auto', got {via!r}")
+    return via
+
+
+def shard_imports(path: str | os.PathLike[str], via: str = "reader") -> list[str]:
+    """Modules a job over ``path`` imports: taken before the baseline, so code is not data."""
+    from packlab.formats import _MODULES, detect_format
+
+    modules = [_MODULES[detect_format(path)]]
+    if via == "dataset":
+        modules.append("packlab.dataset")
+    return modules
+
+
+def open_items(path: str, via: str) -> Any:
+    """A reader (``read_bin``) or a dataset (``ds[i]``) over ``path``."""
+    if via == "dataset":
+        from packlab import open_dataset
+
+        return open_dataset(path)
+    from packlab.formats import open_shard
+
+    return open_shard(path)
+
+
+def item_tokens(items: Any, index: int, via: str) -> int:
+    """Read item ``index`` once and return how many tokens it held."""
+    if via == "dataset":
+        return int(len(items[index]["input_ids"]))
+    return items.read_bin(index).packed_len
+
+
+# -- the standard benchmark jobs -------------------------------------------------------------
+def open_and_read(path: str, via: str = "reader") -> Iterator[str]:
+    """``load``: open the shard or dataset and read its first bin (a lazy reader defers its work
+    to the first access, so "ready to serve" is the honest end of loading); ``read``: read
+    every other bin once, keeping none."""
+    items = open_items(path, via)
+    count = len(items)
+    tokens = item_tokens(items, 0, via) if count else 0
+    yield "load"
+    for i in range(1, count):
+        tokens += item_tokens(items, i, via)
+    yield "read"
+    return {"num_bins": count, "num_tokens": tokens, "via": via}
+
+
+def write_shard(
+    format: str,
+    spool: str,
+    assignment: str,
+    out: str,
+    options: dict[str, Any] | None = None,
+    release_every: int = 256,
+) -> Iterator[str]:
+    """``prepare``: open the spool and assignment; ``write``: write every bin, finalize.
+
+    Bins come from packlab's materializer one at a time, as a pipeline writes them. Every
+    ``release_every`` bins the spool's pages are released from this process (they stay in the
+    page cache), so the figure is the writer's memory, not the input's memory map.
+    """
+    from packlab.formats import open_writer
+    from packlab.materialize import BinMaterializer
+    from packlab.measure.pagecache import release_mappings, shard_files
+    from packlab.packing import BinAssignment
+    from packlab.spool import SpoolReader
+
+    reader = SpoolReader(spool)
+    plan = BinAssignment.load(assignment)
+    materializer = BinMaterializer(reader, plan)
+    spool_files = shard_files(spool)
+    yield "prepare"
+    with open_writer(format, out, pack_size=plan.pack_size, num_bins=plan.num_bins,
+                     overwrite=True, **(options or {})) as writer:
+        for b in range(plan.num_bins):
+            writer.write(materializer.materialize(b))
+            if release_every and (b + 1) % release_every == 0:
+                for f in spool_files:
+                    release_mappings(f)
+    yield "write"
+    return {"format": format, "num_bins": plan.num_bins}
+
+
+# -- calibration jobs (the tests use them to prove the harness honest) -----------------------
+def allocate(nbytes: int) -> int:
+    """A numpy allocation of ``nbytes``, every page touched: RSS and tracemalloc both see it."""
+    data = np.ones(nbytes, dtype=np.uint8)
+    return int(data[:: 4096].sum())
+
+
+def map_untouched(path: str) -> int:
+    """Memory-map a (possibly huge, sparse) file and never touch it: costs no RSS."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    return int(data.shape[0])
+
+
+def read_memmap(path: str) -> int:
+    """Read a whole file through a numpy memmap: file-backed RSS, invisible to tracemalloc."""
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+    return int(data.sum(dtype=np.uint64))
+
+
+def arrow_allocate(nbytes: int) -> int:
+    """An Arrow buffer of ``nbytes``, filled: anonymous RSS in Arrow's pool, not Python's heap."""
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(nbytes, resizable=False)
+    view = np.frombuffer(buf, dtype=np.uint8)
+    view.fill(1)
+    return int(buf.size)

@@ -1,0 +1,157 @@
+"""Random-access latency of one bin, with its floors measured side by side in the same run.
+
+Seeded random indices; every access timed alone with ``perf_counter_ns``. Warm: after a full
+pass over the shard. Cold: before each access every file of the shard is evicted from the page
+cache (:func:`packlab.measure.pagecache.drop_shard`), and ``mincore`` confirms it for a sample
+of the accesses. Beside each access, two floors over the same number of bytes: a plain memcpy
+(``np.copyto`` into a preallocated array) and a raw ``os.pread`` from the shard's largest file
+(cold: that file's pages dropped first). Report the median and the tail, never one run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.errors import PacklabError
+from packlab.measure.jobs import open_items, resolve_via
+from packlab.measure.pagecache import drop_cache, drop_shard, shard_files, shard_resident_pages
+
+CACHES = ("warm", "cold")
+
+
+def percentiles(ns: np.ndarray, prefix: str = "") -> dict[str, float]:
+    """p50/p90/p99 (and mean) of nanosecond timings, in microseconds."""
+    us = np.asarray(ns, dtype=np.float64) / 1e3
+    p50, p90, p99 = np.percentile(us, [50, 90, 99])
+    return {f"{prefix}p50_us": float(p50), f"{prefix}p90_us": float(p90),
+            f"{prefix}p99_us": float(p99), f"{prefix}mean_us": float(us.mean())}
+
+
+def _access(items: Any, via: str, index: int) -> int:
+    """Read one bin; returns the bytes it delivered (what the floors copy)."""
+    if via == "dataset":
+        item = items[index]
+        return int(sum(np.asarray(v).nbytes for v in item.values() if hasattr(v, "__len__")))
+    packed = items.read_bin(index)
+    return int(packed.input_ids.nbytes + packed.loss_mask.nbytes + packed.seq_start_id.nbytes)
+
+
+def _access_batch(items: Any, via: str, indices: np.ndarray) -> int:
+    if via == "dataset":
+        getter = getattr(items, "__getitems__", None)
+        batch = getter(indices.tolist()) if getter else [items[int(i)] for i in indices]
+        return int(sum(np.asarray(v).nbytes for item in batch for v in item.values()
+                       if hasattr(v, "__len__")))
+    bins = items.read_bins(indices)
+    return int(sum(b.input_ids.nbytes + b.loss_mask.nbytes + b.seq_start_id.nbytes for b in bins))
+
+
+def latency(
+    path: str | os.PathLike[str],
+    *,
+    samples: int = 1000,
+    seed: int = 0,
+    cache: str = "warm",
+    via: str = "reader",
+    batch_size: int = 1,
+    verify_every: int = 10,
+) -> dict[str, Any]:
+    """Per-bin latency of random reads of the shard at ``path``, floors beside it.
+
+    Keys: ``p50_us``, ``p90_us``, ``p99_us`` (per bin: a batch's time divided by its size),
+    ``floor_p50_us`` (memcpy when warm, raw pread when cold), the memcpy and pread
+    percentiles, ``ratio_to_floor``, and for cold runs how many accesses ``mincore`` checked
+    and the most pages it found still resident (``cold_verified`` is False if any).
+    """
+    if cache not in CACHES:
+        raise PacklabError(f"cache must be 'warm' or 'cold', got {cache!r}")
+    if samples <= 0 or batch_size <= 0:
+        raise PacklabError(f"samples and batch_size must be positive, got {samples}, {batch_size}")
+    via = resolve_via(via)
+    files = shard_files(path)
+    items = open_items(str(path), via)
+    count = len(items)
+    if count == 0:
+        raise PacklabError(f"{path}: no bins to read")
+    rng = np.random.default_rng(seed)
+    indices = rng.integers(0, count, size=(samples, batch_size))
+    big = max(files, key=lambda f: f.stat().st_size)
+    big_size = big.stat().st_size
+    if cache == "warm":
+        for i in range(count):
+            _access(items, via, i)
+        _read_all(big)
+    else:
+        _access(items, via, 0)  # maps opened, headers parsed: what stays is the data path
+    timings = np.empty(samples, dtype=np.int64)
+    memcpy_ns = np.empty(samples, dtype=np.int64)
+    pread_ns = np.empty(samples, dtype=np.int64)
+    size = _access_batch(items, via, indices[0]) if batch_size > 1 else _access(items, via, 0)
+    src = np.ones(max(size, 1) * 4, dtype=np.uint8)
+    dst = np.ones_like(src)
+    checked, worst = 0, 0
+    fd = os.open(big, os.O_RDONLY)
+    try:
+        for k in range(samples):
+            batch = indices[k]
+            if cache == "cold":
+                left = drop_shard(files)
+                if k % verify_every == 0:
+                    checked += 1
+                    worst = max(worst, left, shard_resident_pages(files))
+            began = time.perf_counter_ns()
+            if batch_size == 1:
+                nbytes = _access(items, via, int(batch[0]))
+            else:
+                nbytes = _access_batch(items, via, batch)
+            timings[k] = (time.perf_counter_ns() - began) // batch_size
+            if nbytes > src.shape[0]:
+                src = np.ones(nbytes * 2, dtype=np.uint8)
+                dst = np.ones_like(src)
+            began = time.perf_counter_ns()
+            np.copyto(dst[:nbytes], src[:nbytes])
+            memcpy_ns[k] = (time.perf_counter_ns() - began) // batch_size
+            offset = int(batch[0]) * max(big_size - nbytes, 0) // max(count - 1, 1)
+            if cache == "cold":
+                left = drop_cache(big)
+                worst = max(worst, left) if k % verify_every == 0 else worst
+            began = time.perf_counter_ns()
+            data = os.pread(fd, nbytes, offset)
+            pread_ns[k] = (time.perf_counter_ns() - began) // batch_size
+            del data
+    finally:
+        os.close(fd)
+        close = getattr(items, "close", None)
+        if callable(close):
+            close()
+    out: dict[str, Any] = {"path": str(path), "cache": cache, "via": via, "samples": samples,
+                           "batch_size": batch_size, "seed": seed, "num_bins": count}
+    out.update(percentiles(timings))
+    out.update(percentiles(memcpy_ns, "memcpy_"))
+    out.update(percentiles(pread_ns, "pread_"))
+    out["floor"] = "memcpy" if cache == "warm" else "pread"
+    out["floor_p50_us"] = out[f"{out['floor']}_p50_us"]
+    out["ratio_to_floor"] = out["p50_us"] / out["floor_p50_us"] if out["floor_p50_us"] else None
+    out["ratio_to_memcpy"] = out["p50_us"] / out["memcpy_p50_us"] if out["memcpy_p50_us"] else None
+    out["ratio_to_pread"] = out["p50_us"] / out["pread_p50_us"] if out["pread_p50_us"] else None
+    out["pread_file"] = big.name
+    if cache == "cold":
+        out["cold_checked"] = checked
+        out["cold_resident_pages_max"] = worst
+        out["cold_verified"] = worst == 0 and checked > 0
+    return out
+
+
+def _read_all(path: Path, chunk: int = 8 << 20) -> int:
+    """Read a file once, sequentially (warms the page cache); returns the bytes read."""
+    total = 0
+    buf = bytearray(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            total += n
+    return total
