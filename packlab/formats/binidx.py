@@ -1,0 +1,488 @@
+"""Format ``binidx`` (RFC Option C): Megatron-LM's ``MMIDIDX`` bin/idx pair plus two sidecars.
+
+A shard is a directory, published atomically::
+
+    data.bin         tokens of every bin, concatenated (uint16 or int32, no header)
+    data.idx         Megatron-LM MMIDIDX version 1: one "sequence" (and one document) per bin
+    loss_mask.bin    header + uint8 loss mask per token (bin i at the token offset of data.bin)
+    seq_starts.bin   header + CSR of the bins' seq_start_id: offsets int64, starts int32
+    manifest.json    written last: counts, token dtype, pack_size, every file's bytes and sha256
+
+``data.bin`` + ``data.idx`` are byte-compatible with megatron-core, so
+``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
+sidecars carry what the pretraining format lacks (loss mask, sub-sequence starts).
+
+``data.idx``, field by field (little-endian, as megatron-core's ``_IndexWriter`` writes it)::
+
+    magic          9 bytes  b"MMIDIDX\\x00\\x00"
+    version        <Q       1
+    dtype code     <B       8 = uint16, 4 = int32 (megatron-core's DType enum)
+    sequence count <Q       num_bins
+    document count <Q       num_bins + 1
+    lengths        int32    [num_bins]        tokens per bin
+    pointers       int64    [num_bins]        byte offset of each bin in data.bin
+    doc indices    int64    [num_bins + 1]    0, 1, ..., num_bins (one document per bin)
+
+Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every id fits),
+int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
+fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
+
+The reader memory-maps the files and returns views that stay valid after the reader is
+closed or collected: each view holds a reference to its ``np.memmap``, whose mapping is only
+released when the last view is gone. (megatron-core's ``IndexedDataset`` closes its mmap in
+``__del__``, so arrays it returned crash the process once it is collected.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError, PacklabError
+from packlab.files import HashedFile, file_entry, verify_files
+from packlab.formats.base import ShardReader, ShardWriter
+from packlab.invariants import check_csr
+
+FORMAT = "binidx"
+SUFFIX = ""
+LAYOUT = "binidx_v1"
+MANIFEST = "manifest.json"
+DATA = "data.bin"
+INDEX = "data.idx"
+LOSS = "loss_mask.bin"
+SEQS = "seq_starts.bin"
+PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
+
+# megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
+DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
+CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
+_CHECK_CHUNK = 1 << 16  # bins per vectorized validation step
+
+
+class _IdxHeader:
+    """``data.idx`` header (Megatron-LM MMIDIDX version 1): 34 bytes."""
+
+    MAGIC = b"MMIDIDX\x00\x00"
+    VERSION = 1
+    STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc count
+    SIZE = STRUCT.size  # 34
+
+
+class _LossHeader:
+    """``loss_mask.bin`` header: 32 bytes, then uint8 per token."""
+
+    MAGIC = b"PLKLOSS\x00"
+    VERSION = 1
+    STRUCT = struct.Struct("<8sQQQ")  # magic, version, num_bins, num_tokens
+    SIZE = STRUCT.size  # 32
+
+
+class _SeqHeader:
+    """``seq_starts.bin`` header: 48 bytes, then int64 offsets[num_bins + 1], int32 starts."""
+
+    MAGIC = b"PLKSEQS\x00"
+    VERSION = 1
+    STRUCT = struct.Struct("<8sQQQQB7x")  # magic, version, num_bins, num_starts, pack_size, code
+    SIZE = STRUCT.size  # 48
+
+
+def detect(path: Path) -> bool:
+    """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
+    idx = path / INDEX
+    if not (path.is_dir() and idx.is_file()):
+        return False
+    with open(idx, "rb") as f:
+        return f.read(len(_IdxHeader.MAGIC)) == _IdxHeader.MAGIC
+
+
+def megatron_prefix(path: str | os.PathLike[str]) -> str:
+    """The ``path_prefix`` megatron-core's ``IndexedDataset`` takes for this shard."""
+    return str(Path(path) / PREFIX)
+
+
+def resolve_token_dtype(dtype: str, vocab_size: int | None, *, source: str) -> np.dtype:
+    """``auto`` -> uint16 when every id of the vocabulary fits, else int32."""
+    if dtype == "auto":
+        fits = vocab_size is not None and 0 < int(vocab_size) <= 1 << 16
+        return DTYPE_CODES[8] if fits else DTYPE_CODES[4]
+    if dtype in ("uint16", "<u2", "u2"):
+        return DTYPE_CODES[8]
+    if dtype in ("int32", "<i4", "i4"):
+        return DTYPE_CODES[4]
+    raise PacklabError(f"{source}: token dtype must be 'auto', 'uint16' or 'int32', got {dtype!r}")
+
+
+class ScratchArray:
+    """An append-only on-disk array: per-bin values a writer needs again at ``finalize``.
+
+    Keeps writer memory bounded by one bin, not by the number of bins.
+    """
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self._file = open(path, "wb")  # noqa: SIM115 - closed in finish()/discard()
+        self.size = 0
+
+    def append(self, values: np.ndarray) -> None:
+        self._file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
+        self.size += int(np.size(values))
+
+    def finish(self) -> None:
+        self._file.close()
+
+    def chunks(self, step: int = 1 << 20) -> Iterator[np.ndarray]:
+        """The values back, ``step`` at a time (read from the file, bounded memory)."""
+        if self.size == 0:
+            return
+        values = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.size,))
+        for lo in range(0, self.size, step):
+            yield np.array(values[lo : lo + step])
+
+    def discard(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+class Writer(ShardWriter):
+    """Streams tokens and loss masks to disk; the index and sidecars are assembled at finalize.
+
+    Extra keywords: ``dtype`` (``"auto"``, ``"uint16"``, ``"int32"``) and ``vocab_size`` (for
+    ``auto``; also read from ``metadata["vocab_size"]`` when not given).
+    """
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        dtype: str = "auto",
+        vocab_size: int | None = None,
+        **options: Any,
+    ) -> None:
+        metadata = options.get("metadata") or {}
+        self.vocab_size = vocab_size if vocab_size is not None else metadata.get("vocab_size")
+        self.token_dtype = resolve_token_dtype(dtype, self.vocab_size, source=str(path))
+        self.token_limit = int(np.iinfo(self.token_dtype).max)
+        super().__init__(path, **options)
+
+    def _open(self) -> None:
+        self.tmp_path.mkdir()
+        self._data = HashedFile(self.tmp_path / DATA)
+        self._loss = open(self.tmp_path / LOSS, "wb")  # noqa: SIM115 - closed in _close
+        self._loss.write(bytes(_LossHeader.SIZE))  # placeholder, the header is written last
+        self._lengths = ScratchArray(self.tmp_path / ".lengths.scratch", "<i4")
+        self._nseqs = ScratchArray(self.tmp_path / ".nseqs.scratch", "<i8")
+        self._starts = ScratchArray(self.tmp_path / ".starts.scratch", "<i4")
+
+    def _write(self, packed: PackedBin) -> None:
+        tokens = packed.input_ids
+        if tokens.dtype != self.token_dtype:
+            lo, hi = int(tokens.min()), int(tokens.max())
+            if lo < 0 or hi > self.token_limit:
+                raise PacklabError(
+                    f"{self.path}: bin {self.bins_written}: token ids {lo}..{hi} do not fit "
+                    f"{self.token_dtype.name} (vocab_size {self.vocab_size}); use dtype='int32'"
+                )
+            tokens = tokens.astype(self.token_dtype)
+        self._data.write(tokens)
+        self._loss.write(np.ascontiguousarray(packed.loss_mask, dtype=np.uint8).tobytes())
+        self._lengths.append(np.array([tokens.shape[0]]))
+        self._nseqs.append(np.array([packed.seq_start_id.shape[0]]))
+        self._starts.append(packed.seq_start_id)
+
+    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        for scratch in (self._lengths, self._nseqs, self._starts):
+            scratch.finish()
+        files = {DATA: self._data.close()}
+        files[INDEX] = self._write_index()
+        files[LOSS] = self._finish_loss()
+        files[SEQS] = self._write_seq_starts()
+        for scratch in (self._lengths, self._nseqs, self._starts):
+            scratch.discard()
+        manifest.update(
+            layout=LAYOUT,
+            token_dtype=self.token_dtype.str,
+            vocab_size=self.vocab_size,
+            megatron_prefix=PREFIX,
+            files=files,
+        )
+        (self.tmp_path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        return manifest
+
+    def _write_index(self) -> dict[str, Any]:
+        n = self.bins_written
+        idx = HashedFile(self.tmp_path / INDEX)
+        idx.write(_IdxHeader.STRUCT.pack(
+            _IdxHeader.MAGIC,  # magic
+            _IdxHeader.VERSION,  # version 1
+            CODE_OF[self.token_dtype.str],  # dtype code of data.bin
+            n,  # sequence count: one sequence per bin
+            n + 1,  # document count: document indices 0..n
+        ))
+        for lengths in self._lengths.chunks():  # lengths: int32[n]
+            idx.write(lengths)
+        pointer = 0  # pointers: int64[n], byte offset of each bin in data.bin
+        for lengths in self._lengths.chunks():
+            ends = np.cumsum(lengths, dtype=np.int64) * self.token_dtype.itemsize + pointer
+            idx.write(np.concatenate(([pointer], ends[:-1])).astype("<i8"))
+            pointer = int(ends[-1])
+        for lo in range(0, n + 1, 1 << 20):  # document indices: int64[n + 1], 0..n
+            idx.write(np.arange(lo, min(lo + (1 << 20), n + 1), dtype="<i8"))
+        return idx.close()
+
+    def _finish_loss(self) -> dict[str, Any]:
+        self._loss.seek(0)
+        self._loss.write(_LossHeader.STRUCT.pack(
+            _LossHeader.MAGIC,  # magic
+            _LossHeader.VERSION,  # version 1
+            self.bins_written,  # num_bins
+            self.tokens_written,  # num_tokens: uint8 loss mask values that follow
+        ))
+        self._loss.flush()
+        os.fsync(self._loss.fileno())
+        self._loss.close()
+        return file_entry(self.tmp_path / LOSS)
+
+    def _write_seq_starts(self) -> dict[str, Any]:
+        seqs = HashedFile(self.tmp_path / SEQS)
+        seqs.write(_SeqHeader.STRUCT.pack(
+            _SeqHeader.MAGIC,  # magic
+            _SeqHeader.VERSION,  # version 1
+            self.bins_written,  # num_bins
+            self.seqs_written,  # num_starts
+            self.pack_size,  # pack_size
+            CODE_OF["<i4"],  # dtype code of the starts (int32)
+        ))
+        total = 0  # offsets: int64[num_bins + 1], where each bin's starts begin
+        seqs.write(np.zeros(1, dtype="<i8"))
+        for counts in self._nseqs.chunks():
+            ends = np.cumsum(counts) + total
+            seqs.write(ends.astype("<i8"))
+            total = int(ends[-1])
+        for starts in self._starts.chunks():  # starts: int32[num_starts]
+            seqs.write(starts)
+        return seqs.close()
+
+    def _discard(self) -> None:
+        for name in ("_data", "_lengths", "_nseqs", "_starts"):
+            handle = getattr(self, name, None)
+            if handle is not None:
+                handle.discard()
+        loss = getattr(self, "_loss", None)
+        if loss is not None and not loss.closed:
+            loss.close()
+
+
+class Reader(ShardReader):
+    """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1)."""
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.manifest = read_manifest(self.path)
+        self.pack_size = _int_field(self.manifest, "pack_size", self.path)
+        self.num_bins = _int_field(self.manifest, "num_bins", self.path)
+        self.num_tokens = _int_field(self.manifest, "num_tokens", self.path)
+        self.num_seqs = _int_field(self.manifest, "num_seqs", self.path)
+        self.vocab_size: int | None = self.manifest.get("vocab_size")
+        self.token_dtype = self._read_headers()
+        self._check_sizes()
+        self._maps: dict[str, np.ndarray] | None = None
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_maps",)
+
+    # -- opening ------------------------------------------------------------------------------
+    def _read_headers(self) -> np.dtype:
+        """Check every header field against the manifest; the token dtype of ``data.bin``."""
+        magic, version, code, nseq, ndoc = _unpack(self.path / INDEX, _IdxHeader)
+        idx = self.path / INDEX
+        if magic != _IdxHeader.MAGIC:
+            raise FormatError(f"{idx}: not a Megatron MMIDIDX index (bad magic {magic!r})")
+        if version != _IdxHeader.VERSION:
+            raise FormatError(f"{idx}: MMIDIDX version {version}, this reader knows 1")
+        if code not in DTYPE_CODES:
+            raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
+        token_dtype = DTYPE_CODES[code]
+        if token_dtype.str != self.manifest.get("token_dtype"):
+            raise FormatError(f"{idx}: dtype code {code} ({token_dtype.name}) disagrees with the "
+                              f"manifest's token_dtype {self.manifest.get('token_dtype')!r}")
+        if nseq != self.num_bins or ndoc != self.num_bins + 1:
+            raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the manifest says "
+                              f"{self.num_bins} bins (expected {self.num_bins + 1} documents)")
+        magic, version, nbins, ntok = _unpack(self.path / LOSS, _LossHeader)
+        if magic != _LossHeader.MAGIC or version != _LossHeader.VERSION:
+            raise FormatError(f"{self.path / LOSS}: bad magic or version ({magic!r}, {version})")
+        if nbins != self.num_bins or ntok != self.num_tokens:
+            raise FormatError(f"{self.path / LOSS}: header says {nbins} bins / {ntok} tokens, "
+                              f"the manifest {self.num_bins} / {self.num_tokens}")
+        magic, version, nbins, nstarts, pack_size, code = _unpack(self.path / SEQS, _SeqHeader)
+        if magic != _SeqHeader.MAGIC or version != _SeqHeader.VERSION or code != CODE_OF["<i4"]:
+            raise FormatError(f"{self.path / SEQS}: bad magic, version or dtype code "
+                              f"({magic!r}, {version}, {code})")
+        if (nbins, nstarts, pack_size) != (self.num_bins, self.num_seqs, self.pack_size):
+            raise FormatError(f"{self.path / SEQS}: header says {nbins} bins, {nstarts} starts, "
+                              f"pack_size {pack_size}; the manifest {self.num_bins}, "
+                              f"{self.num_seqs}, {self.pack_size}")
+        return token_dtype
+
+    def _expected_sizes(self) -> dict[str, int]:
+        n = self.num_bins
+        return {
+            DATA: self.num_tokens * self.token_dtype.itemsize,
+            INDEX: _IdxHeader.SIZE + 4 * n + 8 * n + 8 * (n + 1),
+            LOSS: _LossHeader.SIZE + self.num_tokens,
+            SEQS: _SeqHeader.SIZE + 8 * (n + 1) + 4 * self.num_seqs,
+        }
+
+    def _check_sizes(self) -> None:
+        for name, want in self._expected_sizes().items():
+            file = self.path / name
+            have = file.stat().st_size if file.is_file() else -1
+            if have < 0:
+                raise FormatError(f"{file}: missing (the shard is incomplete)")
+            if have != want:
+                raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
+                                  "(truncated or corrupted)")
+
+    def _map(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            n = self.num_bins
+            p = self.path
+            idx_after_lengths = _IdxHeader.SIZE + 4 * n
+            self._maps = {
+                "lengths": np.memmap(p / INDEX, "<i4", "r", _IdxHeader.SIZE, (n,)),
+                "pointers": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths, (n,)),
+                "documents": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths + 8 * n, (n + 1,)),
+                "tokens": np.memmap(p / DATA, self.token_dtype, "r", 0, (self.num_tokens,)),
+                "loss": np.memmap(p / LOSS, "|u1", "r", _LossHeader.SIZE, (self.num_tokens,)),
+                "seq_offsets": np.memmap(p / SEQS, "<i8", "r", _SeqHeader.SIZE, (n + 1,)),
+                "starts": np.memmap(p / SEQS, "<i4", "r", _SeqHeader.SIZE + 8 * (n + 1),
+                                    (self.num_seqs,)),
+            }
+        return self._maps
+
+    # -- reading ------------------------------------------------------------------------------
+    def read_bin(self, index: int) -> PackedBin:
+        """Views into the memory maps (read-only, valid after close); tokens in the stored dtype."""
+        i = self.check_index(index)
+        m = self._map()
+        length = int(m["lengths"][i])
+        pointer = int(m["pointers"][i])
+        start, rem = divmod(pointer, self.token_dtype.itemsize)
+        lo, hi = int(m["seq_offsets"][i]), int(m["seq_offsets"][i + 1])
+        stop = start + length
+        if rem or length <= 0 or stop > self.num_tokens or not 0 <= lo < hi <= self.num_seqs:
+            raise FormatError(f"{self.path}: bin {i}: index entry points outside the data "
+                              f"(pointer {pointer}, length {length}, starts {lo}:{hi}; corrupted)")
+        return PackedBin(
+            m["tokens"][start:stop].view(np.ndarray),
+            m["loss"][start:stop].view(np.ndarray),
+            m["starts"][lo:hi].view(np.ndarray),
+        )
+
+    def packed_lengths(self) -> np.ndarray:
+        return np.asarray(self._map()["lengths"], dtype=np.int64)
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "token_dtype": self.token_dtype.name, "num_seqs": self.num_seqs}
+
+    # -- validation ---------------------------------------------------------------------------
+    def validate(self) -> dict[str, Any]:
+        """Sizes, checksums, index consistency, token range and every bin invariant."""
+        verify_files(self.path, self.manifest.get("files", {}), checksums=True)
+        listed = set(self.manifest.get("files", {}))
+        if listed != set(self._expected_sizes()):
+            raise FormatError(f"{self.path / MANIFEST}: lists {sorted(listed)}, "
+                              f"expected {sorted(self._expected_sizes())}")
+        m = self._map()
+        itemsize = self.token_dtype.itemsize
+        if not np.array_equal(m["documents"], np.arange(self.num_bins + 1)):
+            raise FormatError(f"{self.path / INDEX}: document indices are not 0..{self.num_bins}")
+        pointer = 0
+        for lo in range(0, self.num_bins, _CHECK_CHUNK):
+            hi = min(lo + _CHECK_CHUNK, self.num_bins)
+            lengths = np.asarray(m["lengths"][lo:hi], dtype=np.int64)
+            token_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum(lengths, out=token_offsets[1:])
+            expected = (token_offsets[:-1] * itemsize) + pointer
+            if not np.array_equal(expected, m["pointers"][lo:hi]):
+                b = lo + int(np.argmax(expected != m["pointers"][lo:hi]))
+                raise FormatError(f"{self.path / INDEX}: bin {b}: byte pointer "
+                                  f"{int(m['pointers'][b])} does not follow the lengths")
+            t0 = pointer // itemsize
+            t1 = t0 + int(token_offsets[-1])
+            if t1 > self.num_tokens:
+                raise FormatError(f"{self.path / INDEX}: bin lengths exceed the {self.num_tokens} "
+                                  "tokens of data.bin")
+            so = np.asarray(m["seq_offsets"][lo : hi + 1], dtype=np.int64)
+            check_csr(token_offsets, so - so[0], m["starts"][so[0] : so[-1]], m["loss"][t0:t1],
+                      pack_size=self.pack_size, source=str(self.path), first_bin=lo)
+            self._check_token_range(m["tokens"][t0:t1], lo, token_offsets)
+            pointer += int(token_offsets[-1]) * itemsize
+        if pointer != self.num_tokens * itemsize:
+            raise FormatError(f"{self.path / INDEX}: bins cover {pointer // itemsize} tokens, "
+                              f"data.bin holds {self.num_tokens}")
+        return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
+                "num_seqs": self.num_seqs, "pack_size": self.pack_size,
+                "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk()}
+
+    def _check_token_range(self, tokens: np.ndarray, first_bin: int, offsets: np.ndarray) -> None:
+        if tokens.size == 0:
+            return
+        limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
+        bad = (tokens < 0) | (tokens >= limit)
+        if bad.any():
+            pos = int(np.argmax(bad))
+            b = first_bin + int(np.searchsorted(offsets, pos, side="right") - 1)
+            raise FormatError(f"{self.path / DATA}: bin {b}: token id {int(tokens[pos])} outside "
+                              f"[0, {limit})")
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The shard's manifest, checked for its format; errors name the file."""
+    file = path / MANIFEST
+    if not path.is_dir():
+        raise FormatError(f"{path}: a binidx shard is a directory")
+    if not file.is_file():
+        raise FormatError(f"{file}: missing (an unfinished or damaged binidx shard)")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{file}: not a {FORMAT} manifest")
+    if manifest.get("layout") != LAYOUT:
+        raise FormatError(f"{file}: layout {manifest.get('layout')!r}, this reader knows {LAYOUT}")
+    return manifest
+
+
+def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
+    value = manifest.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise FormatError(f"{path / MANIFEST}: bad or missing {key!r}")
+    return value
+
+
+def _unpack(file: Path, header: Any) -> tuple[Any, ...]:
+    """The header fields of ``file``; a FormatError when the file is missing or too short."""
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(header.SIZE)
+    except OSError as exc:
+        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
+    if len(raw) < header.SIZE:
+        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {header.SIZE}-byte header "
+                          "(truncated)")
+    return header.STRUCT.unpack(raw)
