@@ -25,6 +25,7 @@ from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format, open_shard
+from packlab.spool import read_spool_manifest
 
 PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
@@ -171,6 +172,14 @@ def _detect(path: Path) -> str | None:
         return None
 
 
+def _is_spool(path: Path) -> bool:
+    try:
+        read_spool_manifest(path)
+    except FormatError:
+        return False
+    return True
+
+
 def _stem(name: str) -> str:
     return name.split(".", 1)[0]
 
@@ -238,6 +247,9 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
         if own is not None and not (get_format(own).SUFFIX and not p.name.endswith(
                 get_format(own).SUFFIX)):
             return [(p, own)]
+        if _is_spool(p):
+            raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
+                              "(`packlab pack`)")
         shards = shards_in_directory(p, format=format)
         if not shards:
             raise FormatError(f"{p}: no shards in this directory")
