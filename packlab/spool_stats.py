@@ -1,0 +1,72 @@
+"""What a spool holds, in numbers: counts, lengths, mask fraction, token statistics, bytes.
+
+Used by ``packlab inspect`` and notebook 01. Every pass over tokens or masks is chunked, so a
+spool of billions of tokens is described in bounded memory (the memory map's pages are file
+backed and reclaimable).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from packlab.spool import FILES, MANIFEST, SpoolReader
+
+_SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
+
+
+def count_nonzero_chunked(values: np.ndarray) -> int:
+    """``np.count_nonzero`` over a memory map, in chunks (no full-size temporary)."""
+    return sum(int(np.count_nonzero(values[i : i + _SCAN])) for i in range(0, values.size, _SCAN))
+
+
+def spool_bytes(reader: SpoolReader) -> dict[str, int]:
+    """Bytes on disk of every file of the spool, manifest included."""
+    names = [*FILES.values(), MANIFEST]
+    return {name: (reader.path / name).stat().st_size for name in names}
+
+
+def describe_spool(reader: SpoolReader) -> dict[str, Any]:
+    """Counts, length statistics, mask fraction and bytes on disk of a spool (for ``inspect``)."""
+    lengths = np.asarray(reader.lengths, dtype=np.int64)
+    files = spool_bytes(reader)
+    total = sum(files.values())
+    p50, p99 = np.percentile(lengths, [50, 99])
+    return {
+        "path": str(reader.path),
+        "format": "spool_v1",
+        "num_sequences": reader.num_sequences,
+        "num_tokens": reader.num_tokens,
+        "vocab_size": reader.vocab_size,
+        "length_min": int(lengths.min()),
+        "length_mean": float(lengths.mean()),
+        "length_p50": float(p50),
+        "length_p99": float(p99),
+        "length_max": int(lengths.max()),
+        "mask_fraction": count_nonzero_chunked(reader.masks) / max(reader.num_tokens, 1),
+        "bytes_on_disk": total,
+        "bytes_per_token": total / max(reader.num_tokens, 1),
+        "files": files,
+        "source": reader.manifest.get("source", {}),
+    }
+
+
+def token_counts(tokens: np.ndarray, vocab_size: int) -> np.ndarray:
+    """How often each token id occurs (int64[vocab_size]), counted in chunks."""
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for i in range(0, tokens.size, _SCAN):
+        counts += np.bincount(tokens[i : i + _SCAN], minlength=vocab_size)[:vocab_size]
+    return counts
+
+
+def rank_frequency(counts: np.ndarray) -> np.ndarray:
+    """Relative frequencies sorted from the most frequent token down, zeros dropped."""
+    nonzero = np.sort(counts[counts > 0])[::-1].astype(np.float64)
+    return nonzero / nonzero.sum()
+
+
+def order0_entropy_bits(counts: np.ndarray) -> float:
+    """Order-0 (unigram) entropy in bits per token: the floor for coding tokens independently."""
+    p = rank_frequency(counts)
+    return float(-(p * np.log2(p)).sum())
