@@ -1,0 +1,403 @@
+"""Format ``packed_index``: no token copy, only the bin assignment and a reference to the spool.
+
+Tokenize once, repack with any pack size or algorithm in seconds: a shard stores which spool
+sequences go in which bin (the :class:`~packlab.packing.BinAssignment` CSR) and gathers the
+bins from the spool at read time with :class:`~packlab.materialize.BinMaterializer` (loss mask
+aligned per sub-sequence, over-long sequences truncated as the assignment says). A repack
+rewrites only the index: 8 bytes per sequence, whatever the token count.
+
+A shard is a directory, published atomically::
+
+    bin_offsets.npy   int64[num_bins + 1]   bin b holds seq_indices[bin_offsets[b]:bin_offsets[b+1]]
+    seq_indices.npy   int64[num_assigned]   spool sequence indices, in layout order
+    manifest.json     written last: pack_size, overlong policy, counts, the files' sha256, and
+
+    "spool": {"path": "/abs/spool", "relative": "../spool", "manifest_sha256": "...",
+              "num_sequences": 1000000, "num_tokens": 123456789, "vocab_size": 131072,
+              "files": {"tokens.bin": {"bytes": ..., "sha256": ...}, ...}}
+
+The reader looks for the spool at the relative path first (a tree moved as a whole), then the
+absolute one (or where ``Reader(path, spool=...)`` says), and accepts it only if its manifest
+still matches what the shard recorded; ``validate`` also re-hashes the spool files. A changed
+or missing spool is a :class:`~packlab.errors.FormatError`, never silently different bins.
+
+The writer needs the spool and the assignment (``needs_spool = True`` tells the pipeline):
+``Writer(path, *, pack_size, spool=..., assignment=..., first_bin=0)``. Bins passed through
+``write_bin`` are compared with the bins gathered from the spool (``verify=True``; with
+``verify=False`` only their lengths and starts), so what the reader returns is what was written.
+:meth:`Writer.write_assignment` (used by :func:`write_packed_index`) takes every bin at once
+without gathering a token.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError, PacklabError
+from packlab.files import file_entry, sha256_file, verify_files
+from packlab.formats.base import ShardReader, ShardWriter
+from packlab.invariants import check_csr
+from packlab.materialize import BinMaterializer
+from packlab.packing import BinAssignment
+from packlab.spool import MANIFEST as SPOOL_MANIFEST
+from packlab.spool import SpoolReader, read_spool_manifest
+
+FORMAT = "packed_index"
+SUFFIX = ""
+LAYOUT = "packed_index_v1"
+MANIFEST = "manifest.json"
+OFFSETS = "bin_offsets.npy"
+INDICES = "seq_indices.npy"
+NEEDS_SPOOL = True
+
+
+def detect(path: Path) -> bool:
+    """A directory holding the two index files (its reader explains anything missing)."""
+    return path.is_dir() and (path / OFFSETS).is_file() and (path / INDICES).is_file()
+
+
+def spool_identity(spool: SpoolReader) -> dict[str, Any]:
+    """What a shard records about its spool, to recognise it (and notice a change) later."""
+    manifest = spool.manifest
+    return {
+        "manifest_sha256": sha256_file(spool.path / SPOOL_MANIFEST),
+        "num_sequences": manifest["num_sequences"],
+        "num_tokens": manifest["num_tokens"],
+        "vocab_size": manifest.get("vocab_size"),
+        "files": manifest.get("files", {}),
+    }
+
+
+def _as_spool(spool: str | os.PathLike[str] | SpoolReader | None, where: Path) -> SpoolReader:
+    if spool is None:
+        raise PacklabError(f"{where}: the packed_index writer needs spool= (the spool it indexes)")
+    return spool if isinstance(spool, SpoolReader) else SpoolReader(spool)
+
+
+def _as_assignment(assignment: BinAssignment | str | os.PathLike[str] | None,
+                   where: Path) -> BinAssignment:
+    if assignment is None:
+        raise PacklabError(f"{where}: the packed_index writer needs assignment= (the bins)")
+    return assignment if isinstance(assignment, BinAssignment) else BinAssignment.load(assignment)
+
+
+class Writer(ShardWriter):
+    """Writes the assignment and the spool reference; tokens stay in the spool."""
+
+    FORMAT: ClassVar[str] = FORMAT
+    needs_spool: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        spool: str | os.PathLike[str] | SpoolReader | None = None,
+        assignment: BinAssignment | str | os.PathLike[str] | None = None,
+        first_bin: int = 0,
+        verify: bool = True,
+        **options: Any,
+    ) -> None:
+        where = Path(path)
+        self.spool = _as_spool(spool, where)
+        self.assignment = _as_assignment(assignment, where)
+        self.first_bin = int(first_bin)
+        self.verify = verify
+        if not 0 <= self.first_bin < self.assignment.num_bins:
+            raise PacklabError(f"{where}: first_bin {first_bin} outside the assignment's "
+                               f"{self.assignment.num_bins} bins")
+        if options.get("pack_size", self.assignment.pack_size) != self.assignment.pack_size:
+            raise PacklabError(f"{where}: pack_size {options['pack_size']} differs from the "
+                               f"assignment's {self.assignment.pack_size}")
+        options["pack_size"] = self.assignment.pack_size
+        available = self.assignment.num_bins - self.first_bin
+        if options.get("num_bins") is not None and options["num_bins"] > available:
+            raise PacklabError(f"{where}: {options['num_bins']} bins announced, the assignment has "
+                               f"{available} from bin {self.first_bin}")
+        self._materializer = BinMaterializer(self.spool, self.assignment)
+        super().__init__(path, **options)
+
+    def _open(self) -> None:
+        self.tmp_path.mkdir()
+
+    def _write(self, packed: PackedBin) -> None:
+        bin_id = self.first_bin + self.bins_written
+        if bin_id >= self.assignment.num_bins:
+            raise PacklabError(f"{self.path}: bin {self.bins_written} is beyond the assignment")
+        expected = self._gather_structure(bin_id)
+        same = (packed.input_ids.shape[0] == expected[0]
+                and np.array_equal(packed.seq_start_id, expected[1]))
+        if same and self.verify:
+            gathered = self._materializer.materialize(bin_id)
+            same = (np.array_equal(packed.input_ids, gathered.input_ids)
+                    and np.array_equal(packed.loss_mask, gathered.loss_mask))
+        if not same:
+            raise PacklabError(
+                f"{self.path}: bin {self.bins_written} differs from bin {bin_id} gathered from "
+                f"the spool {self.spool.path}: a packed_index shard can only store bins of its "
+                "spool and assignment"
+            )
+
+    def _gather_structure(self, bin_id: int) -> tuple[int, np.ndarray]:
+        """Packed length and seq_start_id of a bin, from the spool lengths alone."""
+        seqs = self.assignment.bin_indices(bin_id)
+        kept = np.minimum(self.spool.lengths[seqs].astype(np.int64), self.assignment.pack_size)
+        starts = np.concatenate(([0], np.cumsum(kept)[:-1]))
+        return int(kept.sum()), starts
+
+    def write_assignment(self) -> None:
+        """Take every (remaining announced) bin at once, without gathering any token."""
+        if self.finished or self.bins_written:
+            raise PacklabError(f"{self.path}: write_assignment() must be the only write")
+        count = self.expected_bins or self.assignment.num_bins - self.first_bin
+        part = self.assignment.select(self.first_bin, self.first_bin + count)
+        lengths = part.bin_lengths(self.spool.lengths)
+        _check_assignment(part, self.spool, lengths, source=str(self.path))
+        self.bins_written = part.num_bins
+        self.tokens_written = int(lengths.sum())
+        self.seqs_written = int(part.seq_indices.shape[0])
+
+    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        part = self.assignment.select(self.first_bin, self.first_bin + self.bins_written)
+        files = {
+            OFFSETS: _save_npy(self.tmp_path / OFFSETS, part.bin_offsets),
+            INDICES: _save_npy(self.tmp_path / INDICES, part.seq_indices),
+        }
+        spool_abs = self.spool.path.resolve()
+        manifest.update(
+            layout=LAYOUT,
+            overlong=part.overlong,
+            first_bin=self.first_bin,
+            spool={
+                "path": str(spool_abs),
+                "relative": os.path.relpath(spool_abs, self.path.absolute()),
+                **spool_identity(self.spool),
+            },
+            files=files,
+        )
+        (self.tmp_path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        return manifest
+
+
+def write_packed_index(
+    path: str | os.PathLike[str],
+    spool_path: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write a packed_index shard of every bin of ``assignment``; returns its manifest."""
+    writer = Writer(path, pack_size=assignment.pack_size, spool=spool_path,
+                    assignment=assignment, overwrite=overwrite, metadata=metadata)
+    try:
+        writer.write_assignment()
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finalize()
+
+
+class Reader(ShardReader):
+    """Gathers bins from the referenced spool; opening reads the manifests, not the index."""
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 spool: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(path)
+        self.manifest = read_manifest(self.path)
+        m = self.manifest
+        self.pack_size = int(m["pack_size"])
+        self.num_bins = int(m["num_bins"])
+        self.num_tokens = int(m["num_tokens"])
+        self.num_seqs = int(m["num_seqs"])
+        self.overlong = m["overlong"]
+        verify_files(self.path, m["files"], checksums=False)
+        self.spool_path = self._find_spool(None if spool is None else Path(spool))
+        self._assignment: BinAssignment | None = None
+        self._spool: SpoolReader | None = None
+        self._materializer: BinMaterializer | None = None
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_assignment", "_spool", "_materializer")
+
+    def _find_spool(self, override: Path | None) -> Path:
+        recorded = self.manifest["spool"]
+        if override is not None:
+            candidates = [override]
+        else:
+            local = Path(os.path.normpath(self.path.absolute() / recorded["relative"]))
+            candidates = list(dict.fromkeys([local, Path(recorded["path"])]))
+        problems = []
+        for candidate in candidates:
+            if not (candidate / SPOOL_MANIFEST).is_file():
+                problems.append(f"{candidate}: missing")
+                continue
+            change = self._spool_change(candidate)
+            if change is None:
+                return candidate
+            problems.append(f"{candidate}: {change}")
+        raise FormatError(f"{self.path}: its spool is missing or changed ({'; '.join(problems)}); "
+                          "repack, or pass spool= the spool it was built from")
+
+    def _spool_change(self, candidate: Path) -> str | None:
+        """What differs between the spool at ``candidate`` and the one recorded, or None."""
+        recorded = self.manifest["spool"]
+        try:
+            manifest = read_spool_manifest(candidate)
+        except FormatError as exc:
+            return str(exc)
+        for key in ("num_sequences", "num_tokens"):
+            if manifest.get(key) != recorded.get(key):
+                return f"{key} {manifest.get(key)}, the shard recorded {recorded.get(key)}"
+        if manifest.get("files") != recorded.get("files"):
+            return "its files' checksums differ from the ones the shard recorded"
+        for name, entry in recorded.get("files", {}).items():
+            file = candidate / name
+            if not file.is_file() or file.stat().st_size != entry.get("bytes"):
+                return f"{name} is missing or not {entry.get('bytes')} bytes"
+        return None
+
+    def _open_index(self) -> BinMaterializer:
+        if self._materializer is None:
+            offsets = _load_npy(self.path / OFFSETS)
+            indices = _load_npy(self.path / INDICES)
+            self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
+            if offsets.shape[0] != self.num_bins + 1 or indices.shape[0] != self.num_seqs:
+                raise FormatError(f"{self.path}: index holds {offsets.shape[0] - 1} bins and "
+                                  f"{indices.shape[0]} sequences, the manifest says "
+                                  f"{self.num_bins} and {self.num_seqs}")
+            self._spool = SpoolReader(self.spool_path)
+            try:
+                self._materializer = BinMaterializer(self._spool, self._assignment)
+            except PacklabError as exc:
+                raise FormatError(f"{self.path}: does not fit its spool: {exc}") from None
+        return self._materializer
+
+    @property
+    def assignment(self) -> BinAssignment:
+        self._open_index()
+        assert self._assignment is not None
+        return self._assignment
+
+    def read_bin(self, index: int) -> PackedBin:
+        """A freshly gathered bin (its own arrays: int32 tokens, uint8 loss mask, int32 starts)."""
+        i = self.check_index(index)
+        return self._open_index().materialize(i).copy()
+
+    def packed_lengths(self) -> np.ndarray:
+        materializer = self._open_index()
+        return self.assignment.bin_lengths(materializer.spool.lengths)
+
+    def bytes_on_disk(self) -> int:
+        """The index only; the spool it references is counted in ``info()["spool_bytes"]``."""
+        return super().bytes_on_disk()
+
+    def info(self) -> dict[str, Any]:
+        spool_bytes = sum(e.get("bytes", 0) for e in self.manifest["spool"]["files"].values())
+        return {**super().info(), "num_seqs": self.num_seqs, "spool": str(self.spool_path),
+                "spool_bytes": spool_bytes}
+
+    def validate(self, *, spool_checksums: bool = True) -> dict[str, Any]:
+        """Index checksums, the spool unchanged (re-hashed), every bin's structure and limits."""
+        verify_files(self.path, self.manifest["files"], checksums=True)
+        self._open_index()
+        assert self._spool is not None
+        if spool_checksums:
+            self._spool.verify()
+        lengths = self.assignment.bin_lengths(self._spool.lengths)
+        _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))
+        if int(lengths.sum()) != self.num_tokens:
+            raise FormatError(f"{self.path}: bins hold {int(lengths.sum())} tokens, the manifest "
+                              f"says {self.num_tokens}")
+        return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
+                "num_seqs": self.num_seqs, "pack_size": self.pack_size,
+                "spool": str(self.spool_path), "bytes_on_disk": self.bytes_on_disk()}
+
+
+def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarray, *,
+                      source: str) -> None:
+    """CSR well formed, indices inside the spool, policy honoured, every bin's invariants.
+
+    The loss mask needs no check here: it is aligned at read time from the spool's 0/1 masks,
+    which leaves the last position of every sub-sequence 0 by construction.
+    """
+    offsets, indices = part.bin_offsets, part.seq_indices
+    if offsets.ndim != 1 or offsets.shape[0] < 2 or offsets[0] != 0:
+        raise FormatError(f"{source}: bin offsets must be 1-D and start at 0")
+    if offsets[-1] != indices.shape[0] or bool(np.any(np.diff(offsets) <= 0)):
+        raise FormatError(f"{source}: bin offsets must increase strictly up to "
+                          f"{indices.shape[0]} (empty bin or bad end)")
+    if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= spool.num_sequences):
+        bad = int(np.argmax((indices < 0) | (indices >= spool.num_sequences)))
+        b = int(np.searchsorted(offsets, bad, side="right") - 1)
+        raise FormatError(f"{source}: bin {b}: sequence {int(indices[bad])} is not in the spool "
+                          f"({spool.num_sequences} sequences)")
+    seq_lengths = spool.lengths[indices].astype(np.int64)
+    if part.overlong == "drop" and bool(np.any(seq_lengths > part.pack_size)):
+        bad = int(np.argmax(seq_lengths > part.pack_size))
+        b = int(np.searchsorted(offsets, bad, side="right") - 1)
+        raise FormatError(f"{source}: bin {b}: sequence {int(indices[bad])} is longer than "
+                          f"pack_size {part.pack_size} and the policy is 'drop'")
+    kept = np.minimum(seq_lengths, part.pack_size)
+    token_offsets = np.zeros(part.num_bins + 1, dtype=np.int64)
+    np.cumsum(lengths, out=token_offsets[1:])
+    ends = np.cumsum(kept)
+    starts = ends - kept - np.repeat(token_offsets[:-1], np.diff(offsets))
+    check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)
+
+
+def _save_npy(path: Path, values: np.ndarray) -> dict[str, Any]:
+    """``np.save`` an int64 array (8 bytes per sequence: small) and return its manifest entry."""
+    with open(path, "wb") as f:
+        np.save(f, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
+        f.flush()
+        os.fsync(f.fileno())
+    return file_entry(path)
+
+
+def _load_npy(path: Path) -> np.ndarray:
+    """A 1-D int64 .npy, memory-mapped, never unpickled; a FormatError naming the file."""
+    try:
+        values = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise FormatError(f"{path}: not a readable .npy index: {exc}") from None
+    if values.ndim != 1 or values.dtype != np.dtype("<i8"):
+        raise FormatError(f"{path}: expected 1-D int64, found {values.dtype} {values.shape}")
+    return values
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The shard's manifest, checked for its format and fields; errors name the file."""
+    file = path / MANIFEST
+    if not path.is_dir():
+        raise FormatError(f"{path}: a packed_index shard is a directory")
+    if not file.is_file():
+        raise FormatError(f"{file}: missing (an unfinished or damaged packed_index shard)")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise FormatError(f"{file}: not a {FORMAT} manifest")
+    if manifest.get("layout") != LAYOUT:
+        raise FormatError(f"{file}: layout {manifest.get('layout')!r}, this reader knows {LAYOUT}")
+    for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
+        value = manifest.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise FormatError(f"{file}: bad or missing {key!r}")
+    spool = manifest.get("spool")
+    if not isinstance(spool, dict) or not all(
+        isinstance(spool.get(k), str) for k in ("path", "relative", "manifest_sha256")
+    ):
+        raise FormatError(f"{file}: bad or missing 'spool' reference")
+    if manifest.get("overlong") not in ("truncate", "drop"):
+        raise FormatError(f"{file}: bad 'overlong' policy {manifest.get('overlong')!r}")
+    if not isinstance(manifest.get("files"), dict):
+        raise FormatError(f"{file}: bad or missing 'files'")
+    return manifest
