@@ -1,0 +1,624 @@
+"""Format ``pbin``: the Modalities (formerly llm_gym) packed data file, read without pickle code.
+
+The Modalities layout (seed 004; ``EmbeddedStreamData`` / ``TokenizedFileWriter`` today)::
+
+    data length   <Q     bytes in the data section
+    token width   <I     bytes per token: 1, 2 or 4 (unsigned little-endian tokens)
+    data          tokens of every document, concatenated
+    index         pickle of [(byte_offset, byte_length), ...], offsets relative to the data
+
+Modalities reads the index with ``pickle.loads``, which would run any code a crafted file
+names. packlab parses it with :class:`IndexUnpickler`, which resolves no global at all (a list
+of int tuples needs none): a file that tries to run something is refused before anything runs.
+
+How pbin fits the registry (it has no loss mask and no bins of its own), two uses:
+
+1. :func:`write_pbin` (spool-level): one document per spool sequence, tokens only, a plain
+   Modalities file; Modalities packs at train time. :class:`PbinFile` reads any pbin's
+   documents. Such a file is *lossy* as a packlab shard: ``Reader(path, lossy=True)`` serves
+   each document as one bin learning every next token (``loss_mask`` 1 but the last position,
+   ``seq_start_id`` ``[0]``), the pretraining convention Modalities trains with.
+2. ``Writer`` (the registered shard writer): one document per packed bin, so Modalities reads
+   the packed rows' tokens unchanged, and a packlab *trailer* after the pickle carries what
+   the format lacks. ``pickle.loads`` ignores bytes after the pickle's STOP, so the file stays
+   a valid Modalities pbin. The trailer, each section 8-byte aligned::
+
+       loss_mask      uint8[num_tokens]
+       token_offsets  int64[num_bins + 1]    bin b = tokens[token_offsets[b]:token_offsets[b+1]]
+       seq_offsets    int64[num_bins + 1]    CSR of the bins' seq_start_id
+       seq_starts     int32[num_seqs]
+       footer         JSON: counts, pack_size, token width, section offsets, sha256 of
+                      bytes [12, footer) (the header is patched last, so it is checked by field)
+       <Q             footer length
+       magic          b"PLKPBIN1"
+
+   The reader uses the trailer's arrays (opening reads the header and footer only); it never
+   needs the pickle. ``validate`` unpickles the index (restricted) and checks it agrees.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar
+
+import numpy as np
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError, PacklabError
+from packlab.files import publish, remove, temporary_sibling
+from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.binidx import ScratchArray
+from packlab.invariants import check_csr
+from packlab.safe_pickle import UnsafePickleError
+from packlab.spool import SpoolReader
+
+FORMAT = "pbin"
+SUFFIX = ".pbin"
+LAYOUT = "pbin_packlab_v1"
+HEADER = struct.Struct("<QI")  # data section length in bytes, token width in bytes
+HEADER_SIZE = HEADER.size  # 12, Modalities' HEADER_SIZE_IN_BYTES
+TOKEN_DTYPES = {1: np.dtype("|u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
+TRAILER_MAGIC = b"PLKPBIN1"
+TAIL = struct.Struct("<Q8s")  # footer JSON length, magic
+_CHECK_CHUNK = 1 << 16
+_COPY_CHUNK = 1 << 22
+_INT32_MAX = (1 << 31) - 1
+
+# Pickle opcodes the index writer emits (protocol 2, no memo): the file stays readable by any
+# Python's pickle.loads, and the writer never builds a Python list per document.
+_PROTO2, _EMPTY_LIST, _MARK, _APPENDS, _STOP = b"\x80\x02", b"]", b"(", b"e", b"."
+_SMALL = np.dtype([("j1", "u1"), ("off", "<i4"), ("j2", "u1"), ("len", "<i4"), ("t", "u1")])
+_LARGE = np.dtype([("l1", "u1"), ("n", "u1"), ("off", "<i8"), ("j2", "u1"), ("len", "<i4"),
+                   ("t", "u1")])
+_BININT, _LONG1, _TUPLE2 = 0x4A, 0x8A, 0x86
+
+
+def detect(path: Path) -> bool:
+    """A file named ``*.pbin``, or any file ending with packlab's pbin trailer magic."""
+    if not path.is_file():
+        return False
+    if path.suffix == SUFFIX:
+        return True
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            if f.tell() < HEADER_SIZE + TAIL.size:
+                return False
+            f.seek(-len(TRAILER_MAGIC), os.SEEK_END)
+            return f.read() == TRAILER_MAGIC
+    except OSError:
+        return False
+
+
+def token_width_for(vocab_size: int | None) -> int:
+    """The narrowest width Modalities reads that holds every id of the vocabulary (4 if unknown)."""
+    if vocab_size is None:
+        return 4
+    return 1 if vocab_size <= 1 << 8 else 2 if vocab_size <= 1 << 16 else 4
+
+
+def _check_width(width: int | str | None, vocab_size: int | None, source: str) -> int:
+    if width is None or width == "auto":
+        return token_width_for(vocab_size)
+    if width not in TOKEN_DTYPES:
+        raise PacklabError(f"{source}: token width must be 1, 2 or 4 bytes, got {width!r}")
+    return int(width)
+
+
+def encode_index(offsets: np.ndarray, lengths: np.ndarray) -> bytes:
+    """The pickle of ``[(offset, length), ...]`` for a run of documents, built with numpy.
+
+    Ints below 2**31 are BININT (5 bytes), larger offsets LONG1 with 8 bytes. Emitted between
+    MARK and APPENDS by :class:`IndexWriter`.
+    """
+    offsets = np.asarray(offsets, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and int(lengths.max()) > _INT32_MAX:
+        raise PacklabError(f"a document of {int(lengths.max())} bytes is too long for a pbin")
+    split = int(np.searchsorted(offsets, _INT32_MAX, side="right"))
+    small = np.empty(split, dtype=_SMALL)
+    small["j1"], small["off"], small["j2"], small["len"], small["t"] = (
+        _BININT, offsets[:split], _BININT, lengths[:split], _TUPLE2)
+    large = np.empty(offsets.shape[0] - split, dtype=_LARGE)
+    large["l1"], large["n"], large["off"], large["j2"], large["len"], large["t"] = (
+        _LONG1, 8, offsets[split:], _BININT, lengths[split:], _TUPLE2)
+    return small.tobytes() + large.tobytes()
+
+
+class IndexWriter:
+    """Streams the pickled Modalities index: documents' byte lengths in, pickle bytes out."""
+
+    def __init__(self, out: _Output, token_width: int) -> None:
+        self.out = out
+        self.width = token_width
+        self.offset = 0
+        out.write(_PROTO2 + _EMPTY_LIST)
+
+    def add(self, token_lengths: np.ndarray) -> None:
+        nbytes = np.asarray(token_lengths, dtype=np.int64) * self.width
+        ends = np.cumsum(nbytes) + self.offset
+        self.out.write(_MARK + encode_index(ends - nbytes, nbytes) + _APPENDS)
+        self.offset = int(ends[-1]) if ends.size else self.offset
+
+    def close(self) -> None:
+        self.out.write(_STOP)
+
+
+class IndexUnpickler(pickle.Unpickler):
+    """Unpickles the index (a list of int tuples) and refuses every global: nothing can run."""
+
+    def __init__(self, file: BinaryIO, *, source: str) -> None:
+        super().__init__(file)
+        self.source = source
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise UnsafePickleError(
+            f"{self.source}: refused to unpickle global {module}.{name}: a pbin index is a list "
+            "of (offset, length) ints and needs none (the file may try to run code)"
+        )
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise UnsafePickleError(f"{self.source}: refused a persistent id in the pbin index")
+
+
+def parse_index(raw: bytes, *, source: str) -> np.ndarray:
+    """``int64[n, 2]`` (byte offset, byte length) from the pickled index, without running code."""
+    stream = io.BytesIO(raw)
+    try:
+        index = IndexUnpickler(stream, source=source).load()
+    except PacklabError:
+        raise
+    except RecursionError:
+        raise FormatError(f"{source}: corrupted pbin index (nested too deeply)") from None
+    except Exception as exc:  # noqa: BLE001 - a corrupted stream raises almost any type
+        raise FormatError(f"{source}: corrupted or truncated pbin index: "
+                          f"{type(exc).__name__}: {exc}") from None
+    if stream.tell() != len(raw):
+        raise FormatError(f"{source}: {len(raw) - stream.tell()} stray bytes after the pickled "
+                          "index (a cut packlab trailer, or corrupted)")
+    if not isinstance(index, list) or not all(
+        type(e) is tuple and len(e) == 2 and type(e[0]) is int and type(e[1]) is int
+        for e in index
+    ):
+        raise FormatError(f"{source}: the pbin index is not a list of (offset, length) int pairs")
+    return np.array(index, dtype=np.int64).reshape(-1, 2)
+
+
+class PbinFile:
+    """Any pbin file, Modalities' or packlab's: header, token data and documents."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FormatError(f"{self.path}: no such pbin file")
+        self.size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            raw = f.read(HEADER_SIZE)
+            if len(raw) < HEADER_SIZE:
+                raise FormatError(f"{self.path}: {len(raw)} bytes, shorter than the 12-byte "
+                                  "pbin header (truncated)")
+            self.data_len, self.token_width = HEADER.unpack(raw)
+            self.footer = _read_footer(f, self.path, self.size)
+        if self.token_width not in TOKEN_DTYPES:
+            raise FormatError(f"{self.path}: token width {self.token_width} (Modalities writes "
+                              "1, 2 or 4; corrupted header?)")
+        self.token_dtype = TOKEN_DTYPES[self.token_width]
+        self.index_offset = HEADER_SIZE + self.data_len
+        self.index_end = self._index_end()
+        if self.data_len % self.token_width or self.index_offset >= self.index_end:
+            raise FormatError(f"{self.path}: header says {self.data_len} data bytes of "
+                              f"{self.token_width}-byte tokens, the file has {self.size} bytes "
+                              "(truncated or corrupted)")
+        self.num_tokens = self.data_len // self.token_width
+        self._index: np.ndarray | None = None
+
+    def _index_end(self) -> int:
+        """Where the pickled index ends: the end of the file, or where the trailer begins."""
+        if self.footer is None:
+            return self.size
+        where = self.footer.get("sections", {}).get("index") if isinstance(
+            self.footer.get("sections"), dict) else None
+        if (not isinstance(where, list) or len(where) != 2 or where[0] != 0
+                or not isinstance(where[1], int)
+                or self.index_offset + where[1] > self.footer["footer_offset"]):
+            raise FormatError(f"{self.path}: packlab footer: bad 'index' section {where!r}")
+        return self.index_offset + where[1]
+
+    def index(self) -> np.ndarray:
+        """``int64[n, 2]``: each document's byte offset and byte length in the data section."""
+        if self._index is None:
+            with open(self.path, "rb") as f:
+                f.seek(self.index_offset)
+                raw = f.read(self.index_end - self.index_offset)
+            index = parse_index(raw, source=str(self.path))
+            offsets, lengths = index[:, 0], index[:, 1]
+            bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > self.data_len) \
+                | (offsets % self.token_width != 0) | (lengths % self.token_width != 0)
+            if bad.any():
+                d = int(np.argmax(bad))
+                raise FormatError(f"{self.path}: document {d}: index entry {tuple(index[d])} "
+                                  f"falls outside the {self.data_len}-byte data section")
+            self._index = index
+        return self._index
+
+    def tokens(self) -> np.ndarray:
+        """Every token, memory-mapped (unsigned, the file's width)."""
+        return np.memmap(self.path, self.token_dtype, "r", HEADER_SIZE, (self.num_tokens,))
+
+    def __len__(self) -> int:
+        return int(self.index().shape[0])
+
+    def document(self, i: int) -> np.ndarray:
+        offset, length = (int(v) // self.token_width for v in self.index()[i])
+        return self.tokens()[offset : offset + length].view(np.ndarray)
+
+    def iter_documents(self) -> Iterator[np.ndarray]:
+        tokens = self.tokens()
+        for offset, length in (self.index() // self.token_width).tolist():
+            yield tokens[offset : offset + length].view(np.ndarray)
+
+
+def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
+    """packlab's trailer footer, or None for a plain pbin."""
+    if size < HEADER_SIZE + TAIL.size:
+        return None
+    f.seek(size - TAIL.size)
+    length, magic = TAIL.unpack(f.read(TAIL.size))
+    if magic != TRAILER_MAGIC:
+        return None
+    if length > size - HEADER_SIZE - TAIL.size:
+        raise FormatError(f"{path}: packlab footer length {length} exceeds the file (corrupted)")
+    f.seek(size - TAIL.size - length)
+    try:
+        footer = json.loads(f.read(length))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: unreadable packlab footer: {exc}") from None
+    if not isinstance(footer, dict) or footer.get("layout") != LAYOUT:
+        raise FormatError(f"{path}: packlab footer of unknown layout {footer.get('layout')!r}"
+                          if isinstance(footer, dict) else f"{path}: bad packlab footer")
+    footer["footer_offset"] = size - TAIL.size - length
+    return footer
+
+
+class _Output:
+    """The file being written: tracks the position and hashes every byte after the header."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()/discard()
+        self.file.write(bytes(HEADER_SIZE))  # the header is patched when the sizes are known
+        self.position = HEADER_SIZE
+        self.hash = hashlib.sha256()
+
+    def write(self, data: bytes | np.ndarray) -> None:
+        view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data)
+        view = view.cast("B")
+        self.file.write(view)
+        self.hash.update(view)
+        self.position += view.nbytes
+
+    def align(self, boundary: int = 8) -> None:
+        self.write(bytes(-self.position % boundary))
+
+    def close(self, data_len: int, token_width: int) -> None:
+        self.file.seek(0)
+        self.file.write(HEADER.pack(data_len, token_width))
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+    def discard(self) -> None:
+        if not self.file.closed:
+            self.file.close()
+
+
+class Writer(ShardWriter):
+    """One Modalities document per bin, plus packlab's trailer (loss mask, starts, footer).
+
+    Extra keywords: ``token_width`` (1, 2, 4 or ``"auto"``) and ``vocab_size`` (for ``auto``;
+    also read from ``metadata["vocab_size"]``; unknown means 4 bytes).
+    """
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        token_width: int | str | None = "auto",
+        vocab_size: int | None = None,
+        **options: Any,
+    ) -> None:
+        metadata = options.get("metadata") or {}
+        self.vocab_size = vocab_size if vocab_size is not None else metadata.get("vocab_size")
+        self.token_width = _check_width(token_width, self.vocab_size, str(path))
+        self.token_dtype = TOKEN_DTYPES[self.token_width]
+        super().__init__(path, **options)
+
+    def _open(self) -> None:
+        self._out = _Output(self.tmp_path)
+        scratch = temporary_sibling(self.path)
+        self._scratch = {
+            "lengths": ScratchArray(Path(f"{scratch}.lengths"), "<i8"),
+            "nseqs": ScratchArray(Path(f"{scratch}.nseqs"), "<i8"),
+            "starts": ScratchArray(Path(f"{scratch}.starts"), "<i4"),
+            "loss": ScratchArray(Path(f"{scratch}.loss"), "|u1"),
+        }
+
+    def _write(self, packed: PackedBin) -> None:
+        tokens = packed.input_ids
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi > np.iinfo(self.token_dtype).max:
+            raise PacklabError(f"{self.path}: bin {self.bins_written}: token ids {lo}..{hi} do "
+                               f"not fit {self.token_width}-byte tokens (vocab_size "
+                               f"{self.vocab_size}); pass token_width=4")
+        self._out.write(tokens.astype(self.token_dtype, copy=False))
+        self._scratch["lengths"].append(np.array([tokens.shape[0]]))
+        self._scratch["nseqs"].append(np.array([packed.seq_start_id.shape[0]]))
+        self._scratch["starts"].append(packed.seq_start_id)
+        self._scratch["loss"].append(packed.loss_mask)
+
+    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        for scratch in self._scratch.values():
+            scratch.finish()
+        out = self._out
+        data_len = self.tokens_written * self.token_width
+        index_offset = HEADER_SIZE + data_len  # section offsets are relative to the index
+        index = IndexWriter(out, self.token_width)
+        for lengths in self._scratch["lengths"].chunks():
+            index.add(lengths)
+        index.close()
+        sections = {"index": [0, out.position - index_offset]}
+        for name, chunks in (
+            ("loss_mask", self._scratch["loss"].chunks(_COPY_CHUNK)),  # uint8[num_tokens]
+            ("token_offsets", _running_offsets(self._scratch["lengths"])),  # int64[num_bins + 1]
+            ("seq_offsets", _running_offsets(self._scratch["nseqs"])),  # int64[num_bins + 1]
+            ("seq_starts", self._scratch["starts"].chunks(_COPY_CHUNK)),  # int32[num_seqs]
+        ):
+            out.align()
+            start = out.position
+            for chunk in chunks:
+                out.write(chunk)
+            sections[name] = [start - index_offset, out.position - start]
+        manifest.update(layout=LAYOUT, token_width=self.token_width, vocab_size=self.vocab_size,
+                        sections=sections, sha256=out.hash.hexdigest(),
+                        sha256_of="bytes from 12 to the footer")
+        footer = json.dumps(manifest, sort_keys=True).encode()
+        out.file.write(footer + TAIL.pack(len(footer), TRAILER_MAGIC))
+        out.close(data_len, self.token_width)
+        for scratch in self._scratch.values():
+            scratch.discard()
+        return manifest
+
+    def _discard(self) -> None:
+        out = getattr(self, "_out", None)
+        if out is not None:
+            out.discard()
+        for scratch in getattr(self, "_scratch", {}).values():
+            scratch.discard()
+
+
+def _running_offsets(counts: ScratchArray) -> Iterator[np.ndarray]:
+    """``int64[n + 1]``: 0 then the running sum of the counts, chunk by chunk."""
+    total = 0
+    yield np.zeros(1, dtype="<i8")
+    for chunk in counts.chunks():
+        ends = np.cumsum(chunk, dtype=np.int64) + total
+        total = int(ends[-1])
+        yield ends
+
+
+def write_pbin(
+    spool: str | os.PathLike[str] | SpoolReader,
+    path: str | os.PathLike[str],
+    *,
+    token_width: int | str | None = "auto",
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """A plain Modalities pbin of a spool: one document per sequence, tokens only (no masks).
+
+    ``auto`` width follows the spool's vocab_size, else its largest token id. Streams in chunks;
+    published atomically. Returns what it wrote.
+    """
+    reader = spool if isinstance(spool, SpoolReader) else SpoolReader(spool)
+    final = Path(path)
+    if (final.exists() or final.is_symlink()) and not overwrite:
+        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
+    vocab = reader.vocab_size
+    if vocab is None and token_width in (None, "auto"):
+        vocab = max(int(reader.tokens[lo : lo + _COPY_CHUNK].max())
+                    for lo in range(0, reader.num_tokens, _COPY_CHUNK)) + 1
+    width = _check_width(token_width, vocab, str(final))
+    dtype = TOKEN_DTYPES[width]
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(final)
+    out = _Output(tmp)
+    try:
+        for lo in range(0, reader.num_tokens, _COPY_CHUNK):
+            chunk = np.asarray(reader.tokens[lo : lo + _COPY_CHUNK])
+            if int(chunk.min()) < 0 or int(chunk.max()) > np.iinfo(dtype).max:
+                raise PacklabError(f"{final}: spool tokens {int(chunk.min())}..{int(chunk.max())}"
+                                   f" do not fit {width}-byte tokens")
+            out.write(chunk.astype(dtype))
+        index = IndexWriter(out, width)
+        for lo in range(0, reader.num_sequences, 1 << 20):
+            index.add(np.asarray(reader.lengths[lo : lo + (1 << 20)]))
+        index.close()
+        out.close(reader.num_tokens * width, width)
+        publish(tmp, final, overwrite=overwrite)
+    except BaseException:
+        out.discard()
+        remove(tmp)
+        raise
+    return {"path": str(final), "format": FORMAT, "documents": reader.num_sequences,
+            "num_tokens": reader.num_tokens, "token_width": width,
+            "bytes": final.stat().st_size}
+
+
+class Reader(ShardReader):
+    """Bins of a packlab pbin from its trailer (views, valid after close).
+
+    A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
+    learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
+    """
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(self, path: str | os.PathLike[str], *, lossy: bool = False,
+                 pack_size: int | None = None) -> None:
+        super().__init__(path)
+        self.file = PbinFile(self.path)
+        self.footer = self.file.footer
+        self.lossy = self.footer is None
+        self.token_dtype = self.file.token_dtype
+        self._maps: dict[str, np.ndarray] | None = None
+        if self.footer is None:
+            if not lossy:
+                raise FormatError(
+                    f"{self.path}: a plain Modalities pbin (token documents only, no loss mask "
+                    "or bins); open it with lossy=True to read each document as one bin learning "
+                    "every next token, or read its documents with packlab.formats.pbin.PbinFile")
+            lengths = self.file.index()[:, 1] // self.file.token_width
+            self.num_bins = int(lengths.shape[0])
+            self.num_tokens = int(lengths.sum())
+            self.pack_size = int(pack_size or (lengths.max() if lengths.size else 0))
+            self.vocab_size: int | None = None
+        else:
+            self._read_footer_fields()
+
+    def _read_footer_fields(self) -> None:
+        footer = self.footer
+        assert footer is not None
+        for key in ("pack_size", "num_bins", "num_tokens", "num_seqs", "token_width"):
+            value = footer.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise FormatError(f"{self.path}: packlab footer: bad or missing {key!r}")
+        self.pack_size = footer["pack_size"]
+        self.num_bins = footer["num_bins"]
+        self.num_tokens = footer["num_tokens"]
+        self.num_seqs = footer["num_seqs"]
+        self.vocab_size = footer.get("vocab_size")
+        if (self.file.token_width, self.file.num_tokens) != (footer["token_width"],
+                                                             self.num_tokens):
+            raise FormatError(f"{self.path}: header says {self.file.num_tokens} tokens of "
+                              f"{self.file.token_width} bytes, the footer {self.num_tokens} of "
+                              f"{footer['token_width']} (corrupted)")
+        expected = {"loss_mask": self.num_tokens, "token_offsets": 8 * (self.num_bins + 1),
+                    "seq_offsets": 8 * (self.num_bins + 1), "seq_starts": 4 * self.num_seqs}
+        sections = footer.get("sections", {})
+        base = self.file.index_offset
+        for name, nbytes in expected.items():
+            where = sections.get(name)
+            if (not isinstance(where, list) or len(where) != 2 or where[1] != nbytes
+                    or base + where[0] + nbytes > footer["footer_offset"]):
+                raise FormatError(f"{self.path}: packlab trailer section {name!r} is missing, "
+                                  "of the wrong size or past the footer (corrupted)")
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_maps",)
+
+    def _map(self) -> dict[str, np.ndarray]:
+        if self._maps is None:
+            maps = {"tokens": self.file.tokens()}
+            if self.footer is not None:
+                base = self.file.index_offset
+                sections = self.footer["sections"]
+                for name, dtype, count in (
+                    ("loss_mask", "|u1", self.num_tokens),
+                    ("token_offsets", "<i8", self.num_bins + 1),
+                    ("seq_offsets", "<i8", self.num_bins + 1),
+                    ("seq_starts", "<i4", self.num_seqs),
+                ):
+                    maps[name] = np.memmap(self.path, dtype, "r", base + sections[name][0],
+                                           (count,))
+            else:
+                index = self.file.index() // self.file.token_width
+                maps["token_offsets"] = np.concatenate(([0], np.cumsum(index[:, 1])))
+                maps["doc_starts"] = index[:, 0]
+            self._maps = maps
+        return self._maps
+
+    def read_bin(self, index: int) -> PackedBin:
+        i = self.check_index(index)
+        m = self._map()
+        if self.footer is None:
+            start = int(m["doc_starts"][i])
+            n = int(m["token_offsets"][i + 1] - m["token_offsets"][i])
+            if n == 0:
+                raise FormatError(f"{self.path}: document {i} is empty: not a bin")
+            loss = np.ones(n, dtype=np.uint8)
+            loss[-1:] = 0
+            return PackedBin(m["tokens"][start : start + n].view(np.ndarray), loss,
+                             np.zeros(1, dtype=np.int32))
+        t0, t1 = int(m["token_offsets"][i]), int(m["token_offsets"][i + 1])
+        s0, s1 = int(m["seq_offsets"][i]), int(m["seq_offsets"][i + 1])
+        if not (0 <= t0 < t1 <= self.num_tokens and 0 <= s0 < s1 <= self.num_seqs):
+            raise FormatError(f"{self.path}: bin {i}: trailer offsets {t0}:{t1} / {s0}:{s1} fall "
+                              "outside the data (corrupted)")
+        return PackedBin(m["tokens"][t0:t1].view(np.ndarray), m["loss_mask"][t0:t1].view(np.ndarray),
+                         m["seq_starts"][s0:s1].view(np.ndarray))
+
+    def packed_lengths(self) -> np.ndarray:
+        return np.diff(np.asarray(self._map()["token_offsets"], dtype=np.int64))
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "token_width": self.file.token_width, "lossy": self.lossy}
+
+    def validate(self) -> dict[str, Any]:
+        """Checksum, the pickled index against the trailer, token range, every bin invariant."""
+        index = self.file.index()
+        m = self._map()
+        offsets = np.asarray(m["token_offsets"], dtype=np.int64)
+        if self.footer is not None:
+            self._verify_checksum()
+            width = self.file.token_width
+            expected = np.stack([offsets[:-1] * width, np.diff(offsets) * width], axis=1)
+            if index.shape != expected.shape or not np.array_equal(index, expected):
+                raise FormatError(f"{self.path}: the pickled index disagrees with the packlab "
+                                  "trailer (corrupted)")
+        elif offsets[-1] != self.num_tokens:
+            raise FormatError(f"{self.path}: documents cover {offsets[-1]} tokens, not all "
+                              f"{self.num_tokens}")
+        for lo in range(0, self.num_bins, _CHECK_CHUNK):
+            hi = min(lo + _CHECK_CHUNK, self.num_bins)
+            self._check_chunk(lo, hi, offsets)
+        return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
+                "pack_size": self.pack_size, "token_width": self.file.token_width,
+                "lossy": self.lossy, "bytes_on_disk": self.bytes_on_disk()}
+
+    def _check_chunk(self, lo: int, hi: int, offsets: np.ndarray) -> None:
+        m = self._map()
+        tok = offsets[lo : hi + 1] - offsets[lo]
+        if self.footer is None:
+            ones = np.arange(hi - lo + 1, dtype=np.int64)
+            check_csr(tok, ones, np.zeros(hi - lo, dtype=np.int64), None,
+                      pack_size=self.pack_size, source=str(self.path), first_bin=lo)
+            return
+        so = np.asarray(m["seq_offsets"][lo : hi + 1], dtype=np.int64)
+        t0, t1 = int(offsets[lo]), int(offsets[hi])
+        check_csr(tok, so - so[0], m["seq_starts"][so[0] : so[-1]], m["loss_mask"][t0:t1],
+                  pack_size=self.pack_size, source=str(self.path), first_bin=lo)
+        if self.vocab_size and t1 > t0 and int(m["tokens"][t0:t1].max()) >= self.vocab_size:
+            pos = int(np.argmax(m["tokens"][t0:t1] >= self.vocab_size))
+            b = lo + int(np.searchsorted(tok, pos, side="right") - 1)
+            raise FormatError(f"{self.path}: bin {b}: token id outside the vocabulary "
+                              f"[0, {self.vocab_size})")
+
+    def _verify_checksum(self) -> None:
+        assert self.footer is not None
+        digest = hashlib.sha256()
+        end = self.footer["footer_offset"]
+        with open(self.path, "rb") as f:
+            f.seek(HEADER_SIZE)
+            remaining = end - HEADER_SIZE
+            while remaining > 0 and (block := f.read(min(_COPY_CHUNK, remaining))):
+                digest.update(block)
+                remaining -= len(block)
+        if digest.hexdigest() != self.footer.get("sha256"):
+            raise FormatError(f"{self.path}: checksum mismatch (corrupted)")
