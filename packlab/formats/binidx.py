@@ -361,7 +361,7 @@ class Reader(ShardReader):
             n = self.num_bins
             p = self.path
             idx_after_lengths = _IdxHeader.SIZE + 4 * n
-            self._maps = {
+            maps = {
                 "lengths": np.memmap(p / INDEX, "<i4", "r", _IdxHeader.SIZE, (n,)),
                 "pointers": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths, (n,)),
                 "documents": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths + 8 * n, (n + 1,)),
@@ -371,6 +371,9 @@ class Reader(ShardReader):
                 "starts": np.memmap(p / SEQS, "<i4", "r", _SeqHeader.SIZE + 8 * (n + 1),
                                     (self.num_seqs,)),
             }
+            # plain ndarray views: slicing them skips np.memmap's wrapping, and every view
+            # keeps its np.memmap (and so the mapping) alive through ``base``
+            self._maps = {name: m.view(np.ndarray) for name, m in maps.items()}
         return self._maps
 
     # -- reading ------------------------------------------------------------------------------
@@ -386,11 +389,7 @@ class Reader(ShardReader):
         if rem or length <= 0 or stop > self.num_tokens or not 0 <= lo < hi <= self.num_seqs:
             raise FormatError(f"{self.path}: bin {i}: index entry points outside the data "
                               f"(pointer {pointer}, length {length}, starts {lo}:{hi}; corrupted)")
-        return PackedBin(
-            m["tokens"][start:stop].view(np.ndarray),
-            m["loss"][start:stop].view(np.ndarray),
-            m["starts"][lo:hi].view(np.ndarray),
-        )
+        return PackedBin(m["tokens"][start:stop], m["loss"][start:stop], m["starts"][lo:hi])
 
     def packed_lengths(self) -> np.ndarray:
         return np.asarray(self._map()["lengths"], dtype=np.int64)
