@@ -108,3 +108,33 @@ def convert(
                       **format_options)
         for (path, name), target in zip(shards, targets, strict=True)
     ]
+
+
+# -- comparing formats (notebook 03, tests) ---------------------------------------------------
+def bin_digests(source: Any) -> list[str]:
+    """Content hash of every bin, in order, of a shard, a directory of shards or a dataset.
+
+    Hashes ignore storage dtypes (:func:`packlab.bins.bin_digest`), so formats that store
+    uint16 or int32 tokens compare equal when their bins do.
+    """
+    from packlab.bins import bin_digest
+    from packlab.dataset import PackedDataset, open_dataset
+
+    dataset = source if isinstance(source, PackedDataset) else open_dataset(source)
+    return [bin_digest(*packed) for reader in dataset.readers() for packed in reader.iter_bins()]
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    """A Markdown table (numbers with thousands separators, floats to 4 significant digits)."""
+    def cell(value: Any) -> str:
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, int):
+            return f"{value:,}"
+        if isinstance(value, float):
+            return f"{value:.4g}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)

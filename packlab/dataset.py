@@ -172,6 +172,20 @@ def _detect(path: Path) -> str | None:
         return None
 
 
+def _is_main_entry(path: Path, name: str) -> bool:
+    """Whether ``path`` is the shard itself, not a companion file its format also claims."""
+    suffix = get_format(name).SUFFIX
+    return path.name.endswith(suffix) if suffix else path.is_dir()
+
+
+def _expect(path: Path, detected: str, wanted: str | None) -> str:
+    """The detected format, refusing a shard of another format than the one asked for."""
+    if wanted is not None and wanted != detected:
+        get_format(wanted)  # an unknown name is its own error
+        raise FormatError(f"{path}: a {detected} shard, not {wanted}")
+    return detected
+
+
 def _is_spool(path: Path) -> bool:
     try:
         read_spool_manifest(path)
@@ -196,16 +210,13 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     for child in sorted(directory.iterdir()):
         if _ignored(child):
             continue
-        name = format or _detect(child)
+        name = _detect(child)
         if name is None:
             unknown.append(child)
             continue
-        suffix = get_format(name).SUFFIX
-        if suffix and not child.name.endswith(suffix):
+        if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
-        if not suffix and not child.is_dir():
-            continue
-        found.append((child, name))
+        found.append((child, _expect(child, name, format)))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
@@ -232,21 +243,18 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
             m = Path(match)
             if _ignored(m):
                 continue
-            name = format or detect_format(m)
-            suffix = get_format(name).SUFFIX
-            if suffix and not m.name.endswith(suffix):
-                continue
-            picked.append((m, name))
+            name = detect_format(m)
+            if _is_main_entry(m, name):
+                picked.append((m, _expect(m, name, format)))
         if not picked:
             raise FormatError(f"{text}: the pattern matches no shard")
         return picked
     if not p.exists():
         raise FormatError(f"{p}: no such file or directory")
     if p.is_dir():
-        own = format or _detect(p)
-        if own is not None and not (get_format(own).SUFFIX and not p.name.endswith(
-                get_format(own).SUFFIX)):
-            return [(p, own)]
+        own = _detect(p)
+        if own is not None and _is_main_entry(p, own):
+            return [(p, _expect(p, own, format))]
         if _is_spool(p):
             raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
                               "(`packlab pack`)")

@@ -99,6 +99,15 @@ def test_shard_glob_list_and_format_are_all_accepted(packed, shard_dirs) -> None
     assert digests_of(mixed, range(len(digests), 2 * len(digests))) == digests
 
 
+def test_format_given_must_match_what_is_on_disk(shard_dirs) -> None:
+    first, other = FORMATS[0], FORMATS[-1]
+    with pytest.raises(FormatError, match=f"a {first} shard, not {other}"):
+        open_dataset(shard_dirs[first], format=other)
+    with pytest.raises(PacklabError, match="unknown format"):
+        open_dataset(shard_dirs[first], format="nope")
+    assert len(open_dataset(shard_dirs[first], format=first)) > 0
+
+
 def test_hidden_temporaries_and_receipts_are_ignored_strays_are_not(packed, shard_dirs,
                                                                     tmp_path) -> None:
     _, _, digests = packed

@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from packlab.bins import bin_digest
-from packlab.convert import convert, convert_shard
+from packlab.convert import bin_digests, convert, convert_shard, markdown_table
 from packlab.dataset import find_shards, open_dataset
 from packlab.errors import PacklabError
 from packlab.formats import format_names, open_shard
@@ -119,3 +119,13 @@ def test_converting_into_a_spool_reference_format_is_refused(source_shards, tmp_
     with pytest.raises(PacklabError, match="cannot be converted into"):
         convert_shard(source_shards[TARGETS[0]], tmp_path / "x", format=by_reference)
     assert not (tmp_path / "x").exists()
+
+
+def test_bin_digests_and_markdown_table(source_shards) -> None:
+    shard = source_shards[TARGETS[0]]
+    expected = digests(open_shard(shard))
+    assert bin_digests(shard) == bin_digests(open_dataset(shard)) == expected
+    assert bin_digests(shard.parent) == expected
+    table = markdown_table(["format", "bytes", "ratio", "ok"], [["parquet", 12345, 0.123456, True]])
+    assert table.splitlines() == ["| format | bytes | ratio | ok |", "|---|---|---|---|",
+                                  "| parquet | 12,345 | 0.1235 | yes |"]
