@@ -27,23 +27,34 @@ def spool_bytes(reader: SpoolReader) -> dict[str, int]:
     return {name: (reader.path / name).stat().st_size for name in names}
 
 
+def length_summary(lengths: np.ndarray, over: tuple[int, ...] = ()) -> dict[str, float]:
+    """Min, mean, p50, p90, p99, max of sequence lengths, and the fraction longer than each
+    of ``over`` (``over_4096``: what a pack size of 4096 would truncate or drop)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    p50, p90, p99 = np.percentile(lengths, [50, 90, 99])
+    summary = {
+        "length_min": int(lengths.min()),
+        "length_mean": float(lengths.mean()),
+        "length_p50": float(p50),
+        "length_p90": float(p90),
+        "length_p99": float(p99),
+        "length_max": int(lengths.max()),
+    }
+    summary.update({f"over_{n}": float(np.mean(lengths > n)) for n in over})
+    return summary
+
+
 def describe_spool(reader: SpoolReader) -> dict[str, Any]:
     """Counts, length statistics, mask fraction and bytes on disk of a spool (for ``inspect``)."""
-    lengths = np.asarray(reader.lengths, dtype=np.int64)
     files = spool_bytes(reader)
     total = sum(files.values())
-    p50, p99 = np.percentile(lengths, [50, 99])
     return {
         "path": str(reader.path),
         "format": "spool_v1",
         "num_sequences": reader.num_sequences,
         "num_tokens": reader.num_tokens,
         "vocab_size": reader.vocab_size,
-        "length_min": int(lengths.min()),
-        "length_mean": float(lengths.mean()),
-        "length_p50": float(p50),
-        "length_p99": float(p99),
-        "length_max": int(lengths.max()),
+        **length_summary(reader.lengths),
         "mask_fraction": count_nonzero_chunked(reader.masks) / max(reader.num_tokens, 1),
         "bytes_on_disk": total,
         "bytes_per_token": total / max(reader.num_tokens, 1),
@@ -70,3 +81,13 @@ def order0_entropy_bits(counts: np.ndarray) -> float:
     """Order-0 (unigram) entropy in bits per token: the floor for coding tokens independently."""
     p = rank_frequency(counts)
     return float(-(p * np.log2(p)).sum())
+
+
+def ks_distance(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sample Kolmogorov-Smirnov statistic: the largest gap between the empirical CDFs
+    (0 = same distribution, 1 = disjoint). Scale free, so it compares length distributions."""
+    a, b = np.sort(np.asarray(a)), np.sort(np.asarray(b))
+    points = np.concatenate((a, b))
+    cdf_a = np.searchsorted(a, points, side="right") / a.size
+    cdf_b = np.searchsorted(b, points, side="right") / b.size
+    return float(np.abs(cdf_a - cdf_b).max())

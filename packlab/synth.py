@@ -253,6 +253,18 @@ def zipf_probabilities(num_ids: int, a: float, q: float, id_noise: float) -> np.
     return probs
 
 
+def rank_probabilities(profile: str | Profile = "chat", vocab_size: int | None = None
+                       ) -> np.ndarray:
+    """The profile's model token frequencies sorted from the most frequent down (content ids;
+    the template's special tokens aside): the curve its spools' rank plots should follow."""
+    prof = get_profile(profile)
+    vocab = prof.vocab_size if vocab_size is None else vocab_size
+    if prof.chat is None:
+        return np.full(vocab, 1.0 / vocab)
+    probs = zipf_probabilities(vocab - NUM_SPECIAL, prof.zipf_a, prof.zipf_q, prof.id_noise)
+    return np.sort(probs)[::-1]
+
+
 @functools.lru_cache(maxsize=4)
 def _alias_table(num_ids: int, a: float, q: float, id_noise: float
                  ) -> tuple[np.ndarray, np.ndarray]:

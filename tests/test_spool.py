@@ -13,6 +13,7 @@ from conftest import write_random_spool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from packlab import spool_stats
 from packlab.errors import FormatError, PacklabError
 from packlab.spool import DTYPES, FILES, MANIFEST, SpoolReader, SpoolWriter
 
@@ -298,3 +299,45 @@ def test_verify_catches_lengths_that_disagree(spool: SpoolReader, tmp_path: Path
 def test_out_of_range_index(spool: SpoolReader) -> None:
     with pytest.raises(IndexError, match="out of range"):
         spool.read_sequence(spool.num_sequences)
+
+
+# -- spool statistics (packlab inspect, notebook 01) -----------------------------------------
+
+
+def test_length_summary() -> None:
+    lengths = np.array([1, 2, 3, 4, 100, 5000], dtype=np.uint32)
+    summary = spool_stats.length_summary(lengths, over=(4, 4096))
+    assert summary["length_min"] == 1 and summary["length_max"] == 5000
+    assert summary["length_mean"] == pytest.approx(5110 / 6)
+    assert summary["length_p50"] == pytest.approx(3.5)
+    assert summary["length_p99"] == pytest.approx(np.percentile(lengths.astype(np.int64), 99))
+    assert summary["over_4"] == pytest.approx(2 / 6)
+    assert summary["over_4096"] == pytest.approx(1 / 6)
+
+
+def test_chunked_passes_match_whole_array_passes(spool: SpoolReader,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(spool_stats, "_SCAN", 1000)  # many chunks, a ragged last one
+    tokens, masks = np.array(spool.tokens), np.array(spool.masks)
+    counts = spool_stats.token_counts(spool.tokens, spool.vocab_size)
+    np.testing.assert_array_equal(counts, np.bincount(tokens, minlength=spool.vocab_size))
+    assert spool_stats.count_nonzero_chunked(spool.masks) == int(np.count_nonzero(masks))
+    info = spool_stats.describe_spool(spool)
+    assert info["mask_fraction"] == pytest.approx(masks.mean())
+    assert info["num_tokens"] == tokens.size and info["vocab_size"] == 50_000
+
+
+def test_rank_frequency_and_entropy() -> None:
+    counts = np.array([0, 5, 0, 20, 5, 10])
+    np.testing.assert_allclose(spool_stats.rank_frequency(counts), [0.5, 0.25, 0.125, 0.125])
+    assert spool_stats.order0_entropy_bits(counts) == pytest.approx(1.75)
+    assert spool_stats.order0_entropy_bits(np.full(1024, 3)) == pytest.approx(10.0)
+
+
+def test_ks_distance() -> None:
+    rng = np.random.default_rng(0)
+    same = spool_stats.ks_distance(rng.normal(size=4000), rng.normal(size=3000))
+    shifted = spool_stats.ks_distance(rng.normal(size=4000), rng.normal(1.0, size=3000))
+    assert same < 0.05 and 0.3 < shifted < 0.45  # N(0,1) vs N(1,1): 2 * Phi(0.5) - 1 = 0.383
+    assert spool_stats.ks_distance(np.array([1, 2]), np.array([3, 4, 5])) == 1.0
+    assert spool_stats.ks_distance(np.array([1, 2, 3]), np.array([3, 2, 1])) == 0.0

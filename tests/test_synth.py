@@ -18,6 +18,7 @@ from packlab.synth import (
     LENGTH_BLOCK,
     NUM_SPECIAL,
     PROFILES,
+    rank_probabilities,
     special_tokens,
     synth_lengths,
     synthesize,
@@ -249,3 +250,15 @@ def test_peak_rss_does_not_grow_with_the_number_of_sequences(tmp_path: Path) -> 
     assert tokens > 60_000_000  # 240 MB of tokens went through the writer
     assert large - small < 24 << 20, (small, large)  # flat: growth is noise, not data
     assert large < 400 << 20
+
+
+def test_rank_probabilities_are_the_model_curve(tmp_path: Path) -> None:
+    model = rank_probabilities("chat")
+    assert model.shape == (131_072 - NUM_SPECIAL,) and model.sum() == pytest.approx(1.0)
+    assert (np.diff(model) <= 0).all()
+    reader = synthesize(tmp_path / "s", num_sequences=1000, seed=2)
+    counts = token_counts(reader.tokens, reader.vocab_size)[: -NUM_SPECIAL]
+    observed = rank_frequency(counts)
+    np.testing.assert_allclose(observed[:20], model[:20], rtol=0.1)
+    uniform = rank_probabilities("uniform", vocab_size=10)
+    np.testing.assert_allclose(uniform, 0.1)
