@@ -23,7 +23,8 @@ import json
 import os
 import re
 import time
-from concurrent.futures import FIRST_EXCEPTION, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from packlab.files import publish, remove, sha256_file, temporary_sibling
 from packlab.formats import get_format, open_writer
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
+from packlab.progress import progress
 from packlab.spool import SpoolReader
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -175,9 +177,10 @@ def write_shards(
         for (start, stop), name in zip(ranges, names, strict=True)
     ]
     if workers <= 1 or len(jobs) == 1:
-        receipts = [write_shard(*job) for job in jobs]
+        receipts = [write_shard(*job) for job in progress(jobs, total=len(jobs),
+                                                          desc=f"write {format}")]
     else:
-        receipts = _run_pool(jobs, workers)
+        receipts = _run_pool(jobs, workers, desc=f"write {format}")
     keep = set(names)
     for stale in existing_shards(out):
         if stale.name not in keep:
@@ -186,16 +189,20 @@ def write_shards(
     return receipts
 
 
-def _run_pool(jobs: list[tuple[Any, ...]], workers: int) -> list[dict[str, Any]]:
+def _run_pool(jobs: list[tuple[Any, ...]], workers: int, *, desc: str) -> list[dict[str, Any]]:
     """Run the shard jobs in a process pool; the first failure cancels the rest and is raised."""
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         futures = [pool.submit(write_shard, *job) for job in jobs]
-        done, pending = wait(futures, return_when=FIRST_EXCEPTION)
-        for future in pending:
-            future.cancel()
-        for future in futures:
-            if future.done() and not future.cancelled() and future.exception() is not None:
-                raise future.exception()  # type: ignore[misc]
+        for future in progress(as_completed(futures), total=len(futures), desc=desc):
+            error = future.exception()
+            if error is not None:
+                for other in futures:
+                    other.cancel()
+                if isinstance(error, BrokenProcessPool):
+                    raise PacklabError(f"a shard writer process died ({error}); out of memory? "
+                                       "try fewer --workers or a smaller --bins-per-shard"
+                                       ) from None
+                raise error
         return [future.result() for future in futures]
 
 

@@ -7,6 +7,8 @@ from typing import Any
 
 from packlab.commands import emit_json, emit_table
 
+SHOWN = 10  # shard lines printed (the first ones and the last)
+
 
 def add_parser(sub: Any) -> None:
     from packlab.packing import DEFAULT_ALGORITHM
@@ -60,4 +62,14 @@ def run(args: argparse.Namespace) -> int:
     emit_table(plan)
     print()
     emit_table(written)
+    print()
+    shown = receipts if len(receipts) <= SHOWN else receipts[: SHOWN - 1]
+    for r in shown:
+        print(f"{r['shard']}  bins {r['bins'][0]}..{r['bins'][1] - 1}  "
+              f"{r['num_tokens']:,} tokens  {r['bytes']:,} B")
+    if len(shown) < len(receipts):
+        last = receipts[-1]
+        print(f"... {len(receipts) - len(shown) - 1} more ...\n{last['shard']}  bins "
+              f"{last['bins'][0]}..{last['bins'][1] - 1}  {last['num_tokens']:,} tokens  "
+              f"{last['bytes']:,} B")
     return 0
