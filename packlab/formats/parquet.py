@@ -1,0 +1,413 @@
+"""Format ``parquet`` (RFC Option B): one Parquet file per shard, one row per bin.
+
+Schema (what Nemotron writes and Megatron-Bridge reads)::
+
+    input_ids     list<int32>   the packed tokens
+    loss_mask     list<uint8>   next-token loss mask (0/1)
+    seq_start_id  list<int32>   sub-sequence starts [0, s1, ...]
+
+Written with zstd by default, ``row_group_size`` bins per row group, CRC-32 page checksums,
+and the packlab metadata as JSON under the footer key ``b"packlab"``, added at close (the
+footer is written last, so the counts there are final)::
+
+    {"format": "parquet", "version": "packlab_parquet_v1", "packlab_version": "0.1.0",
+     "pack_size": 4096, "num_bins": 2000, "num_tokens": 7900312, "num_seqs": 10411,
+     "row_group_size": 1000, "compression": "zstd", "compression_level": null, "metadata": {}}
+
+The writer buffers one row group as flat numpy arrays + offsets and hands it to
+``pq.ParquetWriter`` (on a temporary name, published by rename), so its memory is one row group.
+
+The reader parses only the footer at open; row groups are decoded on demand into numpy
+(offsets + values buffers) and kept in a small LRU cache (``cache_row_groups``). Page
+checksums are verified on every read, so a flipped bit is an error, never a wrong token.
+Files without packlab metadata (Nemotron's today) are read too: counts come from the footer's
+column statistics and ``pack_size`` from the keyword or the longest bin.
+
+:class:`OneRowGroupReader` reproduces Megatron-Bridge's current policy (one cached row group,
+rows through ``as_py``) as the baseline for the benchmarks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError, PacklabError
+from packlab.files import fsync_file
+from packlab.formats.arrow_lists import (
+    ARROW_ERRORS,
+    COLUMNS,
+    METADATA_KEY,
+    SCHEMA,
+    BinColumns,
+    ListBuffer,
+    LRUCache,
+    check_schema,
+    decode,
+    dump_metadata,
+    load_metadata,
+    parse_error,
+    to_numpy,
+)
+from packlab.formats.base import ShardReader, ShardWriter
+
+FORMAT = "parquet"
+SUFFIX = ".parquet"
+VERSION = "packlab_parquet_v1"
+DEFAULT_ROW_GROUP_SIZE = 1000
+DEFAULT_CACHE_ROW_GROUPS = 4
+CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
+_MAGIC = b"PAR1"
+
+
+def detect(path: Path) -> bool:
+    """A file that starts with the Parquet magic (the reader then checks the schema)."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == _MAGIC
+
+
+def normalize_codec(compression: str | None) -> str:
+    codec = "none" if compression in (None, "uncompressed") else str(compression).lower()
+    if codec not in CODECS:
+        raise PacklabError(f"unknown Parquet compression {compression!r}; choose from {CODECS}")
+    return codec
+
+
+class Writer(ShardWriter):
+    """Streaming Parquet writer; memory bounded by one row group.
+
+    Keyword options: ``row_group_size`` (bins per row group), ``compression`` (zstd, snappy,
+    gzip, brotli, lz4, none), ``compression_level``, ``use_dictionary`` (pyarrow's default,
+    as Nemotron writes).
+    """
+
+    FORMAT = FORMAT
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        pack_size: int,
+        row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
+        compression: str | None = "zstd",
+        compression_level: int | None = None,
+        use_dictionary: bool = True,
+        **options: Any,
+    ) -> None:
+        if isinstance(row_group_size, bool) or int(row_group_size) < 1:
+            raise PacklabError(f"{path}: row_group_size must be a positive number of bins, "
+                               f"got {row_group_size!r}")
+        self.row_group_size = int(row_group_size)
+        self.compression = normalize_codec(compression)
+        self.compression_level = compression_level
+        self.use_dictionary = use_dictionary
+        self.num_row_groups = 0
+        super().__init__(path, pack_size=pack_size, **options)
+
+    def _open(self) -> None:
+        self._buffer = ListBuffer(self.row_group_size, source=str(self.path))
+        try:
+            self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
+                str(self.tmp_path), SCHEMA, compression=self.compression,
+                compression_level=self.compression_level, use_dictionary=self.use_dictionary,
+                write_page_checksum=True,
+            )
+        except ARROW_ERRORS as exc:
+            self.tmp_path.unlink(missing_ok=True)
+            raise PacklabError(f"{self.path}: cannot write Parquet: {parse_error(exc)}") from None
+
+    def _write(self, packed: PackedBin) -> None:
+        if not self._buffer.fits(packed):
+            self._flush()
+        self._buffer.add(packed, self.bins_written)
+        if self._buffer.rows >= self.row_group_size:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self._buffer.rows == 0:
+            return
+        assert self._writer is not None
+        table = pa.Table.from_batches([self._buffer.record_batch()])
+        self._writer.write_table(table, row_group_size=table.num_rows)
+        self.num_row_groups += 1
+        self._buffer.clear()
+
+    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self._flush()
+        assert self._writer is not None
+        manifest.update(
+            version=VERSION, row_group_size=self.row_group_size, compression=self.compression,
+            compression_level=self.compression_level,
+        )
+        self._writer.add_key_value_metadata({METADATA_KEY: dump_metadata(manifest)})
+        self._writer.close()
+        self._writer = None
+        fsync_file(self.tmp_path)
+        return {**manifest, "num_row_groups": self.num_row_groups,
+                "bytes": self.tmp_path.stat().st_size}
+
+    def _discard(self) -> None:
+        writer, self._writer = getattr(self, "_writer", None), None
+        if writer is not None:
+            try:
+                writer.close()
+            except ARROW_ERRORS:
+                pass
+
+
+class Reader(ShardReader):
+    """Lazy Parquet reader: footer at open, row groups decoded on demand into an LRU cache.
+
+    ``read_bin`` returns copies (writable, and they do not pin a row group in memory).
+    Options: ``pack_size`` (for files without packlab metadata; otherwise must agree),
+    ``cache_row_groups`` (decoded row groups kept, default 4), ``memory_map``,
+    ``verify_checksums`` (page CRCs on every read, default on), ``use_threads``.
+    """
+
+    FORMAT = FORMAT
+    COPY_BINS: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        pack_size: int | None = None,
+        cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
+        memory_map: bool = True,
+        verify_checksums: bool = True,
+        use_threads: bool = False,
+    ) -> None:
+        super().__init__(path)
+        if self.path.is_dir():
+            raise FormatError(f"{self.path}: is a directory, not a Parquet file")
+        self.cache_row_groups = int(cache_row_groups)
+        self.memory_map = memory_map
+        self.verify_checksums = verify_checksums
+        self.use_threads = use_threads
+        self._pf: pq.ParquetFile | None = None
+        self._pid = -1
+        self._cache: LRUCache[int, BinColumns] | None = LRUCache(self.cache_row_groups)
+        self._lengths: np.ndarray | None = None
+        meta = self._read_footer()
+        self.num_row_groups = meta.num_row_groups
+        rows = np.array([meta.row_group(g).num_rows for g in range(meta.num_row_groups)],
+                        dtype=np.int64)
+        self.row_group_offsets = np.concatenate(([0], np.cumsum(rows))).astype(np.int64)
+        self.num_bins = int(meta.num_rows)
+        if self.num_bins == 0 or int(self.row_group_offsets[-1]) != self.num_bins:
+            raise FormatError(f"{self.path}: no bins (empty Parquet file)")
+        self.num_tokens = _leaf_values(meta, "input_ids")
+        self.num_seqs = _leaf_values(meta, "seq_start_id")
+        self.packlab = _packlab_metadata(meta, self.path)
+        codec = meta.row_group(0).column(0).compression.lower()
+        self.compression = "none" if codec == "uncompressed" else codec
+        if self.packlab is not None:
+            self._check_metadata(pack_size)
+        else:
+            self.pack_size = int(pack_size) if pack_size else int(self.packed_lengths().max())
+
+    # -- opening ------------------------------------------------------------------------------
+    def _read_footer(self) -> pq.FileMetaData:
+        try:
+            meta = pq.read_metadata(str(self.path))
+            schema = meta.schema.to_arrow_schema()
+        except ARROW_ERRORS as exc:
+            raise FormatError(f"{self.path}: not a readable Parquet file (truncated or "
+                              f"corrupted footer?): {parse_error(exc)}") from None
+        check_schema(schema, str(self.path))
+        return meta
+
+    def _check_metadata(self, pack_size: int | None) -> None:
+        info = self.packlab
+        assert info is not None
+        if info.get("format") != FORMAT:
+            raise FormatError(f"{self.path}: packlab metadata names format {info.get('format')!r}")
+        for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
+            if not isinstance(info.get(key), int) or info[key] < 0:
+                raise FormatError(f"{self.path}: packlab metadata: bad or missing {key!r}")
+        self.pack_size = int(info["pack_size"])
+        if pack_size is not None and int(pack_size) != self.pack_size:
+            raise PacklabError(f"{self.path}: pack_size {pack_size} given, the file says "
+                               f"{self.pack_size}")
+        found = {"num_bins": self.num_bins, "num_tokens": self.num_tokens,
+                 "num_seqs": self.num_seqs}
+        for key, value in found.items():
+            if info[key] != value:
+                raise FormatError(f"{self.path}: footer has {value} {key[4:]}, packlab metadata "
+                                  f"says {info[key]} (inconsistent shard)")
+
+    def _handles(self) -> Sequence[str]:
+        return ("_pf", "_cache")
+
+    def _file(self) -> pq.ParquetFile:
+        """The open file, reopened after pickling or in a forked worker."""
+        if self._pf is None or self._pid != os.getpid():
+            self._pf = self._open_file(self.verify_checksums)
+            self._pid = os.getpid()
+        return self._pf
+
+    def _open_file(self, verify: bool) -> pq.ParquetFile:
+        try:
+            return pq.ParquetFile(str(self.path), memory_map=self.memory_map,
+                                  page_checksum_verification=verify)
+        except ARROW_ERRORS as exc:
+            raise FormatError(f"{self.path}: cannot open: {parse_error(exc)}") from None
+
+    # -- decoding -----------------------------------------------------------------------------
+    def row_group_of(self, index: int | np.ndarray) -> Any:
+        """Row group(s) holding bin(s) ``index`` (for row-group-aware samplers)."""
+        return np.searchsorted(self.row_group_offsets, index, side="right") - 1
+
+    def _decode(self, pf: pq.ParquetFile, group: int, columns: Sequence[str] = COLUMNS
+                ) -> pa.Table:
+        first, last = int(self.row_group_offsets[group]), int(self.row_group_offsets[group + 1])
+        try:
+            table = pf.read_row_group(group, columns=list(columns), use_threads=self.use_threads)
+        except ARROW_ERRORS as exc:
+            raise FormatError(f"{self.path}: row group {group} (bins {first}..{last - 1}): "
+                              f"{parse_error(exc)}") from None
+        if table.num_rows != last - first:
+            raise FormatError(f"{self.path}: row group {group}: {table.num_rows} rows, the footer "
+                              f"says {last - first}")
+        return table
+
+    def _load(self, group: int) -> BinColumns:
+        table = self._decode(self._file(), group)
+        return decode(table, source=str(self.path), first_bin=int(self.row_group_offsets[group]))
+
+    def _group(self, group: int) -> BinColumns:
+        if self._cache is None:
+            self._cache = LRUCache(self.cache_row_groups)
+        return self._cache.get(group, self._load)
+
+    def cache_stats(self) -> dict[str, Any]:
+        return self._cache.stats() if self._cache is not None else {}
+
+    # -- reading ------------------------------------------------------------------------------
+    def read_bin(self, index: int) -> PackedBin:
+        index = self.check_index(index)
+        group = int(np.searchsorted(self.row_group_offsets, index, side="right")) - 1
+        return self._group(group).bin(index - int(self.row_group_offsets[group]),
+                                      copy=self.COPY_BINS)
+
+    def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
+        """Many bins; each row group involved is decoded once, whatever the order asked."""
+        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if wanted.size and (wanted.min() < -self.num_bins or wanted.max() >= self.num_bins):
+            bad = wanted[(wanted < -self.num_bins) | (wanted >= self.num_bins)][0]
+            raise IndexError(f"{self.path}: bin {int(bad)} out of range [0, {self.num_bins})")
+        wanted = wanted % self.num_bins
+        groups = self.row_group_of(wanted)
+        out: list[PackedBin | None] = [None] * wanted.shape[0]
+        order = np.argsort(groups, kind="stable")
+        for group in np.unique(groups).tolist():
+            cols = self._group(group)
+            first = int(self.row_group_offsets[group])
+            lo, hi = np.searchsorted(groups[order], [group, group + 1])
+            for k in order[lo:hi].tolist():
+                out[k] = cols.bin(int(wanted[k]) - first, copy=self.COPY_BINS)
+        return out  # type: ignore[return-value]
+
+    def iter_bins(self) -> Iterator[PackedBin]:
+        """Every bin in order, one row group decoded at a time (bypasses the cache)."""
+        pf = self._file()
+        for group in range(self.num_row_groups):
+            cols = decode(self._decode(pf, group), source=str(self.path),
+                          first_bin=int(self.row_group_offsets[group]))
+            for j in range(cols.rows):
+                yield cols.bin(j, copy=self.COPY_BINS)
+
+    def packed_lengths(self) -> np.ndarray:
+        """Packed length of every bin, from the list offsets of the (small) loss_mask column."""
+        if self._lengths is None:
+            pf = self._file()
+            parts = []
+            for group in range(self.num_row_groups):
+                cached = self._cache.peek(group) if self._cache is not None else None
+                if cached is not None:
+                    parts.append(cached.packed_lengths())
+                    continue
+                column = self._decode(pf, group, ["loss_mask"]).column("loss_mask")
+                offsets = to_numpy(column.combine_chunks().offsets)
+                parts.append(np.diff(offsets.astype(np.int64)))
+            self._lengths = np.concatenate(parts)
+        return self._lengths
+
+    def validate(self) -> dict[str, Any]:
+        """Footer, metadata, every page's CRC, counts, and every bin's invariants."""
+        pf = self._open_file(verify=True)
+        tokens = seqs = 0
+        source = str(self.path)
+        try:
+            for group in range(self.num_row_groups):
+                first = int(self.row_group_offsets[group])
+                cols = decode(self._decode(pf, group), source=source, first_bin=first)
+                cols.check(pack_size=self.pack_size, source=source, first_bin=first)
+                tokens += int(cols.token_offsets[-1])
+                seqs += int(cols.seq_offsets[-1])
+        finally:
+            pf.close()
+        if (tokens, seqs) != (self.num_tokens, self.num_seqs):
+            raise FormatError(f"{self.path}: {tokens} tokens and {seqs} sequences decoded, the "
+                              f"footer says {self.num_tokens} and {self.num_seqs}")
+        return {**self.info(), "num_seqs": seqs, "num_row_groups": self.num_row_groups,
+                "compression": self.compression, "packlab_metadata": self.packlab is not None}
+
+    def close(self) -> None:
+        if self._pf is not None:
+            self._pf.close()
+        super().close()
+
+
+class OneRowGroupReader(Reader):
+    """Megatron-Bridge's current policy, kept as a baseline: exactly one cached row group,
+    held as an Arrow table, rows extracted with ``as_py`` (then turned into numpy)."""
+
+    def __init__(self, path: str | os.PathLike[str], **options: Any) -> None:
+        options["cache_row_groups"] = 1
+        super().__init__(path, **options)
+        self._table: pa.Table | None = None
+        self._table_group = -1
+
+    def _handles(self) -> Sequence[str]:
+        return ("_pf", "_cache", "_table")
+
+    def read_bin(self, index: int) -> PackedBin:
+        index = self.check_index(index)
+        group = int(np.searchsorted(self.row_group_offsets, index, side="right")) - 1
+        if self._table is None or self._table_group != group:
+            self._table = self._decode(self._file(), group)
+            self._table_group = group
+        j = index - int(self.row_group_offsets[group])
+        return PackedBin(
+            np.array(self._table.column("input_ids")[j].as_py(), dtype=np.int32),
+            np.array(self._table.column("loss_mask")[j].as_py(), dtype=np.uint8),
+            np.array(self._table.column("seq_start_id")[j].as_py(), dtype=np.int32),
+        )
+
+    def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
+        return [self.read_bin(int(i)) for i in np.asarray(indices).reshape(-1)]
+
+
+def _leaf_values(meta: pq.FileMetaData, name: str) -> int:
+    """Values of a list column from the footer (no data read): every bin is non-empty, so the
+    column chunks' value counts are the tokens (or sequence starts)."""
+    index = meta.schema.to_arrow_schema().get_field_index(name)
+    leaf = [i for i in range(meta.num_columns) if meta.schema.column(i).path.split(".")[0] == name]
+    if index < 0 or len(leaf) != 1:
+        return 0
+    return sum(meta.row_group(g).column(leaf[0]).num_values for g in range(meta.num_row_groups))
+
+
+def _packlab_metadata(meta: pq.FileMetaData, path: Path) -> dict[str, Any] | None:
+    raw = (meta.metadata or {}).get(METADATA_KEY)
+    return None if raw is None else load_metadata(raw, f"{path}: footer")

@@ -1,0 +1,448 @@
+"""Format ``parquet``: round trips, foreign files, other readers, corruption, crashes, memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from conftest import write_random_spool
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packlab.bins import PackedBin, bins_equal
+from packlab.errors import FormatError, InvariantError, PacklabError
+from packlab.formats import detect_format, open_shard
+from packlab.formats.arrow_lists import dump_metadata
+from packlab.formats.parquet import OneRowGroupReader, Reader, Writer
+from packlab.materialize import iter_bins
+from packlab.packing import pack
+
+
+def write_shard(path: Path, bins: list[PackedBin], pack_size: int, **options: object) -> dict:
+    with Writer(path, pack_size=pack_size, **options) as writer:
+        for packed in bins:
+            writer.write(packed)
+        return writer.finalize()
+
+
+def reference_bins(tmp: Path, *, seed: int = 0, num_sequences: int = 200, max_len: int = 700,
+                   pack_size: int = 1024) -> list[PackedBin]:
+    spool = write_random_spool(tmp / f"spool-{seed}", num_sequences=num_sequences,
+                               max_len=max_len, seed=seed)
+    assignment, _ = pack(spool.lengths, pack_size, algorithm="next_fit", seed=seed)
+    return list(iter_bins(spool, assignment, copy=True))
+
+
+def assert_same(reader: Reader, bins: list[PackedBin]) -> None:
+    assert len(reader) == len(bins)
+    for i, expected in enumerate(bins):
+        got = reader.read_bin(i)
+        assert bins_equal(got, expected), i
+        assert got.input_ids.dtype == np.int32 and got.loss_mask.dtype == np.uint8
+        assert got.seq_start_id.dtype == np.int32
+
+
+@pytest.fixture
+def bins(tmp_path: Path) -> list[PackedBin]:
+    return reference_bins(tmp_path, num_sequences=300)
+
+
+@pytest.fixture
+def shard(tmp_path: Path, bins: list[PackedBin]) -> Path:
+    path = tmp_path / "shard.parquet"
+    write_shard(path, bins, 1024, row_group_size=16)
+    return path
+
+
+# -- round trips ------------------------------------------------------------------------------
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    num_sequences=st.integers(1, 120),
+    max_len=st.integers(1, 900),
+    pack_size=st.integers(1, 2048),
+    row_group_size=st.integers(1, 40),
+    codec=st.sampled_from(["zstd", "snappy", "gzip", "lz4", "brotli", "none"]),
+    use_dictionary=st.booleans(),
+)
+def test_round_trip_equals_materialized_bins(seed: int, num_sequences: int, max_len: int,
+                                             pack_size: int, row_group_size: int, codec: str,
+                                             use_dictionary: bool) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        bins = reference_bins(Path(tmp), seed=seed, num_sequences=num_sequences,
+                              max_len=max_len, pack_size=pack_size)
+        path = Path(tmp) / "s.parquet"
+        manifest = write_shard(path, bins, pack_size, row_group_size=row_group_size,
+                               compression=codec, use_dictionary=use_dictionary)
+        assert manifest["num_bins"] == len(bins)
+        assert manifest["num_row_groups"] == -(-len(bins) // row_group_size)
+        reader = open_shard(path)
+        assert isinstance(reader, Reader)
+        assert reader.pack_size == pack_size and reader.compression == codec
+        assert reader.num_tokens == sum(b.packed_len for b in bins)
+        assert reader.num_seqs == sum(b.num_seqs for b in bins)
+        assert_same(reader, bins)
+        order = np.random.default_rng(seed).permutation(len(bins))
+        assert all(bins_equal(g, bins[i]) for g, i in zip(reader.read_bins(order), order, strict=True))
+        assert all(bins_equal(g, b) for g, b in zip(reader.iter_bins(), bins, strict=True))
+        assert reader.packed_lengths().tolist() == [b.packed_len for b in bins]
+        summary = reader.validate()
+        assert summary["num_bins"] == len(bins) and summary["packlab_metadata"]
+
+
+def test_footer_metadata_is_written_at_close(shard: Path, bins: list[PackedBin]) -> None:
+    meta = pq.read_metadata(shard)
+    info = json.loads(meta.metadata[b"packlab"])
+    assert isinstance(info.pop("metadata_crc32"), int)
+    assert info["format"] == "parquet" and info["version"] == "packlab_parquet_v1"
+    assert info["num_bins"] == len(bins) == meta.num_rows
+    assert info["num_tokens"] == sum(b.packed_len for b in bins)
+    assert info["num_seqs"] == sum(b.num_seqs for b in bins)
+    assert info["pack_size"] == 1024 and info["row_group_size"] == 16
+    assert meta.num_row_groups == -(-len(bins) // 16)
+    assert meta.row_group(0).column(0).compression == "ZSTD"
+    assert pq.read_schema(shard).remove_metadata() == pa.schema([
+        ("input_ids", pa.list_(pa.int32())), ("loss_mask", pa.list_(pa.uint8())),
+        ("seq_start_id", pa.list_(pa.int32()))])
+
+
+def test_detect_and_suffix(shard: Path, tmp_path: Path) -> None:
+    assert detect_format(shard) == "parquet"
+    other = tmp_path / "not.parquet"
+    other.write_bytes(b"hello world")
+    with pytest.raises(FormatError, match="not.parquet"):
+        detect_format(other)
+
+
+def test_writer_options_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(PacklabError, match="compression"):
+        Writer(tmp_path / "a.parquet", pack_size=8, compression="lzma")
+    with pytest.raises(PacklabError, match="row_group_size"):
+        Writer(tmp_path / "a.parquet", pack_size=8, row_group_size=0)
+    assert not list(tmp_path.iterdir())
+
+
+def test_token_ids_beyond_int32_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.parquet"
+    with pytest.raises(PacklabError, match="bin 0: token id"), Writer(path, pack_size=8) as w:
+        w.write_bin(0, np.array([1, 2**31], dtype=np.int64), np.zeros(2, np.uint8),
+                    np.array([0], np.int32))
+    assert not path.exists() and not list(tmp_path.iterdir())
+
+
+# -- the reader: lazy, cached, picklable ------------------------------------------------------
+def test_reader_pickles_without_handles_and_reads_the_same(shard: Path,
+                                                           bins: list[PackedBin]) -> None:
+    reader = Reader(shard)
+    reader.read_bin(5)
+    clone = pickle.loads(pickle.dumps(reader))
+    assert clone._pf is None and clone._cache is None
+    assert_same(clone, bins)
+
+
+def test_bins_stay_valid_and_writable_after_close(shard: Path, bins: list[PackedBin]) -> None:
+    reader = Reader(shard)
+    kept = [reader.read_bin(i) for i in range(0, len(bins), 7)]
+    reader.close()
+    del reader
+    import gc
+
+    gc.collect()
+    for k, got in zip(range(0, len(bins), 7), kept, strict=True):
+        assert bins_equal(got, bins[k])
+    kept[0].input_ids[0] += 1  # copies: writable, independent of the file
+
+
+def test_lru_cache_is_bounded_and_batched_reads_decode_each_group_once(
+        shard: Path, bins: list[PackedBin]) -> None:
+    reader = Reader(shard, cache_row_groups=2)
+    groups = reader.num_row_groups
+    assert groups >= 4
+    # one bin from each row group, twice, interleaved: bin-by-bin misses every time
+    firsts, lasts = reader.row_group_offsets[:-1], reader.row_group_offsets[1:] - 1
+    indices = np.concatenate([firsts, lasts])
+    for i in indices:
+        reader.read_bin(int(i))
+    assert reader.cache_stats()["misses"] == 2 * groups
+    assert reader.cache_stats()["size"] == 2
+    batched = Reader(shard, cache_row_groups=1)
+    got = batched.read_bins(indices)
+    assert batched.cache_stats()["misses"] == groups
+    assert all(bins_equal(g, bins[int(i)]) for g, i in zip(got, indices, strict=True))
+    assert reader.row_group_of(indices).tolist() == [*range(groups), *range(groups)]
+
+
+def test_index_errors(shard: Path, bins: list[PackedBin]) -> None:
+    reader = Reader(shard)
+    assert bins_equal(reader.read_bin(-1), bins[-1])
+    with pytest.raises(IndexError, match="shard.parquet"):
+        reader.read_bin(len(bins))
+    with pytest.raises(IndexError, match="shard.parquet"):
+        reader.read_bins([0, len(bins)])
+
+
+def test_one_row_group_reader_reproduces_the_baseline(shard: Path,
+                                                      bins: list[PackedBin]) -> None:
+    reader = OneRowGroupReader(shard)
+    assert_same(reader, bins)
+    order = np.random.default_rng(1).permutation(len(bins))[:20]
+    assert all(bins_equal(g, bins[i]) for g, i in zip(reader.read_bins(order), order, strict=True))
+
+
+# -- files without packlab metadata (as Nemotron and Megatron-Bridge write them) --------------
+def foreign_table(bins: list[PackedBin], mask_type: pa.DataType | None = None) -> pa.Table:
+    def column(parts: list[np.ndarray], value_type: pa.DataType) -> pa.Array:
+        offsets = np.concatenate(([0], np.cumsum([p.shape[0] for p in parts]))).astype(np.int32)
+        return pa.ListArray.from_arrays(pa.array(offsets),
+                                        pa.array(np.concatenate(parts)).cast(value_type))
+
+    return pa.table({
+        "input_ids": column([b.input_ids for b in bins], pa.int32()),
+        "loss_mask": column([b.loss_mask for b in bins], mask_type or pa.uint8()),
+        "seq_start_id": column([b.seq_start_id for b in bins], pa.int32()),
+    })
+
+
+@pytest.mark.parametrize("mask_type", [pa.uint8(), pa.int8()], ids=["nemotron", "bridge_int8"])
+def test_reads_files_without_packlab_metadata(tmp_path: Path, bins: list[PackedBin],
+                                              mask_type: pa.DataType) -> None:
+    path = tmp_path / "nemotron.parquet"
+    pq.write_table(foreign_table(bins, mask_type), path, row_group_size=50, compression="zstd")
+    longest = max(b.packed_len for b in bins)
+    reader = open_shard(path)
+    assert reader.packlab is None and reader.pack_size == longest
+    assert reader.num_tokens == sum(b.packed_len for b in bins)
+    assert_same(reader, bins)
+    assert reader.validate()["packlab_metadata"] is False
+    assert open_shard(path, pack_size=4096).pack_size == 4096
+    with pytest.raises(InvariantError, match=r"nemotron.parquet: bin \d+: packed_len"):
+        Reader(path, pack_size=longest - 1).validate()
+
+
+def test_wrong_schema_is_a_clear_error(tmp_path: Path) -> None:
+    path = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"text": ["a", "b"]}), path)
+    with pytest.raises(FormatError, match="other.parquet: no column 'input_ids'"):
+        open_shard(path)
+    pq.write_table(pa.table({"input_ids": ["a"], "loss_mask": [[1]], "seq_start_id": [[0]]}),
+                   path)
+    with pytest.raises(FormatError, match="'input_ids' is string"):
+        Reader(path)
+
+
+def test_metadata_that_disagrees_with_the_footer_is_refused(tmp_path: Path,
+                                                            bins: list[PackedBin]) -> None:
+    path = tmp_path / "liar.parquet"
+    info = {"format": "parquet", "pack_size": 1024, "num_bins": len(bins) + 1,
+            "num_tokens": sum(b.packed_len for b in bins),
+            "num_seqs": sum(b.num_seqs for b in bins)}
+    table = foreign_table(bins).replace_schema_metadata({"packlab": dump_metadata(info)})
+    pq.write_table(table, path)
+    with pytest.raises(FormatError, match="liar.parquet: footer has .* bins"):
+        Reader(path)
+
+
+def test_broken_invariants_in_a_file_are_found_by_validate(tmp_path: Path,
+                                                           bins: list[PackedBin]) -> None:
+    broken = list(bins)
+    bad = broken[3]
+    mask = bad.loss_mask.copy()
+    mask[-1] = 1  # loss would cross the end of the last sub-sequence
+    broken[3] = PackedBin(bad.input_ids, mask, bad.seq_start_id)
+    path = tmp_path / "leak.parquet"
+    pq.write_table(foreign_table(broken), path)
+    with pytest.raises(InvariantError, match="leak.parquet: bin 3: loss_mask is 1"):
+        Reader(path, pack_size=1024).validate()
+
+
+# -- other readers ----------------------------------------------------------------------------
+def test_duckdb_reads_the_shard(shard: Path, bins: list[PackedBin]) -> None:
+    import duckdb
+
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT len(input_ids), typeof(input_ids), typeof(loss_mask), "
+                   f"typeof(seq_start_id) FROM read_parquet('{shard}')").fetchall()
+    assert [r[0] for r in rows] == [b.packed_len for b in bins]
+    assert rows[0][1:] == ("INTEGER[]", "UTINYINT[]", "INTEGER[]")
+    total, learned = con.execute(f"SELECT sum(len(input_ids)), sum(list_sum(loss_mask)) "
+                             f"FROM read_parquet('{shard}')").fetchall()[0]
+    assert total == sum(b.packed_len for b in bins)
+    assert learned == sum(int(b.loss_mask.sum()) for b in bins)
+
+
+def test_polars_reads_the_shard(shard: Path, bins: list[PackedBin]) -> None:
+    import polars as pl
+
+    frame = pl.read_parquet(shard)
+    assert frame.schema == {"input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.UInt8),
+                            "seq_start_id": pl.List(pl.Int32)}
+    assert np.array_equal(frame["input_ids"][7].to_numpy(), bins[7].input_ids)
+    lengths = pl.scan_parquet(shard).select(pl.col("input_ids").list.len()).collect()
+    assert lengths.to_series().to_list() == [b.packed_len for b in bins]
+
+
+def test_hugging_face_datasets_reads_the_shard(shard: Path, bins: list[PackedBin],
+                                               tmp_path: Path) -> None:
+    from datasets import load_dataset
+
+    ds = load_dataset("parquet", data_files=str(shard), split="train",
+                      cache_dir=str(tmp_path / "hf-cache"))
+    schema = ds.data.schema
+    assert schema.field("input_ids").type == pa.list_(pa.int32())
+    assert schema.field("loss_mask").type == pa.list_(pa.uint8())
+    assert schema.field("seq_start_id").type == pa.list_(pa.int32())
+    assert len(ds) == len(bins)
+    row = ds.with_format("numpy")[11]
+    assert np.array_equal(row["input_ids"], bins[11].input_ids)
+    assert np.array_equal(row["loss_mask"], bins[11].loss_mask)
+
+
+# -- corruption -------------------------------------------------------------------------------
+@pytest.mark.parametrize("keep", [0, 3, 100, 0.5, -8, -1])
+def test_truncated_file_is_a_clear_error(shard: Path, keep: float) -> None:
+    data = shard.read_bytes()
+    cut = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
+    shard.write_bytes(data[:cut])
+    with pytest.raises(FormatError, match="shard.parquet"):
+        Reader(shard).validate()
+
+
+def data_page_position(path: Path, group: int, column: int) -> int:
+    """A byte in the middle of a column chunk written as one plain data page (no dictionary)."""
+    chunk = pq.read_metadata(path).row_group(group).column(column)
+    assert chunk.dictionary_page_offset is None
+    return chunk.data_page_offset + chunk.total_compressed_size // 2
+
+
+@pytest.mark.parametrize("column", [0, 1, 2], ids=["input_ids", "loss_mask", "seq_start_id"])
+def test_bit_flip_in_a_data_page_is_caught_by_the_page_checksum(
+        tmp_path: Path, bins: list[PackedBin], column: int) -> None:
+    path = tmp_path / "flip.parquet"
+    write_shard(path, bins, 1024, row_group_size=16, compression="none", use_dictionary=False)
+    data = bytearray(path.read_bytes())
+    data[data_page_position(path, 2, column)] ^= 0x04
+    path.write_bytes(bytes(data))
+    reader = Reader(path)  # the footer is intact
+    with pytest.raises(FormatError, match=r"flip.parquet: row group 2 \(bins 32\.\.47\): .*CRC"):
+        reader.validate()
+    assert bins_equal(reader.read_bin(0), bins[0])  # other row groups still read
+    with pytest.raises(FormatError, match="flip.parquet: row group 2.*CRC"):
+        reader.read_bin(40)
+    # without verification the flip would have gone through silently
+    unverified = Reader(path, verify_checksums=False)
+    got = unverified.read_bins(range(32, 48))
+    assert not all(bins_equal(g, bins[32 + k]) for k, g in enumerate(got))
+
+
+def test_random_bit_flips_never_give_silently_wrong_bins(tmp_path: Path,
+                                                         bins: list[PackedBin]) -> None:
+    path = tmp_path / "flips.parquet"
+    write_shard(path, bins[:60], 1024, row_group_size=16)
+    clean = path.read_bytes()
+    rng = np.random.default_rng(7)
+    caught = 0
+    for position in rng.integers(0, len(clean), size=40).tolist():
+        data = bytearray(clean)
+        data[position] ^= 1 << int(rng.integers(0, 8))
+        path.write_bytes(bytes(data))
+        try:
+            reader = Reader(path)
+            reader.validate()
+            got = reader.read_bins(range(60))
+        except (FormatError, InvariantError):
+            caught += 1
+            continue
+        assert all(bins_equal(g, b) for g, b in zip(got, bins[:60], strict=True)), position
+    assert caught > 20
+
+
+# -- crashes and memory -----------------------------------------------------------------------
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import pyarrow as pa
+    from packlab.formats import get_format, open_writer
+
+    def hwm():
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+
+    fmt, path, num_bins, pack_size, options = sys.argv[1:6]
+    num_bins, pack_size, options = int(num_bins), int(pack_size), json.loads(options)
+    group = options.get("row_group_size", options.get("batch_size"))
+    rng = np.random.default_rng(0)
+    pool = rng.integers(0, 50_000, size=4 * pack_size, dtype=np.int32)
+    learn = rng.integers(0, 2, size=4 * pack_size, dtype=np.uint8)
+    get_format(fmt)  # imports done before the baseline
+    base = hwm()
+    with open_writer(fmt, path, pack_size=pack_size, **options) as writer:
+        i = 0
+        while num_bins < 0 or i < num_bins:
+            n = int(rng.integers(pack_size // 2, pack_size + 1))
+            at = int(rng.integers(0, 3 * pack_size))
+            mask = learn[at:at + n].copy()
+            mask[[n // 2 - 1, n - 1]] = 0
+            writer.write_bin(i, pool[at:at + n], mask, np.array([0, n // 2], dtype=np.int32))
+            i += 1
+            if i == 3 * group:
+                print("flushed", flush=True)
+    print(json.dumps({"base": base, "peak": hwm(),
+                      "pool_peak": pa.default_memory_pool().max_memory()}))
+""")
+
+
+def run_child(fmt: str, path: Path, num_bins: int, pack_size: int, options: dict) -> dict:
+    done = subprocess.run([sys.executable, "-c", _CHILD, fmt, str(path), str(num_bins),
+                           str(pack_size), json.dumps(options)],
+                          capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_writer_killed_mid_shard_leaves_nothing_under_the_final_name(tmp_path: Path) -> None:
+    final = tmp_path / "killed.parquet"
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, "parquet", str(final), "-1", "256",
+                              json.dumps({"row_group_size": 20})],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "flushed"
+        os.kill(child.pid, signal.SIGKILL)
+    finally:
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL
+    assert not final.exists()
+    leftovers = list(tmp_path.iterdir())
+    assert len(leftovers) == 1 and leftovers[0].name.startswith(".killed.parquet.tmp-")
+    assert leftovers[0].stat().st_size > 0  # it was killed mid-write, not before
+    write_shard(final, [PackedBin(np.arange(4, dtype=np.int32), np.zeros(4, np.uint8),
+                                  np.array([0], np.int32))], 8)
+    assert Reader(final).validate()["num_bins"] == 1
+
+
+def test_writer_peak_memory_is_flat_as_the_shard_grows(tmp_path: Path) -> None:
+    options = {"row_group_size": 200}
+    small = run_child("parquet", tmp_path / "small.parquet", 2_000, 2048, options)
+    large = run_child("parquet", tmp_path / "large.parquet", 20_000, 2048, options)
+    grew_small = small["peak"] - small["base"]
+    grew_large = large["peak"] - large["base"]
+    raw_small = Reader(tmp_path / "small.parquet").num_tokens * 5  # int32 tokens + uint8 mask
+    raw_large = Reader(tmp_path / "large.parquet").num_tokens * 5
+    print(f"parquet writer peak RSS growth: {grew_small / 2**20:.1f} MiB for "
+          f"{raw_small / 2**20:.0f} MiB of bins, {grew_large / 2**20:.1f} MiB for "
+          f"{raw_large / 2**20:.0f} MiB; Arrow pool peak {small['pool_peak'] / 2**20:.1f} / "
+          f"{large['pool_peak'] / 2**20:.1f} MiB")
+    assert raw_large > 9 * raw_small
+    # ten times the data, the same memory (within allocator noise)
+    assert grew_large < grew_small + 16 * 2**20
+    assert large["pool_peak"] < small["pool_peak"] + 8 * 2**20
