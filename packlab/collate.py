@@ -21,7 +21,9 @@ Follows ``GPTSFTPackedDataset.collate_fn`` of Megatron-Bridge (``data/datasets/s
   is Megatron-Bridge's ``pad_cu_seqlens`` layout. Pair it with ``pad_to_length`` so tokens
   have one shape too.
 
-``max_seqlen`` (int32, ``[batch, 1]``) is the longest segment of each row.
+``max_seqlen`` (int32, ``[batch, 1]``) is the longest segment of each row; ``token_count``
+(int64, ``[batch]``) the real (unpadded) THD positions of each row. Everything else is int64
+(``torch.LongTensor`` with ``return_tensors="pt"``), as Megatron-Bridge builds it.
 """
 
 from __future__ import annotations
