@@ -1,0 +1,49 @@
+"""Rank-sharded loading done right (issue 7, after seed 003).
+
+Each data-parallel rank reads only its own chunk files (``chunk % world_size == rank``) while
+a producer is still writing them, and every sample is served exactly once per epoch:
+
+- :mod:`~packlab.sharded.layout`: the chunk layout producer and consumers agree on first;
+- :mod:`~packlab.sharded.chunks`: JSONL / packed Parquet chunk files, atomic, awaited, checked;
+- :mod:`~packlab.sharded.producer`: publishes the layout, then chunks; deletes consumed ones;
+- :mod:`~packlab.sharded.dataset`: the rank-aware map-style dataset and completion markers;
+- :mod:`~packlab.sharded.sampler`: the rank-local index space and its sampler (the fix);
+- :mod:`~packlab.sharded.seed_design`: seed 003's dataset as written, to measure it;
+- :mod:`~packlab.sharded.coverage`: duplicates and losses per epoch;
+- :mod:`~packlab.sharded.launch`: real ``torch.distributed`` (gloo) runs, always torn down.
+"""
+
+from __future__ import annotations
+
+from packlab.sharded.chunks import load_chunk, wait_for_chunk, write_chunk
+from packlab.sharded.coverage import Coverage, coverage, epoch_table
+from packlab.sharded.dataset import (
+    ConsumptionTracker,
+    RankShardedDataset,
+    collate_ids,
+    data_parallel_info,
+)
+from packlab.sharded.layout import ChunkLayout, read_layout, write_layout
+from packlab.sharded.producer import ChunkProducer, spool_source
+from packlab.sharded.sampler import RankLocalIndex, RankLocalSampler, steps_per_epoch
+
+__all__ = [
+    "ChunkLayout",
+    "ChunkProducer",
+    "ConsumptionTracker",
+    "Coverage",
+    "RankLocalIndex",
+    "RankLocalSampler",
+    "RankShardedDataset",
+    "collate_ids",
+    "coverage",
+    "data_parallel_info",
+    "epoch_table",
+    "load_chunk",
+    "read_layout",
+    "spool_source",
+    "steps_per_epoch",
+    "wait_for_chunk",
+    "write_chunk",
+    "write_layout",
+]

@@ -1,0 +1,98 @@
+"""The producer side of the chunk protocol.
+
+1. Publish the layout (``chunks.json``) first: consumers size themselves from it.
+2. Publish chunks in order, each atomically (temporary name, then rename).
+3. Optionally :meth:`ChunkProducer.collect`: delete the chunks whose completion marker a
+   consumer wrote (a streaming, single-pass run; keep them for more epochs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+from packlab.bins import PackedBin
+from packlab.errors import PacklabError
+from packlab.files import remove
+from packlab.materialize import iter_bins
+from packlab.packing import BinAssignment
+from packlab.sharded.chunks import write_chunk
+from packlab.sharded.layout import (
+    ChunkLayout,
+    chunk_path,
+    layout_path,
+    marker_path,
+    read_layout,
+    write_layout,
+)
+from packlab.spool import SpoolReader
+
+BinSource = Callable[[int, int], Iterable[PackedBin]]
+
+
+def spool_source(spool: SpoolReader | str | os.PathLike[str], assignment: BinAssignment
+                 ) -> BinSource:
+    """Bins ``[start, stop)`` of ``assignment`` materialized from ``spool``, one at a time."""
+    reader = spool if isinstance(spool, SpoolReader) else SpoolReader(spool)
+    return lambda start, stop: iter_bins(reader, assignment, start=start, stop=stop)
+
+
+class ChunkProducer:
+    """Writes the layout, then chunk files, into ``directory``.
+
+    A directory that already holds a different layout is refused unless ``overwrite``; then
+    every chunk and marker of the old run is removed first, so no stale chunk is ever served.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], layout: ChunkLayout, *,
+                 overwrite: bool = False) -> None:
+        self.directory = Path(directory)
+        self.layout = layout
+        if layout_path(self.directory).exists():
+            old = read_layout(self.directory)
+            if not overwrite:
+                raise PacklabError(f"{layout_path(self.directory)}: a chunk layout is already "
+                                   "here (pass overwrite=True to start a new run)")
+            _clear(self.directory, old)
+        write_layout(self.directory, layout, overwrite=True)
+        self.deleted: list[int] = []
+
+    def write_chunk(self, chunk: int, bins: Iterable[PackedBin]) -> Path:
+        return write_chunk(self.directory, self.layout, chunk, bins)
+
+    def produce(self, source: BinSource, *, chunks: Sequence[int] | None = None,
+                delay: float = 0.0, collect: bool = False) -> list[Path]:
+        """Write ``chunks`` (all, in order, by default), sleeping ``delay`` s before each one
+        (a producer slower than training), collecting consumed chunks as it goes if asked."""
+        written = []
+        for chunk in range(self.layout.num_chunks) if chunks is None else chunks:
+            if delay > 0:
+                time.sleep(delay)
+            if collect:
+                self.collect()
+            written.append(self.write_chunk(chunk, source(*self.layout.chunk_range(chunk))))
+        return written
+
+    def published(self) -> list[int]:
+        return [c for c in range(self.layout.num_chunks)
+                if chunk_path(self.directory, self.layout, c).exists()]
+
+    def collect(self) -> list[int]:
+        """Delete every published chunk that a consumer has marked completed; returns them."""
+        gone = []
+        for chunk in self.published():
+            path = chunk_path(self.directory, self.layout, chunk)
+            if marker_path(path).exists():
+                remove(path)
+                gone.append(chunk)
+        self.deleted.extend(gone)
+        return gone
+
+
+def _clear(directory: Path, layout: ChunkLayout) -> None:
+    for chunk in range(layout.num_chunks):
+        path = chunk_path(directory, layout, chunk)
+        remove(path)
+        remove(marker_path(path))
