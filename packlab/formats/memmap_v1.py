@@ -1,0 +1,392 @@
+"""Format ``memmap_v1`` (RFC Option A): a directory of padded fixed-shape ``.npy`` arrays.
+
+One shard is one directory (manifest ``format`` is ``memmap_padded_v1``, as in the design)::
+
+    input_ids.npy    <i4 [num_bins, pack_size]   tokens, zero padded after packed_len
+    loss_mask.npy    |u1 [num_bins, pack_size]   0/1, zero padded
+    packed_len.npy   <u4 [num_bins]              tokens in each bin
+    seq_offsets.npy  <u4 [num_bins + 1]          CSR pointers into seq_starts
+    seq_starts.npy   <u4 [num_seqs]              seq_start_id of every bin, concatenated
+    manifest.json    written last: format, version, num_bins, pack_size, dtypes (with byte
+                     order), and for every file its bytes and sha256
+
+Writer: rows go to the files through ordinary buffered writes (no memory map, so the
+process's RSS does not grow with the pages it wrote) and are hashed as they are written. The
+``.npy`` headers leave room for any row count (numpy pads them for that), so the number of
+bins need not be known up front: when it is not, the header is rewritten at finalize and the
+file hashed once more. The directory is built under a temporary name and published with ONE
+rename (the design's five renames can leave a mix after a crash).
+
+Reader: the manifest at construction; memory maps opened lazily in each process (the reader
+pickles without them); bins are copies, valid after the reader is closed; ``read_bins``
+gathers a batch with one fancy index per array.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.lib import format as npy_format
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError, PacklabError
+from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
+from packlab.formats.base import ShardReader, ShardWriter
+from packlab.invariants import check_csr
+from packlab.safe_pickle import read_npy_header
+
+FORMAT = "memmap_v1"
+SUFFIX = ""
+MANIFEST_FORMAT = "memmap_padded_v1"
+VERSION = "1.0"
+MANIFEST = "manifest.json"
+DTYPES: dict[str, np.dtype] = {
+    "input_ids": np.dtype("<i4"),
+    "loss_mask": np.dtype("|u1"),
+    "packed_len": np.dtype("<u4"),
+    "seq_offsets": np.dtype("<u4"),
+    "seq_starts": np.dtype("<u4"),
+}
+FILES = {name: f"{name}.npy" for name in DTYPES}
+_UINT32_MAX = 2**32 - 1
+_INT32_MAX = 2**31 - 1
+_VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
+
+
+def detect(path: Path) -> bool:
+    """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
+    if not path.is_dir():
+        return False
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+        return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
+    except (OSError, ValueError):
+        return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The ``.npy`` v1.0 header for an array; its length does not depend on the first axis."""
+    buffer = io.BytesIO()
+    npy_format.write_array_header_1_0(
+        buffer, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def sha256_small_buffer(path: Path, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file read into one reused buffer: no allocation per block, flat RSS."""
+    digest = hashlib.sha256()
+    buffer = bytearray(chunk)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buffer):
+            digest.update(view[:n])
+    return digest.hexdigest()
+
+
+class NpyStream:
+    """A ``.npy`` file written row by row, hashed on the way; the row count fixed at close."""
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...],
+                 rows: int | None) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.row_shape = row_shape
+        self.row_size = int(np.prod(row_shape, dtype=np.int64))
+        self.header = npy_header(dtype, (rows or 0, *row_shape))
+        self.file = HashedFile(path)
+        self.file.write(self.header)
+        self.values = 0
+
+    def write(self, values: np.ndarray) -> None:
+        """Append values (already of ``dtype``; whole rows)."""
+        self.file.write(values)
+        self.values += values.size
+
+    def close(self) -> dict[str, Any]:
+        """Finish the file; the manifest entry (bytes, sha256)."""
+        entry = self.file.close()
+        header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape))
+        if header == self.header:
+            return entry
+        if len(header) != len(self.header):  # cannot happen below 10**21 rows; never guess
+            raise PacklabError(f"{self.path}: .npy header grew; cannot rewrite it in place")
+        with open(self.path, "r+b") as f:
+            f.write(header)
+        fsync_file(self.path)
+        return {"bytes": self.path.stat().st_size, "sha256": sha256_small_buffer(self.path)}
+
+    def discard(self) -> None:
+        self.file.discard()
+
+
+class Writer(ShardWriter):
+    """Streams padded rows into the five ``.npy`` files; memory is one bin of scratch."""
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def _open(self) -> None:
+        self.tmp_path.mkdir()
+        n, p = self.expected_bins, self.pack_size
+        row = (p,)
+        self._streams = {
+            "input_ids": NpyStream(self.tmp_path / FILES["input_ids"], DTYPES["input_ids"], row, n),
+            "loss_mask": NpyStream(self.tmp_path / FILES["loss_mask"], DTYPES["loss_mask"], row, n),
+            "packed_len": NpyStream(self.tmp_path / FILES["packed_len"], DTYPES["packed_len"],
+                                    (), n),
+            "seq_offsets": NpyStream(self.tmp_path / FILES["seq_offsets"], DTYPES["seq_offsets"],
+                                     (), None if n is None else n + 1),
+            "seq_starts": NpyStream(self.tmp_path / FILES["seq_starts"], DTYPES["seq_starts"],
+                                    (), None),
+        }
+        self._ids_row = np.zeros(p, dtype=DTYPES["input_ids"])
+        self._mask_row = np.zeros(p, dtype=DTYPES["loss_mask"])
+        self._len = np.zeros(1, dtype=DTYPES["packed_len"])
+        self._offset = np.zeros(1, dtype=DTYPES["seq_offsets"])
+        self._row_used = 0
+        self._num_starts = 0
+        self._streams["seq_offsets"].write(self._offset)
+
+    def _write(self, packed: PackedBin) -> None:
+        ids, mask, starts = packed
+        n = int(ids.shape[0])
+        if not 0 < n <= self.pack_size or mask.shape != ids.shape:  # even with check=False
+            raise PacklabError(f"{self.path}: bin {self.bins_written}: {n} tokens and "
+                               f"{mask.shape[0]} mask values for pack_size {self.pack_size}")
+        if ids.dtype.itemsize >= 4 and ids.dtype != DTYPES["input_ids"]:
+            if int(ids.max()) > _INT32_MAX or int(ids.min()) < 0:
+                raise PacklabError(f"{self.path}: bin {self.bins_written}: token ids outside "
+                                   f"[0, {_INT32_MAX}] do not fit {DTYPES['input_ids']}")
+        self._num_starts += int(starts.shape[0])
+        if self._num_starts > _UINT32_MAX:
+            raise PacklabError(f"{self.path}: more than {_UINT32_MAX} sequences in one shard "
+                               "(seq_offsets is uint32): use more shards")
+        self._ids_row[:n] = ids
+        self._mask_row[:n] = mask
+        if n < self._row_used:  # zero only what the previous bin left behind
+            self._ids_row[n:self._row_used] = 0
+            self._mask_row[n:self._row_used] = 0
+        self._row_used = n
+        self._len[0] = n
+        self._offset[0] = self._num_starts
+        self._streams["input_ids"].write(self._ids_row)
+        self._streams["loss_mask"].write(self._mask_row)
+        self._streams["packed_len"].write(self._len)
+        self._streams["seq_starts"].write(starts.astype(DTYPES["seq_starts"], copy=False))
+        self._streams["seq_offsets"].write(self._offset)
+
+    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        files = {FILES[name]: stream.close() for name, stream in self._streams.items()}
+        manifest = {
+            **manifest,
+            "format": MANIFEST_FORMAT,
+            "packlab_format": FORMAT,
+            "version": VERSION,
+            "dtypes": {name: dt.str for name, dt in DTYPES.items()},
+            # the keys the design's reader and manifest use, kept for compatibility
+            "dtype": DTYPES["input_ids"].str,
+            "loss_mask_dtype": "<u1",
+            "index_dtype": DTYPES["packed_len"].str,
+            "bins_written": self.bins_written,
+            "files": files,
+        }
+        manifest_path = self.tmp_path / MANIFEST
+        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        fsync_file(manifest_path)
+        fsync_directory(self.tmp_path)
+        return manifest
+
+    def _discard(self) -> None:
+        for stream in getattr(self, "_streams", {}).values():
+            stream.discard()
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    """The shard's manifest, checked; every error names the file."""
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise FormatError(f"{manifest_path}: missing (not a memmap shard, or an unfinished one)")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{manifest_path}: unreadable manifest: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+        raise FormatError(f"{manifest_path}: not a {MANIFEST_FORMAT} manifest")
+    if manifest.get("version") != VERSION:
+        raise FormatError(f"{manifest_path}: version {manifest.get('version')!r} not supported "
+                          f"(this packlab reads {VERSION})")
+    for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
+        value = manifest.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise FormatError(f"{manifest_path}: bad or missing {key!r}")
+    if manifest["num_bins"] == 0 or manifest["pack_size"] == 0:
+        raise FormatError(f"{manifest_path}: empty shard (num_bins or pack_size is 0)")
+    dtypes = manifest.get("dtypes")
+    if dtypes != {name: dt.str for name, dt in DTYPES.items()}:
+        raise FormatError(f"{manifest_path}: dtypes {dtypes}, this packlab reads "
+                          f"{ {name: dt.str for name, dt in DTYPES.items()} }")
+    files = manifest.get("files")
+    if not isinstance(files, dict) or set(files) != set(FILES.values()):
+        raise FormatError(f"{manifest_path}: 'files' must list {sorted(FILES.values())}")
+    return manifest
+
+
+class Reader(ShardReader):
+    """Lazy, picklable reader; O(1) access to any bin through the memory maps."""
+
+    FORMAT: ClassVar[str] = FORMAT
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.manifest = read_manifest(self.path)
+        self.num_bins = int(self.manifest["num_bins"])
+        self.pack_size = int(self.manifest["pack_size"])
+        self.num_tokens = int(self.manifest["num_tokens"])
+        self.num_seqs = int(self.manifest["num_seqs"])
+        verify_files(self.path, self.manifest["files"], checksums=False)  # sizes: a few stats
+        self._arrays: dict[str, np.ndarray] | None = None
+
+    def _handles(self) -> tuple[str, ...]:
+        return ("_arrays",)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """The shape each file must have, from the manifest."""
+        n, p = self.num_bins, self.pack_size
+        return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
+                "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
+
+    def _maps(self) -> dict[str, np.ndarray]:
+        """Open the memory maps (once per process); plain ndarray views, fast to index."""
+        if self._arrays is None:
+            arrays = {}
+            for name, shape in self.shapes().items():
+                file = self.path / FILES[name]
+                try:
+                    mapped = npy_format.open_memmap(file, mode="r")
+                except (OSError, ValueError) as exc:
+                    raise FormatError(f"{file}: cannot map: {exc}") from None
+                if mapped.dtype != DTYPES[name] or mapped.shape != shape:
+                    raise FormatError(f"{file}: {mapped.dtype.str}{list(mapped.shape)}, the "
+                                      f"manifest says {DTYPES[name].str}{list(shape)}")
+                arrays[name] = mapped.view(np.ndarray)  # keeps the map alive, skips memmap's
+            self._arrays = arrays                        # Python-level __getitem__
+        return self._arrays
+
+    def _corrupt(self, index: int, what: str) -> FormatError:
+        return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
+
+    def read_bin(self, index: int) -> PackedBin:
+        index = self.check_index(index)
+        m = self._maps()
+        n = int(m["packed_len"][index])
+        lo, hi = int(m["seq_offsets"][index]), int(m["seq_offsets"][index + 1])
+        if not 0 < n <= self.pack_size:
+            raise self._corrupt(index, f"packed_len {n} not in (0, {self.pack_size}]")
+        if not 0 <= lo < hi <= self.num_seqs:
+            raise self._corrupt(index, f"seq_offsets [{lo}, {hi}) outside [0, {self.num_seqs}]")
+        return PackedBin(
+            m["input_ids"][index, :n].copy(),
+            m["loss_mask"][index, :n].copy(),
+            m["seq_starts"][lo:hi].astype(np.int32),
+        )
+
+    def read_bins(self, indices: Any) -> list[PackedBin]:
+        """A batch with one gather per array; each bin's arrays are views into the batch."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        bad = (idx < -self.num_bins) | (idx >= self.num_bins)
+        if bad.any():
+            raise IndexError(f"{self.path}: bin {int(idx[np.argmax(bad)])} out of range "
+                             f"[0, {self.num_bins})")
+        idx = idx % self.num_bins
+        m = self._maps()
+        lengths = m["packed_len"][idx].astype(np.int64)
+        lo = m["seq_offsets"][idx].astype(np.int64)
+        hi = m["seq_offsets"][idx + 1].astype(np.int64)
+        wrong = (lengths <= 0) | (lengths > self.pack_size) | (lo >= hi) | (hi > self.num_seqs)
+        if wrong.any():
+            k = int(np.argmax(wrong))
+            raise self._corrupt(int(idx[k]), f"packed_len {int(lengths[k])}, "
+                                f"seq_offsets [{int(lo[k])}, {int(hi[k])})")
+        ids, masks = m["input_ids"][idx], m["loss_mask"][idx]
+        counts = hi - lo
+        ends = np.cumsum(counts)
+        gather = np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(lo - (ends - counts),
+                                                                         counts)
+        starts = m["seq_starts"][gather].astype(np.int32)
+        out = []
+        for k, (n, stop, count) in enumerate(zip(lengths.tolist(), ends.tolist(),
+                                                 counts.tolist(), strict=True)):
+            out.append(PackedBin(ids[k, :n], masks[k, :n], starts[stop - count:stop]))
+        return out
+
+    def packed_lengths(self) -> np.ndarray:
+        return self._maps()["packed_len"].astype(np.int64)
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "num_seqs": self.num_seqs}
+
+    def validate(self) -> dict[str, Any]:
+        """Sizes and checksums, headers, every invariant (vectorized), zero padding."""
+        verify_files(self.path, self.manifest["files"], checksums=True)
+        self._check_headers()
+        m = self._maps()
+        lengths = m["packed_len"].astype(np.int64)
+        offsets = m["seq_offsets"].astype(np.int64)
+        source = str(self.path)
+        steps = np.diff(offsets)
+        if offsets[0] != 0 or offsets[-1] != self.num_seqs or (steps <= 0).any():
+            where = f"bin {int(np.argmax(steps <= 0))}: " if (steps <= 0).any() else ""
+            raise FormatError(f"{self.path / FILES['seq_offsets']}: {where}sequence offsets must "
+                              f"rise from 0 to num_seqs {self.num_seqs} (corrupted)")
+        if int(lengths.sum()) != self.num_tokens:
+            raise FormatError(f"{self.path / FILES['packed_len']}: {int(lengths.sum())} tokens, "
+                              f"the manifest says {self.num_tokens}")
+        step = max(1, _VALIDATE_CHUNK_BYTES // (5 * self.pack_size))
+        for a in range(0, self.num_bins, step):
+            self._validate_chunk(m, lengths, offsets, a, min(a + step, self.num_bins), source)
+        return {"format": FORMAT, "path": source, "num_bins": self.num_bins,
+                "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
+                "pack_size": self.pack_size, "checksums": True}
+
+    def _check_headers(self) -> None:
+        for name, shape in self.shapes().items():
+            file = self.path / FILES[name]
+            with open(file, "rb") as fp:
+                header = read_npy_header(fp, source=str(file))
+            size = header.data_offset + int(np.prod(shape, dtype=np.int64)) * DTYPES[name].itemsize
+            if header.dtype != DTYPES[name] or header.shape != shape or header.fortran_order:
+                raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
+                                  f"expected {DTYPES[name].str}{list(shape)}")
+            if file.stat().st_size != size:
+                raise FormatError(f"{file}: {file.stat().st_size} bytes, header and manifest "
+                                  f"need {size}")
+
+    def _validate_chunk(self, m: dict[str, np.ndarray], lengths: np.ndarray,
+                        offsets: np.ndarray, a: int, b: int, source: str) -> None:
+        """Bins a..b: check_csr on the unpadded masks, tokens non-negative, padding zero."""
+        n = lengths[a:b]
+        bad = (n <= 0) | (n > self.pack_size)
+        if bad.any():
+            k = a + int(np.argmax(bad))
+            raise FormatError(f"{source}: bin {k}: packed_len {int(lengths[k])} not in "
+                              f"(0, {self.pack_size}] (corrupted)")
+        valid = np.arange(self.pack_size) < n[:, None]
+        ids, mask = m["input_ids"][a:b], m["loss_mask"][a:b]
+        token_offsets = np.zeros(b - a + 1, dtype=np.int64)
+        np.cumsum(n, out=token_offsets[1:])
+        check_csr(token_offsets, offsets[a:b + 1] - offsets[a],
+                  m["seq_starts"][offsets[a]:offsets[b]], mask[valid],
+                  pack_size=self.pack_size, source=source, first_bin=a)
+        negative = (ids < 0).any(axis=1)
+        if negative.any():
+            raise FormatError(f"{source}: bin {a + int(np.argmax(negative))}: negative token id")
+        padded = (np.where(valid, 0, ids) != 0).any(axis=1) | (np.where(valid, 0, mask) != 0).any(
+            axis=1)
+        if padded.any():
+            raise FormatError(f"{source}: bin {a + int(np.argmax(padded))}: non-zero padding "
+                              "beyond packed_len (corrupted)")
