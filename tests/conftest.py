@@ -1,0 +1,51 @@
+"""Shared fixtures: small real spools and assignments on disk, and a quiet home directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from packlab.packing import BinAssignment, pack
+from packlab.spool import SpoolReader, SpoolWriter
+
+# Libraries that write to the home directory write into a throwaway folder instead.
+_HOME = Path(os.environ.get("PACKLAB_TEST_HOME", "/tmp/packlab-test-home"))
+os.environ.setdefault("HF_HOME", str(_HOME / "hf"))
+os.environ.setdefault("MPLCONFIGDIR", str(_HOME / "mpl"))
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+def write_random_spool(
+    path: Path,
+    *,
+    num_sequences: int = 200,
+    max_len: int = 700,
+    vocab_size: int = 50_000,
+    seed: int = 0,
+) -> SpoolReader:
+    """A spool of random sequences (lengths 1..max_len, random 0/1 masks) written for real."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, max_len + 1, size=num_sequences)
+    total = int(lengths.sum())
+    with SpoolWriter(path, vocab_size=vocab_size, source={"generator": "tests", "seed": seed}) as w:
+        w.append_many(
+            rng.integers(0, vocab_size, size=total, dtype=np.int64),
+            rng.integers(0, 2, size=total, dtype=np.uint8),
+            lengths,
+        )
+    return SpoolReader(path)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> SpoolReader:
+    return write_random_spool(tmp_path / "spool")
+
+
+@pytest.fixture
+def assignment(spool: SpoolReader) -> BinAssignment:
+    result, _ = pack(spool.lengths, 1024, algorithm="next_fit", seed=0)
+    return result
