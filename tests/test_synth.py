@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from packlab.errors import PacklabError
 from packlab.spool import SpoolReader
@@ -154,6 +156,22 @@ def test_chat_template_and_masks(tmp_path: Path, profile: str) -> None:
         assert len(roles) // 2 <= PROFILES[profile].chat.max_turns
     expected = PROFILES[profile].chat.system_prob * reader.num_sequences
     assert abs(seen_system - expected) <= max(4, 0.35 * expected)
+
+
+@settings(max_examples=15, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(profile=st.sampled_from(CHAT_PROFILES), n=st.integers(1, 150),
+       vocab=st.sampled_from([256, 1000, None]), seed=st.integers(0, 2**32))
+def test_any_chat_spool_follows_the_template(tmp_path_factory: pytest.TempPathFactory,
+                                             profile: str, n: int, vocab: int | None,
+                                             seed: int) -> None:
+    n = min(n, 20) if profile == "long" else n
+    path = tmp_path_factory.mktemp("synth") / "s"
+    reader = synthesize(path, num_sequences=n, profile=profile, vocab_size=vocab, seed=seed)
+    reader.verify()
+    np.testing.assert_array_equal(reader.lengths, synth_lengths(n, profile, seed))
+    for i in range(n):
+        assert _parse_turns(*reader.read_sequence(i), reader.vocab_size)[-1] == "assistant"
 
 
 def test_chat_turn_mix_and_mask_fraction(tmp_path: Path) -> None:
