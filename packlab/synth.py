@@ -168,14 +168,21 @@ PROFILES: dict[str, Profile] = {
 
 
 def get_profile(profile: str | Profile) -> Profile:
-    if isinstance(profile, Profile):
-        return profile
-    try:
-        return PROFILES[profile]
-    except KeyError:
-        raise PacklabError(
-            f"unknown synthetic profile {profile!r}; choose from {', '.join(PROFILES)}"
-        ) from None
+    """A registered profile by name, or a custom :class:`Profile` after a sanity check."""
+    if not isinstance(profile, Profile):
+        try:
+            return PROFILES[profile]
+        except (KeyError, TypeError):
+            raise PacklabError(
+                f"unknown synthetic profile {profile!r}; choose from {', '.join(PROFILES)}"
+            ) from None
+    model = profile.lengths
+    shortest = 9 if profile.chat is not None else 1  # <bos> + two turns of 1 content token
+    if not shortest <= model.min_len <= model.max_len or model.kind not in ("uniform",
+                                                                             "lognormal"):
+        raise PacklabError(f"profile {profile.name!r}: lengths must be {model.kind} in "
+                           f"[{shortest}, max_len], got [{model.min_len}, {model.max_len}]")
+    return profile
 
 
 def special_tokens(vocab_size: int) -> dict[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from packlab.synth import (
     LENGTH_BLOCK,
     NUM_SPECIAL,
     PROFILES,
+    LengthModel,
     rank_probabilities,
     special_tokens,
     synth_lengths,
@@ -232,6 +234,17 @@ def test_existing_output_is_kept_unless_overwrite(tmp_path: Path) -> None:
         synthesize(tmp_path / "s", num_sequences=30, seed=1)
     np.testing.assert_array_equal(SpoolReader(tmp_path / "s").tokens, before)
     assert synthesize(tmp_path / "s", num_sequences=30, seed=1, overwrite=True).num_sequences == 30
+
+
+def test_custom_profiles(tmp_path: Path) -> None:
+    tiny = dataclasses.replace(PROFILES["chat"], name="tiny",
+                               lengths=LengthModel("uniform", 9, 12))
+    reader = synthesize(tmp_path / "s", num_sequences=100, profile=tiny, seed=0)
+    for i in range(100):  # the shortest possible chats still follow the template
+        assert _parse_turns(*reader.read_sequence(i), reader.vocab_size) == ["user", "assistant"]
+    too_short = dataclasses.replace(tiny, lengths=LengthModel("uniform", 8, 12))
+    with pytest.raises(PacklabError, match="lengths must be"):
+        synthesize(tmp_path / "t", num_sequences=10, profile=too_short)
 
 
 def test_synth_lengths_refuses_bad_counts() -> None:
