@@ -281,10 +281,11 @@ class Reader(ShardReader):
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
 
     def read_bin(self, index: int) -> PackedBin:
-        index = self.check_index(index)
-        m = self._maps()
+        if not 0 <= index < self.num_bins:  # the common case skips the general check
+            index = self.check_index(index)
+        m = self._arrays if self._arrays is not None else self._maps()
         n = int(m["packed_len"][index])
-        lo, hi = int(m["seq_offsets"][index]), int(m["seq_offsets"][index + 1])
+        lo, hi = m["seq_offsets"][index:index + 2].tolist()
         if not 0 < n <= self.pack_size:
             raise self._corrupt(index, f"packed_len {n} not in (0, {self.pack_size}]")
         if not 0 <= lo < hi <= self.num_seqs:
