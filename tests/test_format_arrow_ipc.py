@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.queues
 import os
 import pickle
 import signal
@@ -19,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_format_parquet import _CHILD, reference_bins, run_child
 
-from packlab.bins import PackedBin, bins_equal
+from packlab.bins import PackedBin, bin_digest, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_ipc import Reader, Writer
@@ -151,6 +153,25 @@ def test_arrays_stay_valid_after_the_reader_is_closed_and_collected(
     expected = sum(int(b.input_ids.astype(np.int64).sum()) + int(b.loss_mask.sum())
                    + int(b.seq_start_id.sum()) for b in (bins[0], bins[5], bins[-1]))
     assert int(done.stdout) == expected
+
+
+def _read_in_child(reader: Reader, queue: multiprocessing.queues.Queue) -> None:
+    digests = [bin_digest(*reader.read_bin(i)) for i in range(len(reader))]
+    queue.put((digests, reader._pid == os.getpid()))
+
+
+def test_a_forked_worker_reopens_and_reads_the_same(shard: Path, bins: list[PackedBin]) -> None:
+    """DataLoader workers fork with the parent's open reader: the child reopens its handle."""
+    reader = Reader(shard)
+    reader.read_bin(0)  # handles open (and a cache filled) in the parent
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(reader, queue))
+    child.start()
+    digests, reopened = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and reopened
+    assert digests == [bin_digest(*b) for b in bins]
 
 
 def test_reader_pickles_without_handles_and_reads_the_same(shard: Path,

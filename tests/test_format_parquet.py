@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
+import multiprocessing.queues
 import os
 import pickle
 import signal
@@ -20,7 +22,7 @@ from conftest import write_random_spool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packlab.bins import PackedBin, bins_equal
+from packlab.bins import PackedBin, bin_digest, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import dump_metadata
@@ -142,6 +144,25 @@ def test_token_ids_beyond_int32_are_refused(tmp_path: Path) -> None:
 
 
 # -- the reader: lazy, cached, picklable ------------------------------------------------------
+def _read_in_child(reader: Reader, queue: multiprocessing.queues.Queue) -> None:
+    digests = [bin_digest(*reader.read_bin(i)) for i in range(len(reader))]
+    queue.put((digests, reader._pid == os.getpid()))
+
+
+def test_a_forked_worker_reopens_and_reads_the_same(shard: Path, bins: list[PackedBin]) -> None:
+    """DataLoader workers fork with the parent's open reader: the child reopens its handle."""
+    reader = Reader(shard)
+    reader.read_bin(0)  # handles open (and a cache filled) in the parent
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_read_in_child, args=(reader, queue))
+    child.start()
+    digests, reopened = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0 and reopened
+    assert digests == [bin_digest(*b) for b in bins]
+
+
 def test_reader_pickles_without_handles_and_reads_the_same(shard: Path,
                                                            bins: list[PackedBin]) -> None:
     reader = Reader(shard)
@@ -195,7 +216,10 @@ def test_index_errors(shard: Path, bins: list[PackedBin]) -> None:
 def test_one_row_group_reader_reproduces_the_baseline(shard: Path,
                                                       bins: list[PackedBin]) -> None:
     reader = OneRowGroupReader(shard)
+    assert isinstance(open_shard(shard, one_row_group_cache=True), OneRowGroupReader)
+    assert type(open_shard(shard)) is Reader
     assert_same(reader, bins)
+    assert type(pickle.loads(pickle.dumps(reader))) is OneRowGroupReader
     order = np.random.default_rng(1).permutation(len(bins))[:20]
     assert all(bins_equal(g, bins[i]) for g, i in zip(reader.read_bins(order), order, strict=True))
 

@@ -146,8 +146,12 @@ class Writer(ShardWriter):
                 "num_seqs": buffer.seqs, "total_bins": first + buffer.rows,
                 "total_tokens": self._tokens_flushed + buffer.tokens,
                 "total_seqs": self._seqs_flushed + buffer.seqs, "crc32": buffer.crc32()}
-        self._writer.write_batch(buffer.record_batch(self._schema),
-                                 custom_metadata={METADATA_KEY: dump_metadata(info)})
+        try:
+            self._writer.write_batch(buffer.record_batch(self._schema),
+                                     custom_metadata={METADATA_KEY: dump_metadata(info)})
+        except ARROW_ERRORS as exc:
+            raise PacklabError(f"{self.path}: writing record batch {self.num_batches} failed: "
+                               f"{parse_error(exc)}") from None
         self._bins_flushed += buffer.rows
         self._tokens_flushed += buffer.tokens
         self._seqs_flushed += buffer.seqs
@@ -265,19 +269,20 @@ class Reader(ShardReader):
         self.batch_size = None
         self._cache = self._new_cache()
         rows, lengths = [], []
-        first = 0
+        first = seqs = 0
         for k in range(self.num_batches):
             cols = self._load(k, first_bin=first)
             rows.append(cols.rows)
             lengths.append(cols.packed_lengths())
             first += cols.rows
+            seqs += int(cols.seq_offsets[-1])
         self.batch_offsets = np.concatenate(([0], np.cumsum(rows))).astype(np.int64)
         self.num_bins = int(self.batch_offsets[-1])
         if self.num_bins == 0:
             raise FormatError(f"{self.path}: no bins (empty shard)")
         all_lengths = np.concatenate(lengths)
         self.num_tokens = int(all_lengths.sum())
-        self.num_seqs = -1
+        self.num_seqs = seqs
         self.pack_size = int(pack_size) if pack_size else int(all_lengths.max())
 
     def _new_cache(self) -> LRUCache[int, BinColumns]:
@@ -387,11 +392,15 @@ class Reader(ShardReader):
             first += cols.rows
             tokens += int(cols.token_offsets[-1])
             seqs += int(cols.seq_offsets[-1])
-        if (first, tokens) != (self.num_bins, self.num_tokens):
-            raise FormatError(f"{self.path}: {first} bins and {tokens} tokens found, the "
-                              f"metadata says {self.num_bins} and {self.num_tokens}")
-        return {**self.info(), "num_seqs": seqs, "num_batches": self.num_batches,
-                "compression": self.compression, "packlab_metadata": self.packlab is not None}
+        if (first, tokens, seqs) != (self.num_bins, self.num_tokens, self.num_seqs):
+            raise FormatError(f"{self.path}: {first} bins, {tokens} tokens and {seqs} sequences "
+                              f"found, the metadata says {self.num_bins}, {self.num_tokens} and "
+                              f"{self.num_seqs}")
+        return {**self.info(), "packlab_metadata": self.packlab is not None}
+
+    def info(self) -> dict[str, Any]:
+        return {**super().info(), "num_seqs": self.num_seqs, "num_batches": self.num_batches,
+                "batch_size": self.batch_size, "compression": self.compression}
 
     def _check_batch(self, k: int, cols: BinColumns, info: dict[str, Any], first: int,
                      tokens: int, seqs: int) -> None:
