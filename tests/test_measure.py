@@ -45,8 +45,9 @@ def shard(tmp_path: Path, spool, assignment) -> Path:
 
 
 # -- the memory harness --------------------------------------------------------------------
-def test_harness_finds_a_touched_200mb_allocation_within_10_percent() -> None:
-    report = profile("packlab.measure.jobs:allocate", 200_000_000)
+@pytest.mark.parametrize("isolation", ["forkserver", "subprocess"])
+def test_harness_finds_a_touched_200mb_allocation_within_10_percent(isolation: str) -> None:
+    report = profile("packlab.measure.jobs:allocate", 200_000_000, isolation=isolation)
     job = report["phases"]["job"]
     assert report["hwm_reset"]
     for key in ("peak_rss_growth_bytes", "peak_anon_growth_bytes"):
@@ -251,3 +252,45 @@ def test_bench_cli_errors_are_one_line_exit_2(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "missing" in err[0]
     assert main(["bench", "latency", str(tmp_path), "--samples", "0"]) == 2
+
+
+# -- the sweep behind notebook 04 ----------------------------------------------------------------
+def test_memory_sweep_rows_and_a_capped_format(tmp_path: Path) -> None:
+    from packlab.measure import sweep
+
+    fmt = next(n for n in PREFERRED if n in format_names())
+    rows = sweep.memory_sweep(tmp_path, [10, 30], formats=[fmt], tracemalloc=False,
+                              max_bins={fmt: 10})
+    assert [(r["bins"], r["phase"]) for r in rows] == [
+        (10, "write"), (10, "load"), (10, "read"), (30, "write"), (30, "load"), (30, "read")]
+    assert all(r["error"] is None and r["peak_rss_growth_bytes"] >= 0 for r in rows[:3])
+    assert all(r["error"].startswith("skipped: above max_bins 10") for r in rows[3:])
+    assert sweep.failures(rows) == {fmt: rows[3]["error"]}
+    assert sweep.largest(rows) == 10
+    assert not list((tmp_path / "shards").iterdir())  # shards are removed unless kept
+
+
+def test_sweep_tables_from_rows() -> None:
+    from packlab.measure import sweep
+
+    def row(fmt: str, bins: int, phase: str, rss: float, heap: float | None) -> dict:
+        return {"format": fmt, "bins": bins, "phase": phase, "error": None,
+                "peak_rss_growth_bytes": rss, "python_heap_peak_bytes": heap}
+
+    rows = [row("a", 100, "write", 10e6, 9e6), row("a", 1000, "write", 100e6, 95e6),
+            row("b", 100, "write", 40e6, 1e6), row("b", 1000, "write", 40e6, 1e6),
+            row("b", 1000, "load", 5e6, None),
+            {"format": "c", "bins": 100, "phase": "write", "error": "boom"}]
+    assert sweep.series(rows, "write") == {"a": ([100, 1000], [10e6, 100e6]),
+                                           "b": ([100, 1000], [40e6, 40e6])}
+    slopes = sweep.slopes(rows, "write")
+    assert slopes["a"] == pytest.approx(1.0) and slopes["b"] == pytest.approx(0.0)
+    side = sweep.heap_vs_rss(rows, 1000)
+    assert [r["tracemalloc_share"] for r in side] == [0.95, 0.025, None]
+    assert [r["format"] for r in sweep.misleading(side)] == ["b"]
+    assert set(sweep.claim_series(rows)) == {("a", "write"), ("b", "write")}
+    table = sweep.markdown_table(side, ["format", "phase"], {"phase": str.upper})
+    assert table.splitlines()[2] == "| a | WRITE |"
+    assert sweep.failures(rows) == {"c": "boom"}
+    small = [row("d", 100, "write", 100e3, 0), row("d", 1000, "write", 400e3, 0)]
+    assert sweep.slopes(small, "write")["d"] == pytest.approx(0.0)  # below the 1 MiB noise

@@ -1,4 +1,5 @@
-"""The fresh process a measured job runs in: ``python -m packlab.measure.child SPEC OUT``.
+"""The fresh process a measured job runs in: forked from a clean forkserver
+(:func:`forked`), or ``python -m packlab.measure.child SPEC OUT``.
 
 ``SPEC`` is a JSON file: ``{"job": "module:function", "args": [...], "kwargs": {...},
 "imports": [...], "trace": false, "interval": 0.002}``. The child imports what the job needs,
@@ -32,6 +33,9 @@ def resolve(job: str) -> Any:
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     for name in (*DEFAULT_IMPORTS, *spec.get("imports", ())):
         importlib.import_module(name)
+    from packlab.formats import format_names
+
+    format_names()  # detect_format imports every format module: code, not the job's data
     fn = resolve(spec["job"])
     sampler = Sampler(float(spec.get("interval", 0.002)))
     sampler.start()
@@ -61,22 +65,31 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
-    spec_path, out_path = argv
-    with open(spec_path) as f:
-        spec = json.load(f)
+def run_safely(spec: dict[str, Any]) -> dict[str, Any]:
+    """:func:`run`, or ``{"error", "type", "traceback"}`` for the parent to raise."""
     try:
-        payload = run(spec)
-        code = 0
+        return json.loads(json.dumps(run(spec), default=_plain))
     except Exception as exc:  # reported to the parent, which raises it as a PacklabError
         from packlab.errors import PacklabError
 
         kind = "PacklabError" if isinstance(exc, PacklabError) else type(exc).__name__
-        payload = {"error": str(exc), "type": kind, "traceback": traceback.format_exc()}
-        code = 3
+        return {"error": str(exc), "type": kind, "traceback": traceback.format_exc()}
+
+
+def forked(spec: dict[str, Any], conn: Any) -> None:
+    """Entry point of a child forked from the forkserver: the payload goes back on ``conn``."""
+    conn.send(run_safely(spec))
+    conn.close()
+
+
+def main(argv: list[str]) -> int:
+    spec_path, out_path = argv
+    with open(spec_path) as f:
+        spec = json.load(f)
+    payload = run_safely(spec)
     with open(out_path, "w") as f:
-        json.dump(payload, f, default=_plain)
-    return code
+        json.dump(payload, f)
+    return 3 if "error" in payload else 0
 
 
 def _plain(value: Any) -> Any:

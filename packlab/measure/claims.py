@@ -108,11 +108,15 @@ def claim_rows(
             continue
         rss, how = value_at(data["bins"], data["rss"], target)
         heap, _ = value_at(data["bins"], data["python_heap"], target)
+        anon = value_at(data["bins"], data["anon"], target)[0] if "anon" in data else None
         judged = heap if claim.metric == "python_heap" else rss
         rows.append({
             "format": claim.format, "phase": claim.phase, "claim": claim.text,
             "metric": claim.metric, "rss_bytes": rss, "python_heap_bytes": heap,
-            "measured": f"RSS {human_bytes(rss)}, Python heap {human_bytes(heap)} ({how})",
+            "anon_bytes": anon,
+            "measured": f"RSS {human_bytes(rss)}"
+                        + (f" (anonymous {human_bytes(anon)})" if anon is not None else "")
+                        + f", Python heap {human_bytes(heap)} ({how})",
             "verdict": verdict(judged, claim.claimed_bytes, claim.kind),
             "rss_verdict": verdict(rss, claim.claimed_bytes, claim.kind),
         })

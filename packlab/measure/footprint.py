@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from packlab.formats import _MODULES
 from packlab.measure.harness import profile
-from packlab.measure.jobs import resolve_via, shard_imports
+from packlab.measure.jobs import format_imports, resolve_via, shard_imports
 
 _KEYS = {
     "peak_rss_growth_bytes": "peak_rss_growth_bytes",
@@ -23,6 +22,7 @@ _KEYS = {
     "arrow_pool_peak_bytes": "arrow_pool_peak_bytes",
     "python_heap_peak_bytes": "python_heap_peak_bytes",
     "seconds": "seconds",
+    "modules_imported": "modules_imported",
 }
 
 
@@ -61,7 +61,7 @@ def write_memory(
     The figure is the write phase's own growth (its peak over the memory at its start).
     """
     report = profile("packlab.measure.jobs:write_shard", format, str(spool), str(assignment),
-                     str(out_path), options or {}, imports=[_MODULES[format], "packlab.materialize"],
+                     str(out_path), options or {}, imports=[*format_imports(format), "packlab.materialize"],
                      tracemalloc=tracemalloc, timeout=timeout)
     out: dict[str, Any] = {"format": format, "path": str(out_path), **report["result"]}
     out.update(_flatten("write", report["phases"]["write"], phase_growth=True))

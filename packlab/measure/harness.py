@@ -1,7 +1,8 @@
 """Run a job in a fresh Python process and bring back its memory, phase by phase.
 
-Every measured job gets a process of its own (``python -m packlab.measure.child``): nothing the
-parent allocated, imported or cached can hide in or leak into the figure. The job is named by
+Every measured job gets a process of its own, forked from a clean forkserver that imported the
+libraries once (or, with ``isolation="subprocess"``, a new ``python -m packlab.measure.child``):
+nothing the caller allocated or cached can hide in or leak into the figure. The job is named by
 import path (``"packlab.measure.jobs:allocate"`` or an importable function), never defined in
 a notebook. :func:`profile` runs a job twice, once for RSS and once under tracemalloc, and puts
 the Python heap beside the RSS figures, never instead of them.
@@ -9,7 +10,9 @@ the Python heap beside the RSS figures, never instead of them.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from packlab.errors import PacklabError
 
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 HEAP_KEYS = ("python_heap_peak_bytes", "python_heap_end_bytes")
+_CONTEXT: Any = None
 
 
 def job_name(job: str | Callable[..., Any]) -> str:
@@ -47,13 +51,17 @@ def run_job(
     trace: bool = False,
     interval: float = 0.002,
     timeout: float = 3600.0,
+    isolation: str = "forkserver",
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run ``job(*args, **kwargs)`` in a fresh process; returns baseline, phases and result.
 
     Arguments travel as JSON (paths as strings). ``imports`` are modules imported before the
-    baseline, so their code and tables are not counted as the job's memory. A job that raises
-    comes back as a :class:`PacklabError` naming the job and the child's error.
+    baseline, so their code and tables are not counted as the job's memory. ``isolation``:
+    ``forkserver`` (default: a child forked from a clean server process that imported the
+    libraries once; nothing of the caller's memory is in it) or ``subprocess`` (a new
+    interpreter per job, slower). A job that raises comes back as a :class:`PacklabError`
+    naming the job and the child's error.
     """
     name = job_name(job)
     spec = {
@@ -64,6 +72,67 @@ def run_job(
         "trace": trace,
         "interval": interval,
     }
+    if isolation == "forkserver":
+        payload = _run_forked(spec, name, timeout)
+    elif isolation == "subprocess":
+        payload = _run_subprocess(spec, name, timeout)
+    else:
+        raise PacklabError(f"isolation must be 'forkserver' or 'subprocess', got {isolation!r}")
+    if "error" in payload:
+        raise PacklabError(f"job {name}: {payload['type']}: {payload['error']}")
+    return payload
+
+
+def _preload() -> list[str]:
+    """What the forkserver imports once: the libraries and every format module (code)."""
+    from packlab.formats import _MODULES
+
+    names = ["packlab.measure.child", "packlab.measure.jobs", "packlab.materialize", "numpy",
+             "pyarrow", "pyarrow.compute", "pyarrow.parquet", *_MODULES.values()]
+    if importlib.util.find_spec("pandas") is not None:
+        names.append("pandas")  # pyarrow imports it on the first to_numpy()
+    return [n for n in names if _importable(n)]
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _run_forked(spec: dict[str, Any], name: str, timeout: float) -> dict[str, Any]:
+    global _CONTEXT
+    if _CONTEXT is None:
+        _CONTEXT = multiprocessing.get_context("forkserver")
+        _CONTEXT.set_forkserver_preload(_preload())
+    from packlab.measure.child import forked
+
+    receive, send = _CONTEXT.Pipe(duplex=False)
+    proc = _CONTEXT.Process(target=forked, args=(spec, send), daemon=True,
+                            name=f"packlab-measure-{name}")
+    proc.start()
+    send.close()
+    try:
+        if not receive.poll(timeout):
+            proc.kill()
+            proc.join()
+            raise PacklabError(f"job {name}: no result within {timeout:.0f} s (killed)")
+        try:
+            payload = receive.recv()
+        except EOFError:
+            proc.join()
+            raise PacklabError(
+                f"job {name}: the child process died (exit {proc.exitcode}"
+                f"{', killed by the kernel: out of memory?' if proc.exitcode == -9 else ''})"
+            ) from None
+    finally:
+        receive.close()
+    proc.join()
+    return payload
+
+
+def _run_subprocess(spec: dict[str, Any], name: str, timeout: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="packlab-measure-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "err"))
         spec_path.write_text(json.dumps(spec))
@@ -84,10 +153,7 @@ def run_job(
                 f"job {name}: the child process died (exit {proc.returncode}): "
                 + (" | ".join(tail) or "no message")
             )
-        payload = json.loads(out_path.read_text())
-    if "error" in payload:
-        raise PacklabError(f"job {name}: {payload['type']}: {payload['error']}")
-    return payload
+        return json.loads(out_path.read_text())
 
 
 def profile(
@@ -96,12 +162,14 @@ def profile(
     imports: Sequence[str] = (),
     tracemalloc: bool = True,
     timeout: float = 3600.0,
+    isolation: str = "forkserver",
     **kwargs: Any,
 ) -> dict[str, Any]:
     """RSS, anon/file RSS and Arrow pool per phase; the Python heap from a second, traced run."""
-    measured = run_job(job, *args, imports=imports, timeout=timeout, **kwargs)
+    measured = run_job(job, *args, imports=imports, timeout=timeout, isolation=isolation, **kwargs)
     if tracemalloc:
-        traced = run_job(job, *args, imports=imports, trace=True, timeout=timeout, **kwargs)
+        traced = run_job(job, *args, imports=imports, trace=True, timeout=timeout,
+                         isolation=isolation, **kwargs)
         for phase, record in measured["phases"].items():
             heap = traced["phases"].get(phase, {})
             for key in HEAP_KEYS:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,14 +28,34 @@ def resolve_via(via: str) -> str:
     return via
 
 
-def shard_imports(path: str | os.PathLike[str], via: str = "reader") -> list[str]:
-    """Modules a job over ``path`` imports: taken before the baseline, so code is not data."""
-    from packlab.formats import _MODULES, detect_format
+def format_imports(format: str, via: str = "reader") -> list[str]:
+    """Modules a job over a shard of ``format`` imports before its baseline: code is not data.
 
-    modules = [_MODULES[detect_format(path)]]
+    pyarrow imports ``pyarrow.compute`` and pandas lazily, on the first ``to_numpy()``: about
+    1 s and 25 MB of code that would otherwise be counted as the first read's memory.
+    """
+    from packlab.formats import _MODULES, get_format
+
+    modules = [_MODULES[format]]
+    if _uses_arrow(get_format(format)):
+        modules.append("pyarrow.compute")
+        if importlib.util.find_spec("pandas") is not None:
+            modules.append("pandas")
     if via == "dataset":
         modules.append("packlab.dataset")
     return modules
+
+
+def shard_imports(path: str | os.PathLike[str], via: str = "reader") -> list[str]:
+    """:func:`format_imports` of the shard at ``path`` (format detected)."""
+    from packlab.formats import detect_format
+
+    return format_imports(detect_format(path), via)
+
+
+def _uses_arrow(module: ModuleType) -> bool:
+    names = (getattr(v, "__name__", "") for v in vars(module).values() if isinstance(v, ModuleType))
+    return any(name == "pyarrow" or name.startswith("pyarrow.") for name in names)
 
 
 def open_items(path: str, via: str) -> Any:
@@ -76,17 +97,18 @@ def write_shard(
     assignment: str,
     out: str,
     options: dict[str, Any] | None = None,
-    release_every: int = 256,
+    release_every: int = 8,
 ) -> Iterator[str]:
     """``prepare``: open the spool and assignment; ``write``: write every bin, finalize.
 
     Bins come from packlab's materializer one at a time, as a pipeline writes them. Every
     ``release_every`` bins the spool's pages are released from this process (they stay in the
-    page cache), so the figure is the writer's memory, not the input's memory map.
+    page cache), so the figure is the writer's memory, not the input's memory map (a fault on
+    a file mapping can map a whole large folio, up to 2 MB, so this has to be frequent).
     """
-    from packlab.formats import open_writer
+    from packlab.formats import get_format, open_writer
     from packlab.materialize import BinMaterializer
-    from packlab.measure.pagecache import release_mappings, shard_files
+    from packlab.measure.pagecache import mapping_ranges, release_ranges, shard_files
     from packlab.packing import BinAssignment
     from packlab.spool import SpoolReader
 
@@ -94,14 +116,20 @@ def write_shard(
     plan = BinAssignment.load(assignment)
     materializer = BinMaterializer(reader, plan)
     spool_files = shard_files(spool)
+    options = dict(options or {})
+    if getattr(get_format(format).Writer, "needs_spool", False):  # packed_index: a reference
+        options.setdefault("spool", spool)
+        options.setdefault("assignment", assignment)
     yield "prepare"
+    ranges: list[tuple[int, int]] = []
     with open_writer(format, out, pack_size=plan.pack_size, num_bins=plan.num_bins,
-                     overwrite=True, **(options or {})) as writer:
+                     overwrite=True, **options) as writer:
         for b in range(plan.num_bins):
             writer.write(materializer.materialize(b))
+            if b == 0:  # the spool maps its files on first use; they stay mapped
+                ranges = [r for f in spool_files for r in mapping_ranges(f)]
             if release_every and (b + 1) % release_every == 0:
-                for f in spool_files:
-                    release_mappings(f)
+                release_ranges(ranges)
     yield "write"
     return {"format": format, "num_bins": plan.num_bins}
 

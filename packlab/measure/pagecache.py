@@ -64,14 +64,10 @@ def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:
         os.close(fd)
 
 
-def release_mappings(path: str | os.PathLike[str]) -> int:
-    """Release this process's read-only mappings of ``path`` from its page tables.
-
-    The mappings stay valid (the next access faults the page back in from the page cache or
-    the file). Writable mappings are left alone. Returns the number of bytes released.
-    """
+def mapping_ranges(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """``(start, length)`` of this process's read-only mappings of ``path``."""
     target = os.path.realpath(path)
-    released = 0
+    ranges = []
     with open("/proc/self/maps") as maps:
         lines = maps.readlines()
     for line in lines:
@@ -79,9 +75,27 @@ def release_mappings(path: str | os.PathLike[str]) -> int:
         if len(parts) < 6 or parts[5].rstrip("\n") != target or "w" in parts[1]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
-        if _libc.madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
-            released += hi - lo
+        ranges.append((lo, hi - lo))
+    return ranges
+
+
+def release_ranges(ranges: Iterable[tuple[int, int]]) -> int:
+    """``madvise(MADV_DONTNEED)`` over read-only file mappings: drops them from this process's
+    page tables (the next access faults the page back in). Returns the bytes released."""
+    released = 0
+    for start, length in ranges:
+        if _libc.madvise(start, length, _MADV_DONTNEED) == 0:
+            released += length
     return released
+
+
+def release_mappings(path: str | os.PathLike[str]) -> int:
+    """Release this process's read-only mappings of ``path`` from its page tables.
+
+    The mappings stay valid (the next access faults the page back in from the page cache or
+    the file). Writable mappings are left alone. Returns the number of bytes released.
+    """
+    return release_ranges(mapping_ranges(path))
 
 
 def drop_cache(path: str | os.PathLike[str]) -> int:
