@@ -34,6 +34,8 @@ def check_bin(
         raise InvariantError(f"{where}: input_ids dtype {input_ids.dtype} is not integer")
     if input_ids.dtype.kind == "i" and int(input_ids.min()) < 0:
         raise InvariantError(f"{where}: negative token id {int(input_ids.min())}")
+    if loss_mask.dtype.kind not in "biu":
+        raise InvariantError(f"{where}: loss_mask dtype {loss_mask.dtype} is not integer")
     if loss_mask.dtype != np.bool_ and (int(loss_mask.max()) > 1 or int(loss_mask.min()) < 0):
         raise InvariantError(f"{where}: loss_mask values must be 0 or 1")
     starts = np.asarray(seq_start_id, dtype=np.int64)
@@ -66,10 +68,12 @@ def check_csr(
     pack_size: int,
     source: str,
     first_bin: int = 0,
+    input_ids: np.ndarray | None = None,
 ) -> None:
     """Check many bins at once, given in CSR form.
 
-    ``token_offsets`` (num_bins+1) delimit each bin's tokens in the flat ``loss_mask``;
+    ``token_offsets`` (num_bins+1) delimit each bin's tokens in the flat ``loss_mask`` (and
+    the flat ``input_ids``, when given: integer, non-negative);
     ``seq_offsets`` (num_bins+1) delimit each bin's starts in the flat ``seq_starts``.
     """
     tok = np.asarray(token_offsets, dtype=np.int64)
@@ -109,15 +113,31 @@ def check_csr(
     if (last >= packed_len).any():
         b = int(np.argmax(last >= packed_len))
         raise fail(b, f"last seq_start_id {int(last[b])} >= packed_len {int(packed_len[b])}")
+    def bin_at(position: int) -> int:
+        return int(np.searchsorted(tok, position, side="right") - 1)
+
+    def flat(values: np.ndarray, name: str) -> np.ndarray:
+        """A flat per-token array: 1-D, integer, one value per token (else name the bin)."""
+        if values.ndim != 1:
+            raise InvariantError(f"{source}: {name} must be 1-D")
+        if values.shape[0] != tok[-1]:
+            b = min(bin_at(values.shape[0]), num_bins - 1)
+            raise fail(b, f"{name} ends at {values.shape[0]} values, bins need {int(tok[-1])}")
+        if values.dtype.kind not in "biu":
+            raise fail(0, f"{name} dtype {values.dtype} is not integer")
+        if values.dtype.kind == "i" and values.size and int(values.min()) < 0:
+            pos = int(np.argmax(values < 0))
+            raise fail(bin_at(pos), f"negative {name} value {int(values[pos])}")
+        return values
+
+    if input_ids is not None:
+        flat(np.asarray(input_ids), "input_ids")
     if loss_mask is None:
         return
-    mask = np.asarray(loss_mask)
-    if mask.shape[0] != tok[-1]:
-        raise InvariantError(f"{source}: {mask.shape[0]} loss_mask values for {int(tok[-1])} tokens")
-    if mask.size and int(mask.max()) > 1:
+    mask = flat(np.asarray(loss_mask), "loss_mask")
+    if mask.size and mask.dtype != np.bool_ and int(mask.max()) > 1:
         pos = int(np.argmax(mask > 1))
-        b = int(np.searchsorted(tok, pos, side="right") - 1)
-        raise fail(b, "loss_mask values must be 0 or 1")
+        raise fail(bin_at(pos), "loss_mask values must be 0 or 1")
     # the last token of every sub-sequence: next start - 1 within a bin, packed_len - 1 at the end
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]

@@ -9,11 +9,12 @@ one instead: off by two from this and leaking loss across boundaries; see notebo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.errors import PacklabError
+from packlab.errors import FormatError, PacklabError
 from packlab.packing import BinAssignment
 from packlab.spool import SpoolReader
 
@@ -50,18 +51,27 @@ class BinMaterializer:
         self._raw_mask = np.zeros(self.pack_size, dtype=np.uint8)
         self._loss_mask = np.zeros(self.pack_size, dtype=np.uint8)
         self._starts = np.zeros(self.pack_size, dtype=np.int32)
-        max_index = int(assignment.seq_indices.max()) if assignment.seq_indices.size else -1
+        indices = assignment.seq_indices
+        max_index = int(indices.max()) if indices.size else -1
         if max_index >= spool.num_sequences:
             raise PacklabError(
                 f"{spool.path}: the assignment names sequence {max_index}, "
                 f"the spool has {spool.num_sequences}"
             )
+        if indices.size and int(indices.min()) < 0:
+            raise PacklabError(f"{spool.path}: the assignment names sequence {int(indices.min())}")
 
     def materialize(self, bin_id: int) -> PackedBin:
+        if not 0 <= bin_id < self.assignment.num_bins:
+            raise IndexError(
+                f"{self.spool.path}: bin {bin_id} out of range [0, {self.assignment.num_bins})"
+            )
         offsets = self.spool.offsets
         lengths = self.spool.lengths
         pos = 0
         indices = self.assignment.bin_indices(bin_id)
+        if indices.shape[0] == 0:
+            raise PacklabError(f"{self.spool.path}: bin {bin_id}: the assignment gives it no sequence")
         for k, seq in enumerate(indices.tolist()):
             start = int(offsets[seq])
             n = int(lengths[seq])
@@ -77,6 +87,11 @@ class BinMaterializer:
                     f"{self.spool.path}: bin {bin_id}: sequences need more than pack_size "
                     f"{self.pack_size} tokens (assignment does not match this spool)"
                 )
+            if start + n > self.spool.num_tokens:
+                raise FormatError(
+                    f"{self.spool.path}: bin {bin_id}: sequence {seq} at offset {start} runs "
+                    f"past the spool's {self.spool.num_tokens} tokens (corrupted offsets.bin)"
+                )
             self._starts[k] = pos
             self._tokens[pos : pos + n] = self.spool.tokens[start : start + n]
             self._raw_mask[pos : pos + n] = self.spool.masks[start : start + n]
@@ -84,6 +99,48 @@ class BinMaterializer:
         starts = self._starts[: indices.shape[0]]
         align_loss_mask(self._raw_mask[:pos], starts, self._loss_mask[:pos])
         return PackedBin(self._tokens[:pos], self._loss_mask[:pos], starts)
+
+
+class BinMasks(NamedTuple):
+    """One bin's masks side by side: the spool's raw mask and its two alignments."""
+
+    raw: np.ndarray  # the spool's learn mask, unshifted
+    aligned: np.ndarray  # per sub-sequence next-token alignment (what packlab stores)
+    rolled: np.ndarray  # the design documents' whole-bin roll
+    seq_start_id: np.ndarray
+
+
+def bin_masks(materializer: BinMaterializer, bin_id: int) -> BinMasks:
+    """Materialize bin ``bin_id`` and return its masks (copies) for comparison."""
+    packed = materializer.materialize(bin_id)
+    raw = materializer._raw_mask[: packed.packed_len].copy()
+    return BinMasks(raw, packed.loss_mask.copy(), roll_whole_bin(raw), packed.seq_start_id.copy())
+
+
+def alignment_errors(spool: SpoolReader, assignment: BinAssignment) -> dict[str, int]:
+    """Where the whole-bin roll goes wrong, counted over every bin of an assignment.
+
+    ``differ``: positions whose loss differs from the per-sequence alignment; ``leaking``:
+    positions where the roll trains a sub-sequence's last token to predict the *next*
+    sequence's first token (loss across a boundary); ``missed`` / ``spurious``: positions the
+    roll leaves out / adds; ``bins_failing``: bins ``check_bin`` would refuse.
+    """
+    materializer = BinMaterializer(spool, assignment)
+    counts = dict.fromkeys(("bins", "tokens", "targets", "differ", "leaking", "missed",
+                            "spurious", "bins_failing"), 0)
+    for b in range(assignment.num_bins):
+        m = bin_masks(materializer, b)
+        last = np.append(m.seq_start_id[1:], m.raw.shape[0]) - 1
+        leaking = int(m.rolled[last].sum())
+        counts["bins"] += 1
+        counts["tokens"] += int(m.raw.shape[0])
+        counts["targets"] += int(m.aligned.sum())
+        counts["differ"] += int((m.rolled != m.aligned).sum())
+        counts["leaking"] += leaking
+        counts["missed"] += int((m.aligned > m.rolled).sum())
+        counts["spurious"] += int((m.rolled > m.aligned).sum())
+        counts["bins_failing"] += int(leaking > 0)
+    return counts
 
 
 def iter_bins(

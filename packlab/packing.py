@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -265,3 +265,34 @@ def assignment_from_bins(
     np.cumsum(counts, out=offsets[1:])
     seq_indices = order if kept_index is None else kept_index[order]
     return BinAssignment(offsets, seq_indices.astype(np.int64, copy=False), pack_size, overlong)
+
+
+def compare_algorithms(
+    lengths: np.ndarray,
+    pack_size: int,
+    *,
+    algorithms: list[str] | None = None,
+    seed: int = 0,
+    overlong: Overlong = "truncate",
+    repeats: int = 1,
+) -> dict[str, tuple[BinAssignment, PackingReport]]:
+    """Every algorithm on the same lengths, side by side (notebook 02).
+
+    ``seconds`` in each report is the median of ``repeats`` runs: the machines are shared and
+    noisy, so one run is a sample, not a figure.
+    """
+    if repeats < 1:
+        raise PacklabError(f"repeats must be >= 1, got {repeats}")
+    out = {}
+    for name in algorithms or sorted(ALGORITHMS):
+        runs = [pack(lengths, pack_size, algorithm=name, seed=seed, overlong=overlong)
+                for _ in range(repeats)]
+        seconds = float(np.median([report.seconds for _, report in runs]))
+        assignment, report = runs[-1]
+        out[name] = (assignment, replace(report, seconds=seconds))
+    return out
+
+
+# The algorithms register themselves on import; importing them here fills ALGORITHMS for anyone
+# who imports this module (packers imports ``register`` from here, which is defined by now).
+from packlab import packers as _packers  # noqa: E402, F401

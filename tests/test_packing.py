@@ -17,7 +17,13 @@ from hypothesis import strategies as st
 from packlab import packers
 from packlab.cli import main
 from packlab.errors import PacklabError
-from packlab.packing import ALGORITHMS, DEFAULT_ALGORITHM, BinAssignment, pack
+from packlab.packing import (
+    ALGORITHMS,
+    DEFAULT_ALGORITHM,
+    BinAssignment,
+    compare_algorithms,
+    pack,
+)
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
 from packlab.synth import synth_lengths
 
@@ -290,6 +296,20 @@ def test_an_algorithm_bug_never_reaches_a_writer(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setitem(ALGORITHMS, "gap", lambda n, p, rng: np.arange(n.shape[0]) * 2)
     with pytest.raises(PacklabError, match="empty bin"):
         pack(np.array([3, 3]), 4, algorithm="gap")
+
+
+def test_compare_algorithms_side_by_side() -> None:
+    lengths = synth_lengths(3000, "chat", 3)
+    table = compare_algorithms(lengths, 4096, seed=5, repeats=2)
+    assert sorted(table) == ALL
+    for name, (assignment, report) in table.items():
+        alone, expected = pack(lengths, 4096, algorithm=name, seed=5)
+        assert np.array_equal(assignment.seq_indices, alone.seq_indices)
+        assert report.num_bins == expected.num_bins and report.seconds > 0
+    only = compare_algorithms(lengths, 4096, algorithms=["next_fit"])
+    assert list(only) == ["next_fit"]
+    with pytest.raises(PacklabError, match="repeats"):
+        compare_algorithms(lengths, 4096, repeats=0)
 
 
 # -- memory at full scale ---------------------------------------------------------------------
