@@ -265,17 +265,13 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
     return [(p, format or detect_format(p))]
 
 
-def resolve_split(path: PathLike, split: str) -> Path:
-    """``PATH/splits/<split>/`` (the Nemotron output layout); an unknown split lists the known."""
-    root = Path(path)
-    splits = root / "splits"
-    if not splits.is_dir():
-        raise FormatError(f"{root}: no splits/ folder, so split {split!r} cannot be resolved")
-    target = splits / split
-    if not target.is_dir():
-        known = sorted(c.name for c in splits.iterdir() if c.is_dir() and not c.name.startswith("."))
-        raise FormatError(f"{root}: no split {split!r}; splits here: {', '.join(known) or 'none'}")
-    return target
+def resolve_split(path: PathLike, split: str) -> Path | list[Path]:
+    """``PATH/splits/<split>/`` (the Nemotron output layout, as ``nano3_packed_sft_dir``
+    resolves it); without ``splits/``, the split's shards listed in ``PATH/blend.json`` (a copy
+    without symlinks, e.g. on object storage). An unknown split lists the known ones."""
+    from packlab.layout.blend import split_source
+
+    return split_source(path, split)
 
 
 def open_dataset(
@@ -288,7 +284,8 @@ def open_dataset(
     """Open packed shards as one map-style dataset.
 
     ``path``: a shard, a directory of shards, a glob, or a list of those. ``split`` picks
-    ``PATH/splits/<split>/``. ``format`` skips detection. ``reader_options`` go to each reader.
+    ``PATH/splits/<split>/`` of an output layout (or the split's shards in ``PATH/blend.json``
+    when the links are absent). ``format`` skips detection. ``reader_options`` go to each reader.
     """
     if split is not None:
         if isinstance(path, list | tuple):

@@ -15,6 +15,10 @@ A receipt::
 
 Output is deterministic: the same spool, assignment and options give the same bytes whatever
 the number of workers.
+
+:func:`resume_shards` is the rerun-friendly variant the output layout (:mod:`packlab.layout`)
+uses: a shard whose receipt still vouches for it (same format, bins and pack size; size and
+checksum unchanged) is kept, and only missing or damaged shards are written again.
 """
 
 from __future__ import annotations
@@ -23,8 +27,10 @@ import json
 import os
 import re
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -176,17 +182,163 @@ def write_shards(
          format_options)
         for (start, stop), name in zip(ranges, names, strict=True)
     ]
-    if workers <= 1 or len(jobs) == 1:
-        receipts = [write_shard(*job) for job in progress(jobs, total=len(jobs),
-                                                          desc=f"write {format}")]
-    else:
-        receipts = _run_pool(jobs, workers, desc=f"write {format}")
-    keep = set(names)
-    for stale in existing_shards(out):
-        if stale.name not in keep:
-            remove(stale)
-            remove(stale.parent / f"{stale.name}{RECEIPT_SUFFIX}")
+    receipts = run_shard_jobs(jobs, workers, desc=f"write {format}")
+    remove_stale_shards(out, names)
     return receipts
+
+
+def run_shard_jobs(jobs: Sequence[tuple[Any, ...]], workers: int, *, desc: str = "write"
+                   ) -> list[dict[str, Any]]:
+    """Run :func:`write_shard` argument tuples (serially, or in a process pool); receipts in
+    job order. Jobs may target different directories and spools."""
+    jobs = list(jobs)
+    if not jobs:
+        return []
+    if workers <= 1 or len(jobs) == 1:
+        return [write_shard(*job) for job in progress(jobs, total=len(jobs), desc=desc)]
+    return _run_pool(jobs, workers, desc=desc)
+
+
+def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
+    """Remove shards (and their receipts) of ``out`` not named in ``keep``; returns their names."""
+    wanted = set(keep)
+    gone = []
+    for stale in existing_shards(out):
+        if stale.name not in wanted:
+            remove(stale)
+            remove(receipt_path(stale))
+            gone.append(stale.name)
+    return gone
+
+
+def receipt_path(shard: Path) -> Path:
+    return shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
+
+
+# -- reruns: keep what a receipt still vouches for ----------------------------------------------
+VERIFY_MODES = ("receipt", "full")
+
+
+def reusable_receipt(shard: Path, *, format: str, bins: tuple[int, int], pack_size: int,
+                     verify: str = "receipt") -> dict[str, Any] | None:
+    """The receipt of a shard that can be kept as it is, or None (missing, damaged, no receipt,
+    or written for other bins / another format / another pack size).
+
+    ``verify="receipt"`` trusts size + SHA-256 against the receipt (a directory shard's checksum
+    covers its manifest only, which lists every file's); ``"full"`` also runs the reader's
+    ``validate`` (every file checksum and every bin's invariants).
+    """
+    if verify not in VERIFY_MODES:
+        raise PacklabError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if not shard.exists():
+        return None
+    try:
+        receipt = check_receipt(shard)
+        if receipt is None:
+            return None
+        if (receipt.get("format") != format or receipt.get("bins") != [int(b) for b in bins]
+                or receipt.get("pack_size") != pack_size):
+            return None
+        if verify == "full":
+            validate_shard(shard, format)
+    except (PacklabError, OSError):
+        return None
+    return receipt
+
+
+@dataclass
+class ShardPlan:
+    """What :func:`plan_resume` decided for one shard directory."""
+
+    out: Path
+    names: list[str]
+    reused: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard number -> receipt
+    jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # shard number -> job
+
+    def receipts(self, written: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Receipts in shard order, each marked ``reused`` true or false."""
+        out = []
+        for i in range(len(self.names)):
+            if i in self.reused:
+                out.append({**self.reused[i], "reused": True})
+            else:
+                out.append({**written[i], "reused": False})
+        return out
+
+
+def plan_resume(
+    spool: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    out_dir: str | os.PathLike[str],
+    *,
+    format: str,
+    bins_per_shard: int,
+    reuse: bool = True,
+    verify: str = "receipt",
+    **format_options: Any,
+) -> ShardPlan:
+    """Decide, shard by shard, what to keep and what to write (nothing is written yet).
+
+    A shard is kept when :func:`reusable_receipt` vouches for it (and ``reuse``); every other
+    shard becomes a job that overwrites whatever is at its name.
+    """
+    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    get_format(format)
+    out = Path(out_dir)
+    ranges = shard_ranges(assignment.num_bins, bins_per_shard)
+    plan = ShardPlan(out, [shard_name(i, format) for i in range(len(ranges))])
+    for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
+        path = out / name
+        kept = reusable_receipt(path, format=format, bins=(start, stop),
+                                pack_size=assignment.pack_size, verify=verify) if reuse else None
+        if kept is not None:
+            plan.reused[i] = kept
+        else:
+            plan.jobs[i] = (spool_path, assignment.select(start, stop), start, str(path),
+                            format, True, format_options)
+    return plan
+
+
+def finish_resume(plans: Sequence[ShardPlan], workers: int, *, desc: str = "write"
+                  ) -> list[list[dict[str, Any]]]:
+    """Write the jobs of many plans in one pool, drop stale shards; receipts per plan."""
+    flat = [(k, i, job) for k, plan in enumerate(plans) for i, job in sorted(plan.jobs.items())]
+    for plan in plans:
+        plan.out.mkdir(parents=True, exist_ok=True)
+        for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
+            remove(receipt_path(plan.out / plan.names[i]))
+    receipts = run_shard_jobs([job for _, _, job in flat], workers, desc=desc)
+    written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
+    for (k, i, _), receipt in zip(flat, receipts, strict=True):
+        written[k][i] = receipt
+    out = []
+    for plan, done in zip(plans, written, strict=True):
+        remove_stale_shards(plan.out, plan.names)
+        out.append(plan.receipts(done))
+    return out
+
+
+def resume_shards(
+    spool: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    out_dir: str | os.PathLike[str],
+    *,
+    format: str,
+    bins_per_shard: int,
+    workers: int = 2,
+    reuse: bool = True,
+    verify: str = "receipt",
+    **format_options: Any,
+) -> list[dict[str, Any]]:
+    """Like :func:`write_shards`, but keeps every shard whose receipt still vouches for it and
+    writes only the missing or damaged ones. Receipts come back in shard order, each with
+    ``reused`` true (kept) or false (written now)."""
+    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    SpoolReader(spool_path)
+    plan = plan_resume(spool_path, assignment, out_dir, format=format,
+                       bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
+                       **format_options)
+    return finish_resume([plan], workers, desc=f"write {format}")[0]
 
 
 def _run_pool(jobs: list[tuple[Any, ...]], workers: int, *, desc: str) -> list[dict[str, Any]]:
@@ -209,13 +361,15 @@ def _run_pool(jobs: list[tuple[Any, ...]], workers: int, *, desc: str) -> list[d
 # -- validation -------------------------------------------------------------------------------
 def check_receipt(shard: Path) -> dict[str, Any] | None:
     """Compare a shard with its receipt, if it has one (bins, bytes, checksum)."""
-    receipt_path = shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
-    if not receipt_path.is_file():
+    where = receipt_path(shard)
+    if not where.is_file():
         return None
     try:
-        receipt = json.loads(receipt_path.read_text())
+        receipt = json.loads(where.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{receipt_path}: unreadable receipt: {exc}") from None
+        raise FormatError(f"{where}: unreadable receipt: {exc}") from None
+    if not isinstance(receipt, dict):
+        raise FormatError(f"{where}: unreadable receipt: not a JSON object")
     size = shard_bytes(shard)
     if size != receipt.get("bytes"):
         raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "

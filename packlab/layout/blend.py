@@ -1,0 +1,161 @@
+"""Reading an output layout: which shards make a split, from ``splits/`` or from ``blend.json``.
+
+A trainer configured with ``nano3_packed_sft_dir: OUT`` reads ``OUT/splits/train/`` and
+``OUT/splits/valid/``; :func:`split_source` resolves a split the same way. Where the symlinks
+are absent (a copy to object storage, a filesystem without links) the split's shard list comes
+from ``blend.json``, whose paths are relative to ``OUT``.
+
+``blend.json`` (version ``packlab_blend_v1``), abridged::
+
+    {"version": "packlab_blend_v1", "packlab_version": "0.1.0", "run_hash": "3f0c...",
+     "run_dir": "runs/3f0c...", "format": "parquet",
+     "packing": {"format": "parquet", "pack_size": 4096, "algorithm": "first_fit_shuffle",
+                 "seed": 0, "overlong": "truncate", "bins_per_shard": 8192, ...},
+     "split_rule": {"by": "sequence", "key": "seeded content hash", "seed": 0,
+                    "fractions": {"train": 0.98, "valid": 0.01, "test": 0.01}},
+     "inputs": [{"name": "chat", "spool": "/data/chat_spool", "weight": 0.7,
+                 "manifest": {...the spool's manifest...}, "config_hashes": {"train": "..."}}],
+     "splits": {"train": {"links": ["chat__shard_000000.parquet", ...],
+                          "shards": ["runs/3f0c.../datasets/chat/9a1e.../shard_000000.parquet"],
+                          "shard_bins": [8192, ...], "weights": [0.41, ...], "num_bins": 123, "num_tokens": 456,
+                          "num_sequences": 789, "datasets": [...]}}}
+
+A split's ``weights`` (one per shard, summing to 1) are the probability that a sampled bin
+comes from that shard: the dataset's blend weight times the shard's share of that dataset's
+bins in the split (:func:`weighted_indices` draws bin indices by them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.errors import FormatError, PacklabError
+
+BLEND_FILE = "blend.json"
+BLEND_VERSION = "packlab_blend_v1"
+SPLITS_DIR = "splits"
+RUNS_DIR = "runs"
+LINK_SEPARATOR = "__"  # link names of several datasets: {name}__shard_000000.parquet
+# nano3_packed_sft_dir's keys and the split each resolves to
+NANO3_KEYS = {"packed_train_data_path": "train", "packed_val_data_path": "valid",
+              "packed_test_data_path": "test"}
+
+
+def read_blend(root: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``root/blend.json``, checked; None when there is none."""
+    path = Path(root) / BLEND_FILE
+    if not path.is_file():
+        return None
+    try:
+        blend = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: unreadable: {exc}") from None
+    if not isinstance(blend, dict) or blend.get("version") != BLEND_VERSION:
+        raise FormatError(f"{path}: not a {BLEND_VERSION} blend file")
+    if not isinstance(blend.get("splits"), dict):
+        raise FormatError(f"{path}: no 'splits' object")
+    return blend
+
+
+def is_layout(root: str | os.PathLike[str]) -> bool:
+    """Whether ``root`` is an output layout (a ``splits/`` folder or a ``blend.json``)."""
+    p = Path(root)
+    return p.is_dir() and ((p / SPLITS_DIR).is_dir() or (p / BLEND_FILE).is_file())
+
+
+def known_splits(root: str | os.PathLike[str]) -> list[str]:
+    """The splits of a layout, from ``splits/`` (or ``blend.json`` without it), in order."""
+    p = Path(root)
+    blend = read_blend(p)
+    if (p / SPLITS_DIR).is_dir():
+        on_disk = {c.name for c in (p / SPLITS_DIR).iterdir()
+                   if c.is_dir() and not c.name.startswith(".")}
+        ordered = [s for s in (blend or {}).get("splits", {}) if s in on_disk]
+        return ordered + sorted(on_disk - set(ordered))
+    return list(blend["splits"]) if blend is not None else []
+
+
+def split_source(root: str | os.PathLike[str], split: str) -> Path | list[Path]:
+    """``root/splits/<split>/``, or the split's shard paths from ``blend.json`` without it.
+
+    An unknown split lists the known ones; an empty split (no sequence fell into it) says so.
+    """
+    p = Path(root)
+    splits = p / SPLITS_DIR
+    blend = read_blend(p)
+    if not splits.is_dir() and blend is None:
+        raise FormatError(f"{p}: no splits/ folder (and no {BLEND_FILE}), so split {split!r} "
+                          "cannot be resolved")
+    known = known_splits(p)
+    if split not in known:
+        raise FormatError(f"{p}: no split {split!r}; splits here: {', '.join(known) or 'none'}")
+    if splits.is_dir():
+        target = splits / split
+        if not any(not c.name.startswith(".") for c in target.iterdir()):
+            raise FormatError(f"{target}: split {split!r} is empty (no sequence fell into it)")
+        return target
+    assert blend is not None
+    shards = blend["splits"][split].get("shards", [])
+    if not shards:
+        raise FormatError(f"{p / BLEND_FILE}: split {split!r} is empty (no sequence fell into it)")
+    return [p / s for s in shards]
+
+
+def layout_shards(root: str | os.PathLike[str]) -> dict[str, list[tuple[str, Path]]]:
+    """Every split's shards as ``(name, path)``: link names under ``splits/<split>/`` (or the
+    blend's ``links`` without the folder), sorted as :func:`packlab.open_dataset` reads them."""
+    from packlab.dataset import find_shards
+
+    p = Path(root)
+    blend = read_blend(p)
+    out: dict[str, list[tuple[str, Path]]] = {}
+    for split in known_splits(p):
+        if (p / SPLITS_DIR).is_dir():
+            target = p / SPLITS_DIR / split
+            has = any(not c.name.startswith(".") for c in target.iterdir())
+            out[split] = [(q.name, q) for q, _ in find_shards(target)] if has else []
+        else:
+            assert blend is not None
+            entry = blend["splits"][split]
+            out[split] = [(name, p / s) for name, s in
+                          zip(entry.get("links", []), entry.get("shards", []), strict=True)]
+    return out
+
+
+def nano3_paths(root: str | os.PathLike[str]) -> dict[str, str]:
+    """What ``nano3_packed_sft_dir: ROOT`` resolves to: ``packed_train_data_path`` etc., for
+    the splits this layout has (directories, with the trailing slash the seed shows)."""
+    p = Path(root)
+    have = set(known_splits(p))
+    return {key: f"{p / SPLITS_DIR / split}/" for key, split in NANO3_KEYS.items() if split in have}
+
+
+def weighted_indices(root: str | os.PathLike[str], split: str, num_samples: int, *,
+                     seed: int = 0) -> np.ndarray:
+    """``num_samples`` bin indices into ``open_dataset(root, split=split)``, drawn with the
+    blend's per-shard weights (with replacement), deterministic for ``seed``.
+
+    Use it as a DataLoader sampler to train on the blend rather than on the concatenation.
+    """
+    blend = read_blend(root)
+    if blend is None:
+        raise FormatError(f"{root}: no {BLEND_FILE}: no blend weights to sample with")
+    if split not in blend["splits"]:
+        raise FormatError(f"{root}: no split {split!r}; splits here: "
+                          f"{', '.join(blend['splits']) or 'none'}")
+    entry = blend["splits"][split]
+    counts = np.asarray(entry.get("shard_bins", []), dtype=np.int64)
+    weights = np.asarray(entry.get("weights", []), dtype=np.float64)
+    if counts.size == 0 or counts.shape != weights.shape:
+        raise FormatError(f"{root}: split {split!r} has no shards to sample from")
+    if num_samples < 0:
+        raise PacklabError(f"num_samples must be >= 0, got {num_samples}")
+    rng = np.random.default_rng(seed)
+    shard = rng.choice(counts.shape[0], size=num_samples, p=weights / weights.sum())
+    first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    return first[shard] + (rng.random(num_samples) * counts[shard]).astype(np.int64)

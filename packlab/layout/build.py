@@ -1,0 +1,269 @@
+"""Writing an output layout (seed 001): spools -> splits -> packed shards -> links -> blend.json.
+
+::
+
+    OUT/
+      blend.json                               written last: the layout's commit point
+      splits/train/shard_000000.parquet  ->  ../../runs/<run_hash>/datasets/<name>/<hash>/shard_000000.parquet
+      splits/valid/...                         (relative links: OUT can be moved or copied)
+      runs/<run_hash>/datasets/<name>/<hash>/  one split of one spool, packed
+          shard_000000.parquet
+          shard_000000.parquet.receipt.json
+          config.json                          what <hash> stands for
+
+``<hash>`` hashes one spool's content (manifest checksums), the packing configuration, the split
+rule and the split's name; ``<run_hash>`` hashes every input, name and weight with the
+configuration. Sequences are split before packing (:mod:`packlab.layout.splits`), then each
+split of each spool is packed on its own. With several spools, link names are prefixed by the
+dataset name (``chat__shard_000000.parquet``) so they stay unique within a split.
+
+A rerun with the same inputs lands in the same directories and keeps every shard whose receipt
+still vouches for it; only missing or damaged shards are written (counted as ``reused`` and
+``written``). ``splits/`` is rebuilt in a temporary folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab import __version__
+from packlab.errors import PacklabError
+from packlab.files import publish, temporary_sibling
+from packlab.formats import get_format
+from packlab.layout.blend import (
+    BLEND_FILE,
+    BLEND_VERSION,
+    LINK_SEPARATOR,
+    RUNS_DIR,
+    SPLITS_DIR,
+)
+from packlab.layout.hashes import short_hash, spool_identity
+from packlab.layout.splits import parse_fractions, parse_weights, split_sequences
+from packlab.packing import DEFAULT_ALGORITHM, BinAssignment, pack
+from packlab.pipeline import RECEIPT_SUFFIX, ShardPlan, finish_resume, plan_resume
+from packlab.spool import SpoolReader
+
+CONFIG_FILE = "config.json"
+SPLIT_RULE = "seeded 64-bit content hash of tokens, mask and positions"
+_UNSAFE = re.compile(r"[^A-Za-z0-9_-]+")
+
+
+def dataset_names(spools: Sequence[str | os.PathLike[str]],
+                  names: str | Sequence[str] | None = None) -> list[str]:
+    """One name per spool: given (``--names a,b``) or the spool folder's name, made safe."""
+    if names is None:
+        picked = [re.sub("_{2,}", "_", _UNSAFE.sub("_", Path(s).resolve().name)).strip("_")
+                  or "dataset" for s in spools]
+    else:
+        picked = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        if len(picked) != len(spools):
+            raise PacklabError(f"{len(picked)} names for {len(spools)} spools: give one per spool")
+        for n in picked:
+            if not n or _UNSAFE.search(n) or LINK_SEPARATOR in n:
+                raise PacklabError(f"dataset name {n!r}: use letters, digits, '_' or '-' "
+                                   f"(no {LINK_SEPARATOR!r})")
+    if len(set(picked)) != len(picked):
+        raise PacklabError(f"dataset names {picked} are not unique: give --names")
+    return picked
+
+
+def build_layout(
+    spools: Sequence[str | os.PathLike[str]],
+    out: str | os.PathLike[str],
+    *,
+    format: str,
+    pack_size: int,
+    splits: str | Mapping[str, float] | None = None,
+    weights: str | Sequence[float] | None = None,
+    names: str | Sequence[str] | None = None,
+    algorithm: str = DEFAULT_ALGORITHM,
+    seed: int = 0,
+    overlong: str = "truncate",
+    bins_per_shard: int = 8192,
+    workers: int = 2,
+    reuse: bool = True,
+    verify: str = "receipt",
+    format_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Pack ``spools`` into the output layout at ``out``; returns what was done (the blend's
+    counts plus ``reused`` and ``written`` shard counts)."""
+    if not spools:
+        raise PacklabError("no spool to pack")
+    get_format(format)
+    readers = [SpoolReader(s) for s in spools]
+    labels = dataset_names(spools, names)
+    fractions = parse_fractions(splits)
+    blend_weights = parse_weights(weights, len(readers))
+    packing = {"format": format, "pack_size": int(pack_size), "algorithm": algorithm,
+               "seed": int(seed), "overlong": overlong, "bins_per_shard": int(bins_per_shard),
+               "format_options": dict(format_options or {})}
+    rule = {"by": "sequence", "key": SPLIT_RULE, "seed": int(seed), "fractions": fractions}
+    identities = [spool_identity(r) for r in readers]
+    run_hash = short_hash({
+        "inputs": [{"name": n, "spool": i, "weight": None if blend_weights is None else w}
+                   for n, i, w in zip(labels, identities, blend_weights or labels, strict=True)],
+        "packing": packing, "split_rule": rule})
+    root = Path(out).absolute()
+    run_dir = root / RUNS_DIR / run_hash
+    parts: list[dict[str, Any]] = []
+    plans: list[ShardPlan] = []
+    for reader, label, identity in zip(readers, labels, identities, strict=True):
+        for split, indices in split_sequences(reader, fractions, seed).items():
+            config = {"dataset": label, "split": split, "spool": identity, "packing": packing,
+                      "split_rule": rule}
+            config_hash = short_hash({k: v for k, v in config.items() if k != "dataset"})
+            part = {"name": label, "split": split, "config_hash": config_hash,
+                    "dir": run_dir / "datasets" / label / config_hash,
+                    "num_sequences": int(indices.shape[0]), "plan": None}
+            parts.append(part)
+            if indices.shape[0] == 0:
+                continue
+            assignment, report = _pack_part(reader, indices, packing, f"{label}/{split}")
+            part["plan"] = report.to_dict()
+            _write_config(part["dir"], {**config, "config_hash": config_hash})
+            plans.append(plan_resume(reader, assignment, part["dir"], format=format,
+                                     bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
+                                     **packing["format_options"]))
+    receipts = iter(finish_resume(plans, workers, desc=f"write {format}"))
+    for part in parts:
+        part["receipts"] = next(receipts) if part["plan"] is not None else []
+    splits_entry = _splits_entry(root, fractions, parts, labels, blend_weights)
+    _publish_links(root, splits_entry)
+    blend = {
+        "version": BLEND_VERSION,
+        "packlab_version": __version__,
+        "run_hash": run_hash,
+        "run_dir": f"{RUNS_DIR}/{run_hash}",
+        "format": format,
+        "packing": packing,
+        "split_rule": rule,
+        "inputs": [
+            {"name": label, "spool": str(Path(s).resolve()), "weight":
+             None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
+             "config_hashes": {p["split"]: p["config_hash"] for p in parts if p["name"] == label}}
+            for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))
+        ],
+        "splits": splits_entry,
+    }
+    _write_json(root / BLEND_FILE, blend)
+    return _summary(root, blend, parts)
+
+
+def _pack_part(reader: SpoolReader, indices: np.ndarray, packing: dict[str, Any], where: str
+               ) -> tuple[BinAssignment, Any]:
+    """Pack one split of one spool; sequence numbers mapped back to the spool's."""
+    try:
+        local, report = pack(reader.lengths[indices], packing["pack_size"],
+                             algorithm=packing["algorithm"], seed=packing["seed"],
+                             overlong=packing["overlong"])
+    except PacklabError as exc:
+        raise PacklabError(f"{where}: {exc}") from None
+    return BinAssignment(local.bin_offsets, indices[local.seq_indices], local.pack_size,
+                         local.overlong), report
+
+
+def _splits_entry(root: Path, fractions: Mapping[str, float], parts: list[dict[str, Any]],
+                  labels: list[str], blend_weights: list[float] | None) -> dict[str, Any]:
+    """Per split: links, shards (relative to OUT), per-shard bins and weights, datasets."""
+    prefix = len(labels) > 1
+    out: dict[str, Any] = {}
+    for split in fractions:
+        mine = [p for p in parts if p["split"] == split and p["receipts"]]
+        bins = {p["name"]: sum(r["num_bins"] for r in p["receipts"]) for p in mine}
+        if blend_weights is None:
+            raw = {name: float(n) for name, n in bins.items()}
+        else:
+            raw = {p["name"]: blend_weights[labels.index(p["name"])] for p in mine}
+        total = sum(raw.values()) or 1.0
+        rows = []
+        for p in mine:
+            for r in p["receipts"]:
+                link = f"{p['name']}{LINK_SEPARATOR}{r['shard']}" if prefix else r["shard"]
+                share = raw[p["name"]] / total * r["num_bins"] / max(bins[p["name"]], 1)
+                rows.append((link, (p["dir"] / r["shard"]).relative_to(root).as_posix(),
+                             int(r["num_bins"]), share))
+        rows.sort()
+        every = [p for p in parts if p["split"] == split]
+        out[split] = {
+            "links": [r[0] for r in rows],
+            "shards": [r[1] for r in rows],
+            "shard_bins": [r[2] for r in rows],
+            "weights": [r[3] for r in rows],
+            "num_shards": len(rows),
+            "num_bins": sum(r[2] for r in rows),
+            "num_tokens": sum(int(x["num_tokens"]) for p in mine for x in p["receipts"]),
+            "num_sequences": sum(p["num_sequences"] for p in every),
+            "datasets": [
+                {"name": p["name"], "weight": raw.get(p["name"], 0.0) / total,
+                 "config_hash": p["config_hash"], "dir": p["dir"].relative_to(root).as_posix(),
+                 "num_sequences": p["num_sequences"], "num_bins": bins.get(p["name"], 0),
+                 "packing": p["plan"]}
+                for p in every
+            ],
+        }
+    return out
+
+
+def _publish_links(root: Path, splits: dict[str, Any]) -> None:
+    """Build ``splits/`` (relative links to each shard and its receipt) aside, rename it in."""
+    final = root / SPLITS_DIR
+    tmp = temporary_sibling(final)
+    tmp.mkdir(parents=True)
+    for split, entry in splits.items():
+        folder = tmp / split
+        folder.mkdir()
+        for link, shard in zip(entry["links"], entry["shards"], strict=True):
+            target = os.path.relpath(root / shard, final / split)
+            os.symlink(target, folder / link)
+            if (root / f"{shard}{RECEIPT_SUFFIX}").is_file():
+                os.symlink(f"{target}{RECEIPT_SUFFIX}", folder / f"{link}{RECEIPT_SUFFIX}")
+    publish(tmp, final, overwrite=True)
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = temporary_sibling(path)
+    tmp.write_text(json.dumps(obj, indent=2, default=_plain) + "\n")
+    publish(tmp, path, overwrite=True)
+
+
+def _write_config(folder: Path, config: dict[str, Any]) -> None:
+    """``config.json`` of a shard folder, written once (kept byte for byte on reruns)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CONFIG_FILE
+    text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+    if not path.is_file() or path.read_text() != text:
+        _write_json(path, config)
+
+
+def _plain(value: Any) -> Any:
+    return value.item() if hasattr(value, "item") else str(value)
+
+
+def _summary(root: Path, blend: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:
+    receipts = [r for p in parts for r in p["receipts"]]
+    others = sorted(p.name for p in (root / RUNS_DIR).iterdir()
+                    if p.is_dir() and p.name != blend["run_hash"])
+    return {
+        "out": str(root),
+        "run_hash": blend["run_hash"],
+        "format": blend["format"],
+        "num_shards": len(receipts),
+        "reused": sum(1 for r in receipts if r["reused"]),
+        "written": sum(1 for r in receipts if not r["reused"]),
+        "splits": {s: {k: e[k] for k in ("num_shards", "num_bins", "num_tokens",
+                                          "num_sequences")}
+                   for s, e in blend["splits"].items()},
+        "parts": [{"name": p["name"], "split": p["split"], "config_hash": p["config_hash"],
+                   "num_sequences": p["num_sequences"],
+                   "reused": sum(1 for r in p["receipts"] if r["reused"]),
+                   "written": sum(1 for r in p["receipts"] if not r["reused"]),
+                   "plan": p["plan"]} for p in parts],
+        "other_runs": others,
+    }

@@ -1,0 +1,43 @@
+"""Deterministic names for runs and shard configurations (the ``{run_hash}`` and ``{hash}`` of
+seed 001's ``runs/{run_hash}/datasets/{name}/{hash}/``).
+
+A hash is the SHA-256 of canonical JSON (sorted keys, no spaces), cut to 16 hex digits. Inputs
+enter by what they *are*, never by where they are: a spool by the checksums its manifest lists,
+not by its path, so moving a spool or the output keeps every hash (and every shard) valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from packlab.spool import SpoolReader
+
+HASH_DIGITS = 16
+
+
+def canonical(obj: Any) -> bytes:
+    """The one JSON spelling of ``obj`` that is hashed (sorted keys, compact)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def short_hash(obj: Any) -> str:
+    return hashlib.sha256(canonical(obj)).hexdigest()[:HASH_DIGITS]
+
+
+def spool_identity(spool: SpoolReader) -> dict[str, Any]:
+    """What a spool is, for hashing: counts, dtypes, vocabulary and its files' checksums.
+
+    The checksums are the manifest's (written by the spool writer as it streamed the bytes);
+    they are not recomputed here: ``SpoolReader.verify`` proves a spool matches its manifest.
+    """
+    m = spool.manifest
+    return {
+        "version": m.get("version"),
+        "num_sequences": int(m["num_sequences"]),
+        "num_tokens": int(m["num_tokens"]),
+        "vocab_size": m.get("vocab_size"),
+        "dtypes": m.get("dtypes", {}),
+        "files": {name: entry.get("sha256") for name, entry in sorted(m.get("files", {}).items())},
+    }
