@@ -1,0 +1,64 @@
+"""Running SQL for people and scripts: DuckDB's errors as one line, results as rows.
+
+A query that names a missing view or column, or does not parse, raises a
+:class:`~packlab.errors.PacklabError` carrying DuckDB's own message on one line (the CLI prints
+it and exits 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from packlab.errors import PacklabError
+
+MAX_MESSAGE = 500
+
+
+def one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
+
+
+@dataclass
+class Result:
+    """Column names and a cursor to fetch from (in batches, so a CSV export streams)."""
+
+    columns: list[str]
+    cursor: Any
+
+    def batches(self, size: int = 10_000) -> Iterator[list[tuple[Any, ...]]]:
+        import duckdb
+
+        while True:
+            try:
+                rows = self.cursor.fetchmany(size)
+            except duckdb.Error as exc:
+                raise PacklabError(one_line(exc)) from None
+            if not rows:
+                return
+            yield rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return [row for batch in self.batches() for row in batch]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.fetchall()]
+
+
+def execute(con: Any, sql: str, params: Any = None) -> Result:
+    """Run ``sql`` on ``con``; DuckDB's error (missing view, column, syntax, I/O) as one line."""
+    import duckdb
+
+    try:
+        cursor = con.execute(sql, params) if params is not None else con.execute(sql)
+    except duckdb.Error as exc:
+        raise PacklabError(one_line(exc)) from None
+    description = cursor.description or []
+    return Result([d[0] for d in description], cursor)
+
+
+def query(con: Any, sql: str, params: Any = None) -> list[dict[str, Any]]:
+    """All rows of ``sql`` as dicts (for small answers: cards, histograms, checks)."""
+    return execute(con, sql, params).records()
