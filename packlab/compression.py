@@ -1,0 +1,497 @@
+"""How small can packed bins be and still read fast: Parquet layouts measured side by side.
+
+A :class:`Layout` is one way of writing the same bins as Parquet: codec and level, the token
+column's Arrow type (int32 or uint16) and encoding (dictionary, plain, BYTE_STREAM_SPLIT,
+DELTA_BINARY_PACKED), and the encodings of the loss mask and sequence starts. The RFC's layout,
+what Nemotron writes today and packlab's ``parquet`` writer default, is :data:`RFC_LAYOUT`:
+zstd at pyarrow's default level (1), dictionary encoding everywhere, int32 tokens.
+
+:func:`sweep` writes each layout from in-memory bins (:class:`BinColumns`, the CSR
+arrays the Parquet reader decodes into), times the write and a full decode of every row group
+to numpy (what packlab's reader does on a cache miss, page checksums verified), and reads the
+column sizes from the footer. The files carry packlab's footer metadata, so
+``packlab.formats.open_shard`` reads them as ordinary ``parquet`` shards: a layout that wins
+here is one the format can adopt without a reader change.
+
+Two pyarrow traps this module steps around (both fail silently): ``column_encoding`` and
+``use_dictionary`` name the *leaf* path of a list column (``input_ids.list.element``); the
+top-level name is ignored without a word. And Parquet has no 16-bit physical type: a uint16
+column is stored as INT32 with a logical annotation, so uint16 alone saves nothing on disk.
+
+The order-0 entropy of the tokens (:func:`token_entropy_bits`) is the reference line: the
+size a coder that sees each token alone, with a perfect model, cannot beat.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from packlab import __version__
+from packlab.bins import PackedBin
+from packlab.errors import PacklabError
+from packlab.files import publish, remove, temporary_sibling
+from packlab.formats.arrow_lists import (
+    COLUMNS,
+    METADATA_KEY,
+    BinColumns,
+    decode,
+    dump_metadata,
+    from_numpy,
+)
+from packlab.measure.size import order0_entropy_bits
+from packlab.packing import BinAssignment, pack
+from packlab.spool import SpoolReader
+
+TOKEN_TYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2")}
+TOKEN_ENCODINGS = {"dictionary": None, "plain": "PLAIN", "byte_stream_split": "BYTE_STREAM_SPLIT",
+                   "delta": "DELTA_BINARY_PACKED"}
+START_ENCODINGS = {"dictionary": None, "plain": "PLAIN", "delta": "DELTA_BINARY_PACKED"}
+MASK_ENCODINGS = {"dictionary": None, "plain": "PLAIN"}
+CODECS = ("none", "snappy", "lz4", "gzip", "zstd", "brotli")
+# The codec sweep the issue asks for: (codec, level); None is pyarrow's default level.
+CODEC_LEVELS: tuple[tuple[str, int | None], ...] = (
+    ("none", None), ("snappy", None), ("lz4", None), ("gzip", None),
+    ("zstd", 1), ("zstd", 3), ("zstd", 9), ("zstd", 19),
+)
+# Raw unpadded bytes: int32 token + uint8 mask per token, int32 per sequence start.
+RAW_BYTES_PER_TOKEN = 5
+RAW_BYTES_PER_SEQ = 4
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way of writing bins as Parquet (same schema names, same bins, same reader)."""
+
+    codec: str = "zstd"
+    level: int | None = None
+    token_type: str = "int32"
+    tokens: str = "dictionary"
+    mask: str = "dictionary"
+    starts: str = "dictionary"
+    row_group_size: int = 1000
+
+    def __post_init__(self) -> None:
+        for value, allowed, what in (
+            (self.codec, CODECS, "codec"), (self.token_type, TOKEN_TYPES, "token_type"),
+            (self.tokens, TOKEN_ENCODINGS, "tokens encoding"),
+            (self.mask, MASK_ENCODINGS, "mask encoding"),
+            (self.starts, START_ENCODINGS, "starts encoding"),
+        ):
+            if value not in allowed:
+                raise PacklabError(f"unknown {what} {value!r}; choose from {', '.join(allowed)}")
+        if isinstance(self.row_group_size, bool) or int(self.row_group_size) < 1:
+            raise PacklabError(f"row_group_size must be positive, got {self.row_group_size!r}")
+
+    @property
+    def name(self) -> str:
+        """Short label: ``zstd-19 bss uint16``; defaults (dictionary, int32) are left out."""
+        parts = [self.codec if self.level is None else f"{self.codec}-{self.level}"]
+        short = {"dictionary": "dict", "plain": "plain", "byte_stream_split": "bss",
+                 "delta": "delta"}
+        if self.tokens != "dictionary":
+            parts.append(short[self.tokens])
+        if self.token_type != "int32":
+            parts.append(self.token_type)
+        if self.mask != "dictionary":
+            parts.append(f"mask-{short[self.mask]}")
+        if self.starts != "dictionary":
+            parts.append(f"starts-{short[self.starts]}")
+        return " ".join(parts)
+
+    def schema(self) -> pa.Schema:
+        return pa.schema([
+            ("input_ids", pa.list_(pa.from_numpy_dtype(TOKEN_TYPES[self.token_type]))),
+            ("loss_mask", pa.list_(pa.uint8())),
+            ("seq_start_id", pa.list_(pa.int32())),
+        ])
+
+    def writer_options(self) -> dict[str, Any]:
+        """``pq.ParquetWriter`` keywords: leaf paths, dictionary only where no encoding is set."""
+        choices = {"input_ids": TOKEN_ENCODINGS[self.tokens], "loss_mask": MASK_ENCODINGS[self.mask],
+                   "seq_start_id": START_ENCODINGS[self.starts]}
+        leaf = {name: f"{name}.list.element" for name in COLUMNS}
+        dictionary = [leaf[n] for n, enc in choices.items() if enc is None]
+        encodings = {leaf[n]: enc for n, enc in choices.items() if enc is not None}
+        return {"compression": self.codec, "compression_level": self.level,
+                "use_dictionary": dictionary, "column_encoding": encodings or None,
+                "write_page_checksum": True}
+
+
+RFC_LAYOUT = Layout()
+
+
+def codec_layouts(base: Layout = RFC_LAYOUT) -> list[Layout]:
+    """The codec/level sweep over ``base``'s encodings (the RFC's: dictionary, int32)."""
+    return [replace(base, codec=codec, level=level) for codec, level in CODEC_LEVELS]
+
+
+def encoding_layouts(*, codec: str = "zstd", level: int | None = None,
+                     uint16: bool = True) -> list[Layout]:
+    """Token encodings x token types at one codec, plus delta-coded starts and a plain mask."""
+    out = []
+    for token_type in ("int32", "uint16") if uint16 else ("int32",):
+        for tokens in TOKEN_ENCODINGS:
+            out.append(Layout(codec=codec, level=level, token_type=token_type, tokens=tokens))
+    out.append(Layout(codec=codec, level=level, tokens="byte_stream_split", starts="delta"))
+    out.append(Layout(codec=codec, level=level, mask="plain"))
+    return out
+
+
+# -- bins in memory -------------------------------------------------------------------------
+def collect_columns(bins: Iterable[PackedBin]) -> BinColumns:
+    """Bins (views are fine: each is copied) -> one :class:`BinColumns` of CSR arrays."""
+    ids: list[np.ndarray] = []
+    masks: list[np.ndarray] = []
+    starts: list[np.ndarray] = []
+    for packed in bins:
+        ids.append(np.array(packed.input_ids, dtype=np.int32))
+        masks.append(np.array(packed.loss_mask, dtype=np.uint8))
+        starts.append(np.array(packed.seq_start_id, dtype=np.int32))
+    if not ids:
+        raise PacklabError("no bins to collect")
+    token_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([a.shape[0] for a in ids], out=token_offsets[1:])
+    seq_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([a.shape[0] for a in starts], out=seq_offsets[1:])
+    return BinColumns(np.concatenate(ids), np.concatenate(masks), np.concatenate(starts),
+                      token_offsets, seq_offsets)
+
+
+def columns_equal(a: BinColumns, b: BinColumns) -> bool:
+    """Same bins (values compared as integers, whatever the storage dtype)."""
+    return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def raw_bytes(columns: BinColumns) -> int:
+    """What the bins hold with nothing added: 5 B per token, 4 B per sequence start."""
+    return (RAW_BYTES_PER_TOKEN * int(columns.input_ids.shape[0])
+            + RAW_BYTES_PER_SEQ * int(columns.seq_start_id.shape[0]))
+
+
+def token_entropy_bits(tokens: np.ndarray) -> float:
+    """Order-0 (empirical) entropy of token ids, bits per token."""
+    tokens = np.asarray(tokens)
+    if tokens.size and int(tokens.min()) < 0:
+        raise PacklabError("token ids must be non-negative")
+    return order0_entropy_bits(np.bincount(tokens.astype(np.int64, copy=False)))
+
+
+# -- one layout on disk ---------------------------------------------------------------------
+def write_layout(columns: BinColumns, path: str | os.PathLike[str], layout: Layout, *,
+                 pack_size: int) -> dict[str, Any]:
+    """Write ``columns`` as one Parquet shard in ``layout`` (temporary name, atomic publish).
+
+    Returns ``bytes``, per-column ``column_bytes`` (compressed, from the footer), ``seconds``
+    (wall) and ``cpu_seconds`` (this process) of encode + compress + write; no fsync, so it is
+    the codec's cost, not the disk's.
+    """
+    path = Path(path)
+    tokens = columns.input_ids
+    if layout.token_type == "uint16" and tokens.size and int(tokens.max()) > 0xFFFF:
+        raise PacklabError(f"{path}: token id {int(tokens.max())} does not fit uint16 "
+                           f"(layout {layout.name!r}); use int32")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    schema = layout.schema()
+    wall, cpu = time.perf_counter(), time.process_time()
+    try:
+        with pq.ParquetWriter(str(tmp), schema, **layout.writer_options()) as writer:
+            for lo in range(0, columns.rows, layout.row_group_size):
+                hi = min(lo + layout.row_group_size, columns.rows)
+                writer.write_batch(_batch(columns, lo, hi, layout, schema), row_group_size=hi - lo)
+            writer.add_key_value_metadata({METADATA_KEY: dump_metadata(
+                _footer(columns, layout, pack_size))})
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        publish(tmp, path, overwrite=True)
+    except BaseException:
+        remove(tmp)
+        raise
+    return {"bytes": path.stat().st_size, "column_bytes": column_bytes(path), "seconds": wall,
+            "cpu_seconds": cpu}
+
+
+def column_bytes(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Compressed bytes of each column over all row groups, from the footer."""
+    meta = pq.read_metadata(str(path))
+    out = {name: 0 for name in COLUMNS}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            name = chunk.path_in_schema.split(".")[0]
+            out[name] = out.get(name, 0) + chunk.total_compressed_size
+    return out
+
+
+def _batch(columns: BinColumns, lo: int, hi: int, layout: Layout, schema: pa.Schema
+           ) -> pa.RecordBatch:
+    """Bins ``lo:hi`` as a record batch over numpy buffers (offsets rebased to 0)."""
+    t, s = columns.token_offsets, columns.seq_offsets
+    tok = from_numpy((t[lo : hi + 1] - t[lo]).astype(np.int32))
+    seq = from_numpy((s[lo : hi + 1] - s[lo]).astype(np.int32))
+    ids = columns.input_ids[t[lo] : t[hi]].astype(TOKEN_TYPES[layout.token_type], copy=False)
+    arrays = [
+        pa.ListArray.from_arrays(tok, from_numpy(ids)),
+        pa.ListArray.from_arrays(tok, from_numpy(columns.loss_mask[t[lo] : t[hi]])),
+        pa.ListArray.from_arrays(seq, from_numpy(columns.seq_start_id[s[lo] : s[hi]])),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _footer(columns: BinColumns, layout: Layout, pack_size: int) -> dict[str, Any]:
+    """packlab's Parquet footer metadata, so the ``parquet`` format reads the file as its own."""
+    return {"format": "parquet", "version": "packlab_parquet_v1", "packlab_version": __version__,
+            "pack_size": int(pack_size), "num_bins": columns.rows,
+            "num_tokens": int(columns.input_ids.shape[0]),
+            "num_seqs": int(columns.seq_start_id.shape[0]),
+            "row_group_size": layout.row_group_size, "compression": layout.codec,
+            "compression_level": layout.level, "metadata": {"layout": asdict(layout)}}
+
+
+def read_columns(path: str | os.PathLike[str]) -> BinColumns:
+    """Every bin of a Parquet shard, decoded through its buffers (page checksums verified)."""
+    parts = list(_decoded_groups(Path(path)))
+    ids = np.concatenate([p.input_ids for p in parts])
+    mask = np.concatenate([p.loss_mask for p in parts])
+    starts = np.concatenate([p.seq_start_id for p in parts])
+    return BinColumns(ids, mask, starts, _join_offsets([p.token_offsets for p in parts]),
+                      _join_offsets([p.seq_offsets for p in parts]))
+
+
+def scan(path: str | os.PathLike[str]) -> dict[str, float]:
+    """Decode every row group to numpy (one thread, checksums on): wall and CPU seconds."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    tokens = sum(int(p.input_ids.shape[0]) for p in _decoded_groups(Path(path)))
+    return {"seconds": time.perf_counter() - wall, "cpu_seconds": time.process_time() - cpu,
+            "tokens": tokens}
+
+
+def _decoded_groups(path: Path) -> Iterable[BinColumns]:
+    pf = pq.ParquetFile(str(path), memory_map=True, page_checksum_verification=True)
+    first = 0
+    for g in range(pf.metadata.num_row_groups):
+        table = pf.read_row_group(g, use_threads=False)
+        yield decode(table, source=str(path), first_bin=first)
+        first += table.num_rows
+
+
+def _join_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
+    out = [np.zeros(1, dtype=np.int64)]
+    base = 0
+    for offsets in parts:
+        out.append(offsets[1:] + base)
+        base += int(offsets[-1])
+    return np.concatenate(out)
+
+
+def sweep(columns: BinColumns, out_dir: str | os.PathLike[str], layouts: Sequence[Layout], *,
+          pack_size: int, repeats: int = 3) -> list[dict[str, Any]]:
+    """Size, write and read speed of each layout, one file per layout under ``out_dir``.
+
+    Runs ``repeats`` rounds, each writing and reading every layout once (interleaved, so a
+    burst of load on the shared machine hits all layouts alike); times are medians. Rates use
+    CPU seconds of this process (preemption by other jobs does not count), wall beside them.
+    """
+    if repeats < 1:
+        raise PacklabError(f"repeats must be at least 1, got {repeats}")
+    out = Path(out_dir)
+    paths = [out / f"layout_{i:02d}.parquet" for i in range(len(layouts))]
+    runs: list[list[tuple[dict[str, Any], dict[str, float]]]] = [[] for _ in layouts]
+    for _ in range(repeats):
+        for i, layout in enumerate(layouts):
+            written = write_layout(columns, paths[i], layout, pack_size=pack_size)
+            runs[i].append((written, scan(paths[i])))
+    return [_summary(columns, layout, path, timed)
+            for layout, path, timed in zip(layouts, paths, runs, strict=True)]
+
+
+def _summary(columns: BinColumns, layout: Layout, path: Path,
+             timed: list[tuple[dict[str, Any], dict[str, float]]]) -> dict[str, Any]:
+    tokens = int(columns.input_ids.shape[0])
+    written = timed[-1][0]
+    size = written["bytes"]
+
+    def median(side: int, key: str) -> float:
+        return float(np.median([run[side][key] for run in timed]))
+
+    write_cpu, read_cpu = median(0, "cpu_seconds"), median(1, "cpu_seconds")
+    return {
+        "layout": layout.name, **asdict(layout), "path": str(path), "bytes": size,
+        "bytes_per_token": size / tokens, "bits_per_token": 8 * size / tokens,
+        "token_bits_per_token": 8 * written["column_bytes"]["input_ids"] / tokens,
+        "column_bytes": written["column_bytes"], "ratio_to_raw": raw_bytes(columns) / size,
+        "write_cpu_seconds": write_cpu, "read_cpu_seconds": read_cpu,
+        "write_seconds": median(0, "seconds"), "read_seconds": median(1, "seconds"),
+        "write_tokens_per_s": tokens / max(write_cpu, 1e-9),
+        "read_tokens_per_s": tokens / max(read_cpu, 1e-9),
+    }
+
+
+# -- every format --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Variant:
+    """A registered format with writer options (``binidx`` with ``dtype="int32"``, ...)."""
+
+    label: str
+    format: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+def default_variants(vocab_size: int | None = None) -> list[Variant]:
+    """Every registered format at its defaults; ``binidx`` as int32 too when its default
+    (``auto``) picks uint16 for this vocabulary; ``arrow_ipc`` with zstd buffers too."""
+    from packlab.formats import format_names
+
+    out = [Variant(name, name) for name in format_names()]
+    if "binidx" in format_names() and vocab_size is not None and vocab_size <= 1 << 16:
+        out.append(Variant("binidx int32", "binidx", (("dtype", "int32"),)))
+    if "arrow_ipc" in format_names():
+        out.append(Variant("arrow_ipc zstd", "arrow_ipc", (("compression", "zstd"),)))
+    return out
+
+
+def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | os.PathLike[str],
+                 variants: Sequence[Variant], *, bins_per_shard: int | None = None
+                 ) -> list[dict[str, Any]]:
+    """Write the same bins in each variant (``packlab pack``'s pipeline); all bytes on disk.
+
+    ``padding_fraction`` is the share of the bins' capacity (``num_bins * pack_size``) left
+    empty: what a padded format stores for nothing. ``packed_index`` stores no token (its
+    bytes are the index; it needs the spool beside it).
+    """
+    from packlab.pipeline import write_shards
+
+    tokens = int(assignment.bin_lengths(spool.lengths).sum())
+    seqs = int(assignment.seq_indices.shape[0])
+    capacity = assignment.num_bins * assignment.pack_size
+    raw = RAW_BYTES_PER_TOKEN * tokens + RAW_BYTES_PER_SEQ * seqs
+    per_shard = bins_per_shard or assignment.num_bins
+    rows = []
+    for i, variant in enumerate(variants):
+        receipts = write_shards(spool, assignment, Path(out_dir) / f"v{i:02d}_{variant.format}",
+                                format=variant.format, bins_per_shard=per_shard, workers=1,
+                                overwrite=True, **dict(variant.options))
+        size = sum(int(r["bytes"]) for r in receipts)
+        rows.append({"label": variant.label, "format": variant.format,
+                     "options": dict(variant.options), "bytes": size,
+                     "bytes_per_token": size / tokens, "ratio_to_raw": size / raw,
+                     "num_tokens": tokens, "num_bins": assignment.num_bins,
+                     "padding_fraction": 1 - tokens / capacity, "stores_tokens":
+                     variant.format != "packed_index"})
+    return rows
+
+
+def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
+                  packings: Sequence[tuple[str, int]], *, seed: int = 0) -> list[dict[str, Any]]:
+    """``memmap_v1`` bytes per token against pack efficiency, one packing per (algorithm,
+    pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
+    capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
+    (the CSR of starts), over the tokens; headers and manifest excluded."""
+    from packlab.pipeline import write_shards
+
+    rows = []
+    for algorithm, pack_size in packings:
+        part, report = pack(spool.lengths, pack_size, algorithm=algorithm, seed=seed)
+        shard_dir = Path(out_dir) / f"memmap_{algorithm}_{pack_size}"
+        receipts = write_shards(spool, part, shard_dir, format="memmap_v1",
+                                bins_per_shard=part.num_bins, workers=1, overwrite=True)
+        size = sum(int(r["bytes"]) for r in receipts)
+        tokens = int(report.num_tokens)
+        bins, seqs = part.num_bins, int(part.seq_indices.shape[0])
+        predicted = 5 * bins * pack_size + 4 * bins + 4 * (bins + 1) + 4 * seqs
+        rows.append({"algorithm": algorithm, "pack_size": pack_size, "num_bins": bins,
+                     "efficiency": tokens / (bins * pack_size), "bytes": size,
+                     "bytes_per_token": size / tokens,
+                     "predicted_bytes_per_token": predicted / tokens})
+    return rows
+
+
+# -- judging ---------------------------------------------------------------------------------
+def speed_word(rate: float, fastest: float) -> str:
+    """The RFC's speed words from a rate relative to the fastest in the same run:
+    ``fastest`` within 10% of the top, ``fast`` >= 2/3 of it, ``medium`` >= 1/3, else ``slow``."""
+    rel = rate / fastest
+    if rel >= 0.9:
+        return "fastest"
+    return "fast" if rel >= 2 / 3 else "medium" if rel >= 1 / 3 else "slow"
+
+
+def words_agree(claimed: str, measured: str) -> bool:
+    """``fast`` is also met by ``fastest``; otherwise the words must match."""
+    return claimed == measured or (claimed == "fast" and measured == "fastest")
+
+
+def ratio_verdict(measured: float, low: float, high: float | None = None, *,
+                  tolerance: float = 0.2) -> str:
+    """A claimed ratio (``~low``, or the range ``low..high``) against a measured one.
+
+    ``~x`` holds within ``tolerance`` (relative) either way; a range holds inside it.
+    """
+    lo, hi = (low * (1 - tolerance), low * (1 + tolerance)) if high is None else (low, high)
+    if lo <= measured <= hi:
+        return "holds"
+    word = "overstated" if measured < lo else "understated"
+    return f"{word} (measured {measured:.2g}x)"
+
+
+# The RFC's codec table (seed 001, "Compression"): ratio to uncompressed, write, read speed.
+RFC_CODEC_TABLE = {
+    "zstd": (2.5, "medium", "fast"),
+    "snappy": (1.5, "fast", "fast"),
+    "gzip": (3.0, "slow", "medium"),
+    "none": (1.0, "fastest", "fastest"),
+}
+
+
+def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The RFC's codec table with a measured column, from a :func:`sweep` over
+    :func:`codec_layouts` (codecs at their default level, zstd at level 1 = pyarrow's default).
+
+    Ratio: Parquet with codec ``none`` (same encodings) over the codec's size, as the table's
+    ``none = 1x`` implies; also against the raw unpadded bins. Speeds as :func:`speed_word`.
+    """
+    by_codec = {r["codec"]: r for r in rows if r["level"] in (None, 1)}
+    if "none" not in by_codec:
+        raise PacklabError("the codec table needs the 'none' layout in the sweep")
+    plain = by_codec["none"]["bytes"]
+    fastest_write = max(r["write_tokens_per_s"] for r in rows)
+    fastest_read = max(r["read_tokens_per_s"] for r in rows)
+    table = []
+    for codec, (ratio, write, read) in RFC_CODEC_TABLE.items():
+        row = by_codec.get(codec)
+        if row is None:
+            continue
+        measured = plain / row["bytes"]
+        w = speed_word(row["write_tokens_per_s"], fastest_write)
+        r = speed_word(row["read_tokens_per_s"], fastest_read)
+        ratio_ok = ratio_verdict(measured, ratio, tolerance=0.2)
+        misses = [f"ratio {ratio_ok}"] if ratio_ok != "holds" else []
+        misses += [f"write {w}"] if not words_agree(write, w) else []
+        misses += [f"read {r}"] if not words_agree(read, r) else []
+        table.append({
+            "codec": codec, "claimed_ratio": ratio, "ratio": measured,
+            "ratio_to_raw": row["ratio_to_raw"], "claimed_write": write, "write": w,
+            "claimed_read": read, "read": r,
+            "verdict": "holds" if not misses else "does not hold: " + ", ".join(misses),
+        })
+    return table
+
+
+def smallest_fast(rows: Sequence[dict[str, Any]], reference: dict[str, Any], *,
+                  read_tolerance: float = 0.9) -> dict[str, Any]:
+    """The smallest layout whose decode rate is at least ``read_tolerance`` x the reference's
+    (measured in the same run; the slack absorbs timing noise on a shared machine)."""
+    floor = read_tolerance * reference["read_tokens_per_s"]
+    fast = [r for r in rows if r["read_tokens_per_s"] >= floor] or [reference]
+    best = min(fast, key=lambda r: r["bytes"])
+    return {**best, "saving": 1 - best["bytes"] / reference["bytes"],
+            "read_vs_reference": best["read_tokens_per_s"] / reference["read_tokens_per_s"]}

@@ -1,0 +1,287 @@
+"""packlab.compression: entropy, Parquet layouts (round trips, sizes, traps), verdicts, formats."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from packlab import compression as C
+from packlab.bins import PackedBin, bins_equal
+from packlab.errors import PacklabError
+from packlab.formats import detect_format, open_shard
+from packlab.formats.arrow_lists import BinColumns
+from packlab.materialize import iter_bins
+from packlab.packing import BinAssignment
+from packlab.pipeline import RECEIPT_SUFFIX
+from packlab.spool import SpoolReader
+
+PACK = 1024
+
+
+@pytest.fixture
+def columns(spool: SpoolReader, assignment: BinAssignment) -> BinColumns:
+    return C.collect_columns(iter_bins(spool, assignment))
+
+
+def all_layouts() -> list[C.Layout]:
+    return [
+        *C.codec_layouts(),
+        *C.encoding_layouts(),
+        C.Layout(codec="brotli", tokens="byte_stream_split"),
+        C.Layout(codec="gzip", tokens="delta", starts="plain", mask="plain"),
+        C.Layout(level=9, tokens="byte_stream_split", token_type="uint16", starts="delta",
+                 row_group_size=7),
+    ]
+
+
+# -- entropy ---------------------------------------------------------------------------------
+def test_entropy_of_known_distributions() -> None:
+    assert C.token_entropy_bits(np.array([0, 0, 1, 2])) == pytest.approx(1.5)
+    assert C.token_entropy_bits(np.arange(8).repeat(5)) == pytest.approx(3.0)
+    assert C.token_entropy_bits(np.full(100, 70_000)) == 0.0
+    p = np.array([0.7, 0.2, 0.1])
+    tokens = np.repeat([5, 900, 131_000], (p * 1000).astype(int))
+    assert C.token_entropy_bits(tokens) == pytest.approx(-(p * np.log2(p)).sum())
+    with pytest.raises(PacklabError, match="non-negative"):
+        C.token_entropy_bits(np.array([3, -1]))
+
+
+def test_empirical_entropy_of_uniform_draws_is_near_log2_vocab() -> None:
+    tokens = np.random.default_rng(0).integers(0, 1024, size=400_000)
+    assert C.token_entropy_bits(tokens) == pytest.approx(10.0, abs=0.01)
+
+
+# -- layouts ---------------------------------------------------------------------------------
+def test_layout_rejects_unknown_choices() -> None:
+    for bad in ({"codec": "bzip9"}, {"token_type": "int8"}, {"tokens": "rle"},
+                {"starts": "byte_stream_split"}, {"mask": "delta"}, {"row_group_size": 0}):
+        with pytest.raises(PacklabError):
+            C.Layout(**bad)  # type: ignore[arg-type]
+
+
+def test_layout_names_and_rfc_default() -> None:
+    assert C.RFC_LAYOUT.name == "zstd"
+    assert C.Layout(level=19, tokens="byte_stream_split", token_type="uint16").name == \
+        "zstd-19 bss uint16"
+    assert [x.name for x in C.codec_layouts()] == [
+        "none", "snappy", "lz4", "gzip", "zstd-1", "zstd-3", "zstd-9", "zstd-19"]
+    assert len({x.name for x in all_layouts()}) == len(all_layouts())
+
+
+@pytest.mark.parametrize("layout", all_layouts(), ids=lambda x: x.name)
+def test_every_layout_round_trips_through_the_parquet_format(
+    columns: BinColumns, spool: SpoolReader, assignment: BinAssignment, tmp_path: Path,
+    layout: C.Layout,
+) -> None:
+    path = tmp_path / "shard.parquet"
+    written = C.write_layout(columns, path, layout, pack_size=PACK)
+    assert written["bytes"] == path.stat().st_size
+    assert not list(tmp_path.glob("*.tmp*")), "temporary left behind"
+    assert C.columns_equal(C.read_columns(path), columns)
+    # packlab's own reader takes the file as a parquet shard and returns the same bins.
+    assert detect_format(path) == "parquet"
+    with open_shard(path) as reader:
+        assert reader.num_bins == assignment.num_bins and reader.pack_size == PACK
+        summary = reader.validate()
+        assert summary["num_tokens"] == columns.input_ids.shape[0]
+        for got, want in zip(reader.iter_bins(), iter_bins(spool, assignment), strict=True):
+            assert bins_equal(got, want)
+
+
+def test_encodings_reach_the_file(columns: BinColumns, tmp_path: Path) -> None:
+    """Leaf paths, not column names: pyarrow ignores a top-level name without a word."""
+    cases = {
+        C.Layout(tokens="byte_stream_split", starts="delta"):
+            ("BYTE_STREAM_SPLIT", "DELTA_BINARY_PACKED"),
+        C.Layout(tokens="delta", starts="plain"): ("DELTA_BINARY_PACKED", "PLAIN"),
+        C.Layout(tokens="plain"): ("PLAIN", "RLE_DICTIONARY"),
+        C.RFC_LAYOUT: ("RLE_DICTIONARY", "RLE_DICTIONARY"),
+    }
+    for layout, (tokens, starts) in cases.items():
+        path = tmp_path / f"{layout.name}.parquet"
+        C.write_layout(columns, path, layout, pack_size=PACK)
+        group = pq.read_metadata(path).row_group(0)
+        assert tokens in group.column(0).encodings, layout.name
+        assert starts in group.column(2).encodings, layout.name
+        if layout.tokens != "dictionary":
+            assert not group.column(0).has_dictionary_page
+
+
+def test_uint16_is_int32_on_disk_and_refuses_large_ids(columns: BinColumns,
+                                                      tmp_path: Path) -> None:
+    path = tmp_path / "u16.parquet"
+    C.write_layout(columns, path, C.Layout(token_type="uint16", tokens="plain", codec="none"),
+                   pack_size=PACK)
+    assert pq.read_metadata(path).row_group(0).column(0).physical_type == "INT32"
+    big = columns._replace(input_ids=columns.input_ids + 70_000)
+    with pytest.raises(PacklabError, match=r"big\.parquet.*does not fit uint16"):
+        C.write_layout(big, tmp_path / "big.parquet", C.Layout(token_type="uint16"),
+                       pack_size=PACK)
+    assert not (tmp_path / "big.parquet").exists()
+
+
+def test_collect_columns(spool: SpoolReader, assignment: BinAssignment) -> None:
+    cols = C.collect_columns(iter_bins(spool, assignment))  # views into scratch: copied
+    assert cols.rows == assignment.num_bins
+    for j, want in enumerate(iter_bins(spool, assignment, copy=True)):
+        assert bins_equal(cols.bin(j, copy=False), want)
+    assert C.raw_bytes(cols) == 5 * cols.input_ids.shape[0] + 4 * cols.seq_start_id.shape[0]
+    with pytest.raises(PacklabError, match="no bins"):
+        C.collect_columns([])
+
+
+bins_strategy = st.lists(
+    st.lists(st.integers(1, 60), min_size=1, max_size=5).flatmap(
+        lambda lengths: st.tuples(
+            st.just(lengths),
+            st.lists(st.integers(0, 100_276), min_size=sum(lengths), max_size=sum(lengths)),
+            st.lists(st.integers(0, 1), min_size=sum(lengths), max_size=sum(lengths)),
+        )
+    ),
+    min_size=1, max_size=12,
+)
+
+
+def _bins(drawn: list[tuple[list[int], list[int], list[int]]]) -> list[PackedBin]:
+    out = []
+    for lengths, ids, mask in drawn:
+        starts = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int32)
+        m = np.array(mask, dtype=np.uint8)
+        m[np.cumsum(lengths) - 1] = 0  # the last position of each sequence learns nothing
+        out.append(PackedBin(np.array(ids, dtype=np.int32), m, starts))
+    return out
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(drawn=bins_strategy, pick=st.integers(0, 10_000), group=st.integers(1, 5))
+def test_any_bins_round_trip(tmp_path: Path, drawn: list, pick: int, group: int) -> None:
+    bins = _bins(drawn)
+    cols = C.collect_columns(bins)
+    fits16 = int(cols.input_ids.max()) <= 0xFFFF
+    choices = [x for x in all_layouts() if fits16 or x.token_type == "int32"]
+    layout = C.Layout(**{**choices[pick % len(choices)].__dict__, "row_group_size": group})
+    path = tmp_path / f"any_{pick}_{group}.parquet"
+    C.write_layout(cols, path, layout, pack_size=512)
+    assert C.columns_equal(C.read_columns(path), cols)
+    assert pq.read_metadata(path).num_row_groups == math.ceil(len(bins) / group)
+
+
+# -- the sweep -------------------------------------------------------------------------------
+def test_sweep_sizes_are_consistent(columns: BinColumns, tmp_path: Path) -> None:
+    layouts = [C.RFC_LAYOUT, C.Layout(level=1), C.Layout(codec="none"),
+               C.Layout(level=19, tokens="byte_stream_split", starts="delta")]
+    rows = C.sweep(columns, tmp_path / "sweep", layouts, pack_size=PACK, repeats=2)
+    tokens = columns.input_ids.shape[0]
+    assert [r["layout"] for r in rows] == [x.name for x in layouts]
+    for row in rows:
+        assert row["bytes"] == Path(row["path"]).stat().st_size
+        assert sum(row["column_bytes"].values()) < row["bytes"]
+        assert row["bytes_per_token"] * tokens == pytest.approx(row["bytes"])
+        assert row["bits_per_token"] == pytest.approx(8 * row["bytes_per_token"])
+        assert row["ratio_to_raw"] == pytest.approx(C.raw_bytes(columns) / row["bytes"])
+        assert row["token_bits_per_token"] < row["bits_per_token"]
+        assert row["read_tokens_per_s"] > 0 and row["write_tokens_per_s"] > 0
+    rfc, level1, none, compact = rows
+    assert rfc["column_bytes"] == level1["column_bytes"]  # pyarrow's default zstd level: 1
+    assert none["bytes"] > rfc["bytes"] > compact["bytes"]
+    with pytest.raises(PacklabError, match="repeats"):
+        C.sweep(columns, tmp_path / "x", layouts, pack_size=PACK, repeats=0)
+
+
+def test_byte_stream_split_reaches_order0_entropy_on_uniform_tokens(tmp_path: Path) -> None:
+    """Uniform ids over 2**12: 12 bits of entropy; BSS + zstd lands within 5% of it (the
+    dictionary's bit-packed indices at 12 bits are no smaller, but plain zstd is)."""
+    rng = np.random.default_rng(1)
+    n, rows = 300_000, 100
+    offsets = np.linspace(0, n, rows + 1).astype(np.int64)
+    starts_per = np.zeros(rows, dtype=np.int32)
+    cols = BinColumns(rng.integers(0, 1 << 12, n).astype(np.int32), np.zeros(n, np.uint8),
+                      starts_per, offsets, np.arange(rows + 1, dtype=np.int64))
+    layouts = [C.Layout(level=9, tokens="byte_stream_split"), C.Layout(level=9, tokens="plain")]
+    bss, plain = C.sweep(cols, tmp_path, layouts, pack_size=4096, repeats=1)
+    entropy = C.token_entropy_bits(cols.input_ids)
+    assert entropy == pytest.approx(12, abs=0.02)
+    assert entropy <= bss["token_bits_per_token"] <= 1.05 * entropy
+    assert plain["token_bits_per_token"] > bss["token_bits_per_token"]
+
+
+# -- verdicts --------------------------------------------------------------------------------
+def test_speed_words_and_ratio_verdicts() -> None:
+    assert C.speed_word(95, 100) == "fastest"
+    assert C.speed_word(70, 100) == "fast"
+    assert C.speed_word(40, 100) == "medium"
+    assert C.speed_word(10, 100) == "slow"
+    assert C.words_agree("fast", "fastest") and not C.words_agree("fastest", "fast")
+    assert C.ratio_verdict(2.4, 2.5) == "holds"
+    assert C.ratio_verdict(1.2, 2.5).startswith("overstated")
+    assert C.ratio_verdict(4.0, 2.5).startswith("understated")
+    assert C.ratio_verdict(2.9, 2, 3) == "holds" and C.ratio_verdict(1.9, 2, 3) != "holds"
+
+
+def _row(codec: str, size: int, write: float, read: float, level: int | None = None) -> dict:
+    return {"codec": codec, "level": level, "layout": codec, "bytes": size,
+            "ratio_to_raw": 5000 / size, "write_tokens_per_s": write, "read_tokens_per_s": read}
+
+
+def test_codec_table_judges_each_row() -> None:
+    rows = [_row("none", 1000, 100, 100), _row("snappy", 660, 90, 95),
+            _row("gzip", 500, 10, 50), _row("zstd", 400, 50, 90, level=1),
+            _row("zstd", 300, 1, 90, level=19)]
+    table = {r["codec"]: r for r in C.codec_table(rows)}
+    assert set(table) == {"none", "snappy", "gzip", "zstd"}
+    assert table["zstd"]["ratio"] == pytest.approx(2.5) and table["zstd"]["verdict"] == "holds"
+    assert table["snappy"]["verdict"] == "holds"
+    assert table["gzip"]["ratio"] == pytest.approx(2.0)
+    assert table["gzip"]["verdict"] == "does not hold: ratio overstated (measured 2x)"
+    assert table["none"]["verdict"] == "holds"
+    with pytest.raises(PacklabError, match="none"):
+        C.codec_table(rows[1:])
+
+
+def test_smallest_fast_respects_the_read_floor() -> None:
+    ref = _row("zstd", 400, 50, 100)
+    rows = [ref, _row("a", 300, 50, 95), _row("b", 200, 50, 80), _row("c", 350, 50, 120)]
+    best = C.smallest_fast(rows, ref)
+    assert best["codec"] == "a" and best["saving"] == pytest.approx(0.25)
+    assert best["read_vs_reference"] == pytest.approx(0.95)
+    assert C.smallest_fast(rows, ref, read_tolerance=0.5)["codec"] == "b"
+    assert C.smallest_fast([ref], ref)["saving"] == 0
+
+
+# -- every format, padding -------------------------------------------------------------------
+def test_format_sizes_count_every_byte(spool: SpoolReader, assignment: BinAssignment,
+                                       tmp_path: Path) -> None:
+    variants = C.default_variants(spool.vocab_size)
+    labels = [v.label for v in variants]
+    assert "binidx int32" in labels and "parquet" in labels  # vocab 50000 fits uint16
+    rows = {r["label"]: r for r in C.format_sizes(spool, assignment, tmp_path, variants,
+                                                  bins_per_shard=3)}
+    tokens = int(assignment.bin_lengths(spool.lengths).sum())
+    for i, variant in enumerate(variants):
+        out = tmp_path / f"v{i:02d}_{variant.format}"
+        files = [p for p in out.rglob("*") if p.is_file() and not p.name.endswith(RECEIPT_SUFFIX)]
+        on_disk = sum(p.stat().st_size for p in files)
+        row = rows[variant.label]
+        assert row["bytes"] == on_disk, variant.label
+        assert row["num_tokens"] == tokens
+    assert rows["binidx"]["bytes"] < rows["binidx int32"]["bytes"]  # uint16 halves the tokens
+    capacity = tokens / (1 - rows["memmap_v1"]["padding_fraction"])
+    assert rows["memmap_v1"]["bytes"] > 5 * capacity  # padded: every slot of every bin
+    assert rows["parquet"]["bytes"] < 5 * tokens
+    assert not rows["packed_index"]["stores_tokens"]
+
+
+def test_memmap_bytes_follow_the_padding_arithmetic(spool: SpoolReader, tmp_path: Path) -> None:
+    rows = C.padding_sweep(spool, tmp_path, [("next_fit", 512), ("best_fit_decreasing", 2048)])
+    assert rows[0]["efficiency"] < 1 and rows[1]["num_bins"] > 0
+    for row in rows:
+        headers = (row["bytes_per_token"] - row["predicted_bytes_per_token"]) * (
+            row["bytes"] / row["bytes_per_token"])
+        assert 0 <= headers < 8192  # .npy headers + manifest only
+        assert row["bytes_per_token"] >= 5 / row["efficiency"]
