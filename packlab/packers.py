@@ -18,8 +18,8 @@ Why they are fast without a compiled extension:
 - Next fit is a cumulative sum, one vectorized ``searchsorted`` and a walk over bin starts.
 
 Bin count bound used for allocation: in any of these algorithms a new bin opens only when
-no open bin fits, so any two bins together hold more than ``pack_size`` tokens; at most one
-bin is half empty and ``num_bins <= 2 * ceil(total / pack_size) + 1``.
+no open bin fits, so any two bins (consecutive ones, for next fit) together hold more than
+``pack_size`` tokens; hence ``num_bins <= 2 * ceil(total / pack_size) + 1``.
 """
 
 from __future__ import annotations
