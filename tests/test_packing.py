@@ -450,8 +450,12 @@ def test_plan_zero_length_sequence_names_the_file(
     _one_error_line(err, tmp_path / "s" / FILES["lengths"], "sequence 1 has length 0")
 
 
-def test_plan_through_the_installed_entry_point(chat_spool: SpoolReader) -> None:
-    done = subprocess.run([sys.executable, "-m", "packlab.cli", "plan", str(chat_spool.path),
-                           "--pack-size", "4096", "--json"], capture_output=True, text=True)
+def test_plan_in_a_real_process(chat_spool: SpoolReader) -> None:
+    exe = [sys.executable, "-m", "packlab.cli", "plan", str(chat_spool.path)]
+    done = subprocess.run([*exe, "--pack-size", "4096", "--json"], capture_output=True,
+                          text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["num_sequences"] == 400
+    bad = subprocess.run([*exe, "--pack-size", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stdout == ""
+    _one_error_line(bad.stderr, "pack_size")
