@@ -60,21 +60,28 @@ class BinMaterializer:
             )
         if indices.size and int(indices.min()) < 0:
             raise PacklabError(f"{spool.path}: the assignment names sequence {int(indices.min())}")
+        # Plain ndarray views of the spool's memory maps: slicing a np.memmap builds a memmap
+        # object per slice, which costs more than copying a short sequence.
+        self._spool_tokens = spool.tokens.view(np.ndarray)
+        self._spool_masks = spool.masks.view(np.ndarray)
+        self._spool_offsets = spool.offsets.view(np.ndarray)
+        self._spool_lengths = spool.lengths.view(np.ndarray)
 
     def materialize(self, bin_id: int) -> PackedBin:
         if not 0 <= bin_id < self.assignment.num_bins:
             raise IndexError(
                 f"{self.spool.path}: bin {bin_id} out of range [0, {self.assignment.num_bins})"
             )
-        offsets = self.spool.offsets
-        lengths = self.spool.lengths
         pos = 0
         indices = self.assignment.bin_indices(bin_id)
         if indices.shape[0] == 0:
             raise PacklabError(f"{self.spool.path}: bin {bin_id}: the assignment gives it no sequence")
+        seq_offsets = self._spool_offsets[indices].tolist()
+        seq_lengths = self._spool_lengths[indices].tolist()
+        tokens, masks = self._spool_tokens, self._spool_masks
         for k, seq in enumerate(indices.tolist()):
-            start = int(offsets[seq])
-            n = int(lengths[seq])
+            start = seq_offsets[k]
+            n = seq_lengths[k]
             if n > self.pack_size:
                 if self.assignment.overlong != "truncate":
                     raise PacklabError(
@@ -93,8 +100,8 @@ class BinMaterializer:
                     f"past the spool's {self.spool.num_tokens} tokens (corrupted offsets.bin)"
                 )
             self._starts[k] = pos
-            self._tokens[pos : pos + n] = self.spool.tokens[start : start + n]
-            self._raw_mask[pos : pos + n] = self.spool.masks[start : start + n]
+            self._tokens[pos : pos + n] = tokens[start : start + n]
+            self._raw_mask[pos : pos + n] = masks[start : start + n]
             pos += n
         starts = self._starts[: indices.shape[0]]
         align_loss_mask(self._raw_mask[:pos], starts, self._loss_mask[:pos])
