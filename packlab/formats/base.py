@@ -43,7 +43,7 @@ class ShardWriter(ABC):
         metadata: dict[str, Any] | None = None,
         check: bool = True,
     ) -> None:
-        self.path = Path(path)
+        self.path = self._target(path)
         self.pack_size = int(pack_size)
         if self.pack_size <= 0:
             raise PacklabError(f"{self.path}: pack_size must be positive, got {pack_size}")
@@ -51,10 +51,9 @@ class ShardWriter(ABC):
         self.overwrite = overwrite
         self.metadata = dict(metadata or {})
         self.check = check
-        if (self.path.exists() or self.path.is_symlink()) and not overwrite:
+        if self._target_exists() and not overwrite:
             raise PacklabError(f"{self.path}: already exists (pass overwrite=True to replace it)")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp_path = temporary_sibling(self.path)
+        self.tmp_path = self._make_temporary()
         self.bins_written = 0
         self.tokens_written = 0
         self.seqs_written = 0
@@ -113,7 +112,7 @@ class ShardWriter(ABC):
             raise PacklabError(f"{self.path}: no bins written (empty shard)")
         try:
             manifest = self._close(self.base_manifest())
-            publish(self.tmp_path, self.path, overwrite=self.overwrite)
+            self._publish()
         except BaseException:
             self.abort()
             raise
@@ -123,7 +122,7 @@ class ShardWriter(ABC):
     def abort(self) -> None:
         """Drop the temporary; nothing appears under the final name."""
         self._discard()
-        remove(self.tmp_path)
+        self._remove_temporary()
         self.finished = True
 
     def base_manifest(self) -> dict[str, Any]:
@@ -137,6 +136,23 @@ class ShardWriter(ABC):
             "num_seqs": self.seqs_written,
             "metadata": self.metadata,
         }
+
+    # -- where the shard goes (a writer to object storage overrides these, see packlab.cloud) --
+    def _target(self, path: str | os.PathLike[str]) -> Path:
+        return Path(path)
+
+    def _target_exists(self) -> bool:
+        return self.path.exists() or self.path.is_symlink()
+
+    def _make_temporary(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return temporary_sibling(self.path)
+
+    def _publish(self) -> None:
+        publish(self.tmp_path, self.path, overwrite=self.overwrite)
+
+    def _remove_temporary(self) -> None:
+        remove(self.tmp_path)
 
     # -- for subclasses -----------------------------------------------------------------------
     @abstractmethod
@@ -165,8 +181,11 @@ class ShardReader(ABC):
     FORMAT: ClassVar[str]
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not (self.path.exists() or str(path).startswith(("s3://", "gs://", "file://"))):
+        # A remote location (packlab.storage.Location: ``is_remote``) is kept as it is, so
+        # messages name its URI; its reader opens it through its filesystem.
+        self.path = path if getattr(path, "is_remote", False) else Path(path)  # type: ignore[assignment]
+        if not (getattr(path, "is_remote", False) or self.path.exists()
+                or str(path).startswith(("s3://", "gs://", "file://"))):
             raise FormatError(f"{self.path}: no such file or directory")
         self.pack_size: int = 0
         self.num_bins: int = 0

@@ -121,13 +121,22 @@ class Writer(ShardWriter):
         self._buffer = ListBuffer(self.row_group_size, source=str(self.path))
         try:
             self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-                str(self.tmp_path), SCHEMA, compression=self.compression,
+                self._sink(), SCHEMA, compression=self.compression,
                 compression_level=self.compression_level, use_dictionary=self.use_dictionary,
                 write_page_checksum=True,
             )
         except ARROW_ERRORS as exc:
-            self.tmp_path.unlink(missing_ok=True)
+            self._remove_temporary()
             raise PacklabError(f"{self.path}: cannot write Parquet: {parse_error(exc)}") from None
+
+    def _sink(self) -> Any:
+        """Where pyarrow writes: the local temporary (a remote writer gives an output stream)."""
+        return str(self.tmp_path)
+
+    def _finish_file(self) -> int:
+        """Make the closed temporary durable; its size in bytes."""
+        fsync_file(self.tmp_path)
+        return self.tmp_path.stat().st_size
 
     def _write(self, packed: PackedBin) -> None:
         if not self._buffer.fits(packed):
@@ -159,9 +168,7 @@ class Writer(ShardWriter):
         self._writer.add_key_value_metadata({METADATA_KEY: dump_metadata(manifest)})
         self._writer.close()
         self._writer = None
-        fsync_file(self.tmp_path)
-        return {**manifest, "num_row_groups": self.num_row_groups,
-                "bytes": self.tmp_path.stat().st_size}
+        return {**manifest, "num_row_groups": self.num_row_groups, "bytes": self._finish_file()}
 
     def _discard(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None
@@ -202,8 +209,6 @@ class Reader(ShardReader):
         one_row_group_cache: bool = False,
     ) -> None:
         super().__init__(path)
-        if self.path.is_dir():
-            raise FormatError(f"{self.path}: is a directory, not a Parquet file")
         self.cache_row_groups = int(cache_row_groups)
         self.memory_map = memory_map
         self.verify_checksums = verify_checksums
@@ -236,6 +241,8 @@ class Reader(ShardReader):
 
     # -- opening ------------------------------------------------------------------------------
     def _read_footer(self) -> pq.FileMetaData:
+        if self.path.is_dir():
+            raise FormatError(f"{self.path}: is a directory, not a Parquet file")
         try:
             meta = pq.read_metadata(str(self.path))
             schema = meta.schema.to_arrow_schema()

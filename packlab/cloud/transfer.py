@@ -1,0 +1,222 @@
+"""Shards up to object storage and down to a local cache, whole or not at all.
+
+Directory shards (``memmap_v1``, ``binidx``, ``packed_index``, and spools) carry a
+``manifest.json`` listing every file with its size and SHA-256. That manifest is the commit
+record on object storage, where a directory cannot appear in one step:
+
+- upload (:func:`upload_shard`): check the local shard against its manifest, remove an old
+  remote manifest first (when overwriting), upload every listed file, checking that what was
+  sent hashes as the manifest says, then upload the manifest **last**. A reader requires the
+  manifest, so it never sees a partial shard: before the last PUT there is no shard at all.
+- download (:func:`download_shard`): read the manifest, download every file it lists into a
+  hidden temporary folder, hashing while downloading, and refuse the shard (nothing cached, a
+  :class:`~packlab.errors.FormatError` naming the file) if a size or checksum differs; else
+  rename the folder into the cache. The cache key includes the manifest's own hash, so a
+  re-uploaded shard is a new entry, never a mix of old and new files.
+
+Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
+through a temporary key and published by a server-side copy (:func:`packlab.storage.upload_file`).
+Downloaded, they are checked against the store's size and then by their format's own
+``validate()`` (Arrow's batch CRCs, pbin's SHA-256, Parquet's page CRCs; the legacy pickle has
+no checksum at all) before they enter the cache, keyed by URI, size and modification time.
+
+The cache lives in ``$PACKLAB_CACHE_DIR`` (default ``~/.cache/packlab/remote``); entries are
+published by rename, so processes sharing it never see a half download.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import TMP_MARKER, publish, remove, temporary_sibling, verify_files
+from packlab.storage import (
+    Location,
+    download_file,
+    put_object,
+    resolve,
+    upload_file,
+)
+
+MANIFEST = "manifest.json"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("PACKLAB_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "packlab" / "remote"
+
+
+def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
+    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
+
+
+def _digest(text: str | bytes) -> str:
+    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+
+
+# -- manifests ---------------------------------------------------------------------------------
+def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
+    """A directory shard's manifest, with a ``files`` table of plain names (no ``/``, no ``..``:
+    a manifest must not name files outside its shard)."""
+    try:
+        manifest = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{source}: unreadable manifest: {exc}") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise FormatError(f"{source}: the manifest lists no files (not a directory shard)")
+    for name, entry in files.items():
+        if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (
+                ".", "..") or name == MANIFEST:
+            raise FormatError(f"{source}: the manifest names a file {name!r} outside its shard")
+        if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str)):
+            raise FormatError(f"{source}: manifest entry {name!r} has no bytes/sha256")
+    return manifest
+
+
+def remote_manifest(location: Location) -> tuple[bytes, dict[str, Any]] | None:
+    """The raw and parsed manifest of a directory shard at ``location``; None if it has none."""
+    target = location / MANIFEST
+    if not target.is_file():
+        return None
+    raw = target.read_bytes()
+    return raw, parse_manifest(raw, str(target))
+
+
+# -- up ----------------------------------------------------------------------------------------
+def upload_shard(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,
+                 overwrite: bool = False) -> dict[str, Any]:
+    """Upload the local shard ``local`` (a directory shard, a spool, or a one-file shard) to
+    ``uri``; returns ``{"uri", "files", "bytes"}``. See the module docstring for the order."""
+    source = Path(local)
+    target = resolve(uri, filesystem)
+    if source.is_dir():
+        return _upload_directory(source, target, overwrite=overwrite)
+    if not source.is_file():
+        raise FormatError(f"{source}: no such shard to upload")
+    entry = upload_file(source, target, overwrite=overwrite, atomic=True)
+    return {"uri": target.uri, "files": 1, "bytes": entry["bytes"]}
+
+
+def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dict[str, Any]:
+    manifest_path = source / MANIFEST
+    if not manifest_path.is_file():
+        raise FormatError(f"{manifest_path}: missing (an unfinished shard is never uploaded)")
+    raw = manifest_path.read_bytes()
+    files = parse_manifest(raw, str(manifest_path))["files"]
+    verify_files(source, files, checksums=True)
+    if target.exists():
+        if not overwrite:
+            raise PacklabError(f"{target}: already exists (pass overwrite=True to replace it)")
+        (target / MANIFEST).delete()  # the old shard disappears first, as a whole
+        target.delete()
+    total = 0
+    for name, entry in files.items():
+        sent = upload_file(source / name, target / name, atomic=False)
+        if sent != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
+            raise FormatError(f"{source / name}: changed while uploading (it no longer matches "
+                              f"its manifest); {target} left without a manifest")
+        total += sent["bytes"]
+    put_object(raw, target / MANIFEST)
+    return {"uri": target.uri, "files": len(files) + 1, "bytes": total + len(raw)}
+
+
+# -- down --------------------------------------------------------------------------------------
+def download_shard(uri: str | Location, *, filesystem: Any = None,
+                   cache_dir: str | os.PathLike[str] | None = None,
+                   format: str | None = None, validate: bool = True) -> Path:
+    """The local, verified copy of the shard at ``uri`` (downloaded once into the cache).
+
+    A directory shard is checked file by file against its manifest; a one-file shard against
+    the store's size and, with ``validate``, its format's own checks (``format`` or detected).
+    """
+    location = resolve(uri, filesystem)
+    found = remote_manifest(location) if not location.is_file() else None
+    if found is not None:
+        return _download_directory(location, *found, _cache_root(cache_dir))
+    if not location.is_file():
+        raise FormatError(f"{location}: no such shard (no object, and no {MANIFEST} under it)")
+    return _download_object(location, _cache_root(cache_dir), format=format, validate=validate)
+
+
+def _entry_dir(cache: Path, location: Location, version: str) -> Path:
+    return cache / _digest(location.uri) / _digest(version)
+
+
+def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
+                        cache: Path) -> Path:
+    final = _entry_dir(cache, location, _digest(raw)) / (location.name or "shard")
+    if (final / MANIFEST).is_file():
+        verify_files(final, manifest["files"], checksums=False)  # sizes: cheap
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(final)
+    try:
+        tmp.mkdir()
+        for name, entry in manifest["files"].items():
+            download_file(location / name, tmp / name, expect=entry)
+        (tmp / MANIFEST).write_bytes(raw)  # last, as on the store
+        publish(tmp, final, overwrite=True)
+    except BaseException:
+        remove(tmp)
+        raise
+    return final
+
+
+def _download_object(location: Location, cache: Path, *, format: str | None,
+                     validate: bool) -> Path:
+    info = location.info()
+    final = _entry_dir(cache, location, f"{info.size}:{info.mtime_ns}") / location.name
+    if final.is_file() and final.stat().st_size == info.size:
+        return final
+    tmp = temporary_sibling(final)
+    try:
+        got = download_file(location, tmp)
+        if got["bytes"] != info.size:
+            raise FormatError(f"{location}: {got['bytes']} bytes downloaded, the store lists "
+                              f"{info.size} (replaced while reading?)")
+        if validate:
+            _validate_local(tmp, location, format)
+        publish(tmp, final, overwrite=True)
+    except BaseException:
+        remove(tmp)
+        raise
+    return final
+
+
+def _validate_local(path: Path, location: Location, format: str | None) -> None:
+    """Run the format's whole-shard check on a downloaded file; errors name the remote URI."""
+    from packlab.formats import detect_format, get_format
+
+    name = format or detect_format(path)
+    try:
+        with get_format(name).Reader(path) as reader:
+            reader.validate()
+    except PacklabError as exc:
+        raise type(exc)(f"{location}: refused: {str(exc).replace(str(path), location.name)}"
+                        ) from None
+
+
+# -- housekeeping ------------------------------------------------------------------------------
+def sweep_temporaries(uri: str | Location, *, filesystem: Any = None,
+                      older_than_s: float = 3600.0) -> list[str]:
+    """Delete leftover temporary objects (``.name.tmp-*``) under ``uri`` older than
+    ``older_than_s``: what a writer killed between its upload and its publishing copy leaves.
+    (A writer killed mid-upload leaves only an incomplete multipart upload, which no listing
+    shows; a bucket lifecycle rule ``AbortIncompleteMultipartUpload`` removes those.)"""
+    location = resolve(uri, filesystem)
+    cutoff = time.time_ns() - int(older_than_s * 1e9)
+    removed = []
+    for info in location.walk_files():
+        base = info.base_name
+        if base.startswith(".") and TMP_MARKER in base and (info.mtime_ns or 0) < cutoff:
+            Location(location.filesystem, info.path, location.scheme).delete()
+            removed.append(f"{location.scheme}://{info.path}")
+    return removed
+

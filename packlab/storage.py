@@ -1,0 +1,423 @@
+"""URIs to filesystems: ``s3://bucket/key`` becomes a :class:`Location` (a pyarrow filesystem
+plus a path in it), and the few object-storage operations packlab needs, done safely.
+
+Why pyarrow's filesystems: Parquet reads and writes go through them natively (ranged reads,
+multipart uploads), DuckDB can be handed one, and they pickle, so a DataLoader worker or a
+spawned process reopens the same store. Any fsspec filesystem works too (wrapped with
+``pyarrow.fs.FSSpecHandler``), but ``s3fs`` is not needed and must not be installed beside
+``boto3`` (their botocore pins conflict).
+
+Which store ``s3://`` means, in order: the options given to :func:`configure` (what
+:class:`packlab.s3server.S3Server` does for tests and notebooks), else ``AWS_ENDPOINT_URL_S3``
+/ ``AWS_ENDPOINT_URL`` from the environment (pyarrow ignores them, packlab reads them), else
+AWS itself with pyarrow's usual credential chain.
+
+Object storage has no rename, so "publish under the final name in one step" is done per object:
+
+- :func:`put_object` / :func:`upload_file` write a temporary key beside the final one
+  (``.name.tmp-<pid>-<rand>``, the local convention), then copy it to the final key server-side
+  (``CopyObject``: the final key shows the old object or the whole new one, never a part) and
+  delete the temporary. Why not stream straight to the final key: pyarrow's S3 output stream
+  has no abort, and dropping an unclosed one *completes* the upload (its destructor closes):
+  a writer failing with a Python exception would publish a partial object (a test shows it).
+  A writer killed outright never completes its multipart upload, so nothing appears at all.
+- On a local filesystem the temporary is renamed instead (atomic).
+
+Listings skip hidden names (temporaries, and anything starting with ``.``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import posixpath
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import TMP_MARKER, fsync_file, publish, remove, temporary_sibling
+
+CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
+_URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_DEFAULTS: dict[str, dict[str, Any]] = {}
+_CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], pafs.FileSystem] = {}
+
+
+# -- URIs and filesystems ----------------------------------------------------------------------
+def scheme_of(path: Any) -> str | None:
+    """``"s3"`` for ``"s3://b/k"``; None for a local path."""
+    if isinstance(path, Location):
+        return path.scheme
+    if not isinstance(path, str):
+        return None
+    match = _URI.match(path)
+    return match.group(1).lower() if match else None
+
+
+def is_remote(path: Any) -> bool:
+    """A :class:`Location` or a URI other than ``file://`` (those are opened through a
+    filesystem, never with ``open``)."""
+    return isinstance(path, Location) or scheme_of(path) not in (None, "file")
+
+
+def configure(scheme: str, /, *, replace: bool = False, **options: Any) -> dict[str, Any]:
+    """Set the options of the filesystem ``scheme://`` URIs get in this process (for ``s3``:
+    ``pyarrow.fs.S3FileSystem`` keywords such as ``endpoint_override``, ``scheme``,
+    ``access_key``, ``secret_key``, ``region``). Merged into the current ones unless
+    ``replace``; returns the previous options (to restore them)."""
+    scheme = scheme.lower()
+    previous = dict(_DEFAULTS.get(scheme, {}))
+    _DEFAULTS[scheme] = dict(options) if replace else {**previous, **options}
+    if not _DEFAULTS[scheme]:
+        del _DEFAULTS[scheme]
+    return previous
+
+
+def _s3_options() -> dict[str, Any]:
+    if "s3" in _DEFAULTS:
+        return dict(_DEFAULTS["s3"])
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if not endpoint:
+        return {}
+    match = _URI.match(endpoint)
+    scheme = match.group(1) if match else "https"
+    return {"endpoint_override": endpoint[match.end():] if match else endpoint, "scheme": scheme}
+
+
+def filesystem_for(scheme: str) -> pafs.FileSystem:
+    """The (cached) pyarrow filesystem for ``scheme://`` URIs, as configured."""
+    scheme = scheme.lower()
+    options = _s3_options() if scheme == "s3" else dict(_DEFAULTS.get(scheme, {}))
+    key = (scheme, tuple(sorted(options.items())))
+    if key not in _CACHE:
+        _CACHE[key] = _make_filesystem(scheme, options)
+    return _CACHE[key]
+
+
+def _make_filesystem(scheme: str, options: dict[str, Any]) -> pafs.FileSystem:
+    try:
+        if scheme == "s3":
+            return pafs.S3FileSystem(**options)
+        if scheme in ("gs", "gcs"):
+            return pafs.GcsFileSystem(**options)
+        if scheme in ("az", "abfs", "abfss"):
+            return pafs.AzureFileSystem(**options)
+        if scheme == "file":
+            return pafs.LocalFileSystem()
+        import fsspec
+
+        return from_fsspec(fsspec.filesystem(scheme, **options))
+    except (ValueError, ImportError, OSError, TypeError) as exc:
+        raise PacklabError(f"{scheme}://: no filesystem for this scheme: {exc}") from None
+
+
+def from_fsspec(fs: Any) -> pafs.FileSystem:
+    """Any fsspec filesystem as a pyarrow one."""
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def as_arrow_filesystem(filesystem: Any) -> pafs.FileSystem:
+    """A pyarrow filesystem from a pyarrow or fsspec one."""
+    if isinstance(filesystem, pafs.FileSystem):
+        return filesystem
+    if hasattr(filesystem, "_strip_protocol") and hasattr(filesystem, "open"):
+        return from_fsspec(filesystem)
+    raise PacklabError(f"not a pyarrow or fsspec filesystem: {type(filesystem).__name__}")
+
+
+def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> Location:
+    """A :class:`Location` for a URI (``s3://bucket/key``), or for a path inside ``filesystem``.
+
+    With a ``filesystem`` (pyarrow or fsspec), ``path`` may be a URI of that store or a bare
+    path in it (``bucket/key``). Without one, the URI's scheme picks it (see :func:`configure`).
+    """
+    if isinstance(path, Location):
+        return path
+    text = os.fspath(path)
+    scheme = scheme_of(text)
+    inner = text[len(scheme) + 3:] if scheme else text
+    if filesystem is not None:
+        fs = as_arrow_filesystem(filesystem)
+        return Location(fs, _clean(inner), scheme or _scheme_of_filesystem(fs))
+    if scheme in (None, "file"):
+        return Location(pafs.LocalFileSystem(), str(Path(inner).absolute()), "file")
+    if not _clean(inner):
+        raise PacklabError(f"{text}: no bucket in this URI")
+    return Location(filesystem_for(scheme), _clean(inner), scheme)
+
+
+def _scheme_of_filesystem(fs: pafs.FileSystem) -> str:
+    if isinstance(fs, pafs.LocalFileSystem):
+        return "file"
+    if isinstance(fs, pafs.PyFileSystem):
+        protocol = getattr(getattr(fs.handler, "fs", None), "protocol", "fsspec")
+        return protocol[0] if isinstance(protocol, tuple | list) else str(protocol)
+    return {"gcs": "gs"}.get(fs.type_name, fs.type_name)
+
+
+def _clean(path: str) -> str:
+    """A normalized path inside a filesystem (no trailing slash, no ``.``)."""
+    stripped = path.rstrip("/")
+    if not stripped:
+        return ""
+    normal = posixpath.normpath(stripped)
+    return ("/" + normal.lstrip("/")) if path.startswith("/") else normal.lstrip("/")
+
+
+# -- a place in a filesystem -------------------------------------------------------------------
+@dataclass(frozen=True)
+class Location:
+    """A file or prefix in a pyarrow filesystem; behaves like the bits of ``Path`` that shard
+    readers use, and prints as its URI (so every error names ``s3://...``). Picklable."""
+
+    filesystem: pafs.FileSystem
+    path: str
+    scheme: str = "s3"
+
+    is_remote = True  # ShardReader keeps such a path as it is
+
+    @property
+    def uri(self) -> str:
+        return f"{self.scheme}://{self.path}"
+
+    def __str__(self) -> str:
+        return self.uri
+
+    def __repr__(self) -> str:
+        return f"Location({self.uri!r})"
+
+    @property
+    def is_local(self) -> bool:
+        return isinstance(self.filesystem, pafs.LocalFileSystem)
+
+    @property
+    def name(self) -> str:
+        return posixpath.basename(self.path)
+
+    @property
+    def suffix(self) -> str:
+        return posixpath.splitext(self.name)[1]
+
+    @property
+    def parent(self) -> Location:
+        return Location(self.filesystem, posixpath.dirname(self.path), self.scheme)
+
+    def joinpath(self, *parts: str) -> Location:
+        """A path below this one (``..`` allowed, resolved lexically as URIs are)."""
+        return Location(self.filesystem, _clean(posixpath.join(self.path, *parts)), self.scheme)
+
+    def __truediv__(self, part: str) -> Location:
+        return self.joinpath(part)
+
+    def relative_to(self, root: Location) -> str:
+        if not (self.path == root.path or self.path.startswith(root.path.rstrip("/") + "/")):
+            raise PacklabError(f"{self} is not under {root}")
+        return self.path[len(root.path):].lstrip("/")
+
+    # -- what is there ----------------------------------------------------------------------
+    def info(self) -> pafs.FileInfo:
+        try:
+            return self.filesystem.get_file_info(self.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"{self}: cannot reach it: {_short(exc)}") from None
+
+    def exists(self) -> bool:
+        return self.info().type != pafs.FileType.NotFound
+
+    def is_file(self) -> bool:
+        return self.info().type == pafs.FileType.File
+
+    def is_dir(self) -> bool:
+        return self.info().type == pafs.FileType.Directory
+
+    def size(self) -> int:
+        info = self.info()
+        if info.type != pafs.FileType.File:
+            raise FormatError(f"{self}: no such object")
+        return int(info.size)
+
+    def iterdir(self) -> Iterator[Location]:
+        """Children (files and prefixes) directly under this prefix, sorted, hidden ones skipped."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.path, recursive=False))
+        except FileNotFoundError:
+            raise FormatError(f"{self}: no such file or directory") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"{self}: cannot list it: {_short(exc)}") from None
+        for info in sorted(infos, key=lambda i: i.path):
+            name = posixpath.basename(info.path.rstrip("/"))
+            if name and not name.startswith("."):
+                yield self / name
+
+    def walk_files(self) -> Iterator[pafs.FileInfo]:
+        """Every file under this prefix (recursive), hidden names included."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.path, recursive=True,
+                                                                    allow_not_found=True))
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"{self}: cannot list it: {_short(exc)}") from None
+        yield from (i for i in infos if i.type == pafs.FileType.File)
+
+    # -- bytes ------------------------------------------------------------------------------
+    def open_input(self) -> pa.NativeFile:
+        """A random-access file (ranged reads on object storage)."""
+        try:
+            return self.filesystem.open_input_file(self.path)
+        except FileNotFoundError:
+            raise FormatError(f"{self}: no such file") from None
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"{self}: cannot open: {_short(exc)}") from None
+
+    def open_output(self) -> pa.NativeFile:
+        """An output stream to this very key (visible when closed; see the module docstring
+        for why writers use :func:`put_object` or a temporary key instead)."""
+        try:
+            if isinstance(self.filesystem, pafs.LocalFileSystem | pafs.PyFileSystem):
+                # object stores need no folders (S3 would get empty "dir/" marker objects)
+                self.filesystem.create_dir(posixpath.dirname(self.path), recursive=True)
+            return self.filesystem.open_output_stream(self.path)
+        except (OSError, pa.ArrowException) as exc:
+            raise PacklabError(f"{self}: cannot write: {_short(exc)}") from None
+
+    def read_bytes(self) -> bytes:
+        with self.open_input() as f:
+            return f.read()
+
+    def read_range(self, offset: int, nbytes: int) -> bytes:
+        with self.open_input() as f:
+            return f.read_at(nbytes, offset)
+
+    def temporary(self) -> Location:
+        """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing."""
+        return self.parent / f".{self.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def delete(self) -> None:
+        """Remove this object, or every object under this prefix; nothing if absent."""
+        info = self.info()
+        try:
+            if info.type == pafs.FileType.File:
+                self.filesystem.delete_file(self.path)
+            elif info.type == pafs.FileType.Directory:
+                self.filesystem.delete_dir(self.path)
+        except FileNotFoundError:
+            pass
+        except (OSError, pa.ArrowException) as exc:
+            raise PacklabError(f"{self}: cannot delete: {_short(exc)}") from None
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+
+
+# -- publishing objects ------------------------------------------------------------------------
+def publish_object(tmp: Location, final: Location, *, overwrite: bool) -> None:
+    """Make the finished temporary ``tmp`` appear as ``final`` in one step, then drop it."""
+    if not overwrite and final.exists():
+        tmp.delete()
+        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
+    try:
+        if final.is_local:
+            final.filesystem.move(tmp.path, final.path)  # a rename
+            return
+        final.filesystem.copy_file(tmp.path, final.path)  # server-side CopyObject: atomic
+    except (OSError, pa.ArrowException) as exc:
+        tmp.delete()
+        raise PacklabError(f"{final}: publishing failed: {_short(exc)}") from None
+    tmp.delete()
+
+
+def stream_into(source: BinaryIO, out: pa.NativeFile, digest: Any = None) -> int:
+    """Copy a binary stream into ``out`` in chunks, hashing as it goes; bytes copied."""
+    total = 0
+    while block := source.read(CHUNK):
+        out.write(block)
+        if digest is not None:
+            digest.update(block)
+        total += len(block)
+    return total
+
+
+def upload_file(local: str | os.PathLike[str], final: Location, *, overwrite: bool = False,
+                atomic: bool = True) -> dict[str, Any]:
+    """Upload a local file; with ``atomic`` through a temporary key (see :func:`publish_object`).
+    Returns its manifest entry (``bytes``, ``sha256``, computed while uploading)."""
+    local = Path(local)
+    if not local.is_file():
+        raise FormatError(f"{local}: no such file to upload")
+    target = final.temporary() if atomic else final
+    digest = hashlib.sha256()
+    out = target.open_output()
+    try:
+        with open(local, "rb") as f:
+            size = stream_into(f, out, digest)
+        out.close()
+    except BaseException:
+        _drop(out, target)
+        raise
+    if atomic:
+        publish_object(target, final, overwrite=overwrite)
+    return {"bytes": size, "sha256": digest.hexdigest()}
+
+
+def put_object(data: bytes, final: Location, *, overwrite: bool = True) -> None:
+    """Write small ``data`` (a manifest, a blend file) as ``final``, atomically."""
+    tmp = final.temporary()
+    out = tmp.open_output()
+    try:
+        out.write(data)
+        out.close()
+    except BaseException:
+        _drop(out, tmp)
+        raise
+    publish_object(tmp, final, overwrite=overwrite)
+
+
+def _drop(out: pa.NativeFile, target: Location) -> None:
+    """After a failure: close the stream (pyarrow would complete it anyway) and delete it."""
+    try:
+        out.close()
+    except (OSError, pa.ArrowException):
+        pass
+    try:
+        target.delete()
+    except PacklabError:
+        pass
+
+
+def download_file(source: Location, local: str | os.PathLike[str], *,
+                  expect: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Download ``source`` to ``local`` (through a local temporary, renamed when whole),
+    hashing as it goes. With ``expect`` (a manifest entry), a size or checksum that differs
+    is refused: nothing is left at ``local``. Returns ``bytes`` and ``sha256``."""
+    local = Path(local)
+    local.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(local)
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with source.open_input() as f, open(tmp, "wb") as out:
+            while block := f.read(CHUNK):
+                out.write(block)
+                digest.update(block)
+                size += len(block)
+        fsync_file(tmp)
+        entry = {"bytes": size, "sha256": digest.hexdigest()}
+        if expect is not None:
+            if size != expect.get("bytes"):
+                raise FormatError(f"{source}: {size} bytes, the manifest says "
+                                  f"{expect.get('bytes')} (truncated or replaced?)")
+            if entry["sha256"] != expect.get("sha256"):
+                raise FormatError(f"{source}: checksum mismatch with its manifest (corrupted); "
+                                  "the shard is refused")
+        publish(tmp, local, overwrite=True)
+    except BaseException:
+        remove(tmp)
+        raise
+    return entry

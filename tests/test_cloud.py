@@ -1,0 +1,430 @@
+"""Object storage against a local moto server (127.0.0.1, started and stopped here): every
+format through s3://, killed and failing writers, bad checksums, the cost of a random Parquet
+access counted by the server, the layout through blend.json, DuckDB over s3://."""
+
+from __future__ import annotations
+
+import gc
+import json
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pyarrow.fs as pafs
+import pytest
+from conftest import write_random_spool
+
+from packlab import cloud, storage
+from packlab.cloud import parquet as remote_parquet
+from packlab.cloud import sql
+from packlab.dataset import open_dataset as open_local_dataset
+from packlab.errors import FormatError, PacklabError
+from packlab.formats import format_names, get_format
+from packlab.materialize import iter_bins
+from packlab.packing import pack
+from packlab.pipeline import write_shards
+from packlab.s3server import HOST, S3Server
+
+BUCKET = "lab"
+
+
+@pytest.fixture(scope="module")
+def server():
+    with S3Server() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+    assert not srv.running
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A spool, an assignment and the bins it packs into (copies)."""
+    root = tmp_path_factory.mktemp("cloud")
+    spool = write_random_spool(root / "spool", num_sequences=300, max_len=400, seed=3)
+    assignment, _ = pack(spool.lengths, 512, algorithm="first_fit_shuffle", seed=0)
+    bins = [b.copy() for b in iter_bins(spool, assignment)]
+    return root, spool, assignment, bins
+
+
+def write(writer, bins) -> dict:
+    with writer:
+        for b in bins:
+            writer.write(b)
+    return writer
+
+
+def same_bins(dataset, bins) -> None:
+    assert len(dataset) == len(bins)
+    got = dataset.read_bins(np.arange(len(bins)))
+    for i, (have, want) in enumerate(zip(got, bins, strict=True)):
+        assert np.array_equal(have.input_ids, want.input_ids), i
+        assert np.array_equal(have.loss_mask, want.loss_mask), i
+        assert np.array_equal(have.seq_start_id, want.seq_start_id), i
+
+
+def keys(server, prefix: str) -> list[str]:
+    """Every object under ``prefix``, hidden temporaries included."""
+    fs = server.filesystem()
+    sel = pafs.FileSelector(f"{BUCKET}/{prefix}", recursive=True, allow_not_found=True)
+    return sorted(i.path for i in fs.get_file_info(sel) if i.type == pafs.FileType.File)
+
+
+# -- the server --------------------------------------------------------------------------------
+def test_server_binds_localhost_only_and_stops() -> None:
+    srv = S3Server(configure=False).start()
+    try:
+        listening = [c.laddr for c in psutil.Process(srv.process.pid).net_connections()
+                     if c.status == psutil.CONN_LISTEN]
+        assert listening and all(addr.ip == HOST for addr in listening)
+        assert {addr.port for addr in listening} == {srv.port}
+    finally:
+        srv.stop()
+    assert not srv.running
+    with pytest.raises(OSError), socket.create_connection((HOST, srv.port), timeout=2):
+        pass
+
+
+def test_server_counts_requests_and_bytes(server) -> None:
+    fs = server.filesystem()
+    with fs.open_output_stream(f"{BUCKET}/count/x.bin") as f:
+        f.write(b"z" * 10_000)
+    server.reset_counts()
+    with fs.open_input_file(f"{BUCKET}/count/x.bin") as f:
+        assert f.read_at(100, 5000) == b"z" * 100
+    log = server.stats()["log"]
+    assert [(e["method"], e["range"]) for e in log] == [("HEAD", None), ("GET", "bytes=5000-5099")]
+    assert server.counts() == {"requests": 2, "bytes_out": 100, "bytes_in": 0}
+
+
+# -- URIs --------------------------------------------------------------------------------------
+def test_resolve_uris_and_paths(server, tmp_path: Path) -> None:
+    loc = storage.resolve("s3://lab/a/b/shard.parquet")
+    assert (str(loc), loc.path, loc.name, loc.suffix) == (
+        "s3://lab/a/b/shard.parquet", "lab/a/b/shard.parquet", "shard.parquet", ".parquet")
+    assert str(loc.parent / "../c") == "s3://lab/a/c"
+    assert isinstance(loc.filesystem, pafs.S3FileSystem)
+    assert pickle.loads(pickle.dumps(loc)).uri == loc.uri
+    local = storage.resolve(f"file://{tmp_path}/x")
+    assert local.is_local and local.path == f"{tmp_path}/x"
+    assert not storage.is_remote(str(tmp_path)) and not storage.is_remote(f"file://{tmp_path}")
+    assert storage.is_remote("s3://lab/x") and storage.is_remote("gs://b/x")
+    with pytest.raises(PacklabError, match="no bucket"):
+        storage.resolve("s3://")
+    with pytest.raises(PacklabError, match="no filesystem"):
+        storage.resolve("nosuchscheme://x/y")
+
+
+def test_any_fsspec_filesystem(data) -> None:
+    """A Parquet shard written and read through an fsspec filesystem (in memory, no server)."""
+    import fsspec
+
+    _, _, _, bins = data
+    mem = fsspec.filesystem("memory")
+    write(cloud.open_writer("parquet", "memory://shards/a.parquet", filesystem=mem,
+                            pack_size=512, row_group_size=16), bins)
+    reader = remote_parquet.Reader("shards/a.parquet", filesystem=mem)
+    assert str(reader.path) == "memory://shards/a.parquet"
+    assert [i.base_name for i in storage.resolve("shards", mem).walk_files()] == ["a.parquet"]
+    same_bins(cloud.open_dataset("memory://shards", filesystem=mem), bins)
+
+
+# -- every format through s3:// ----------------------------------------------------------------
+@pytest.mark.parametrize("name", [n for n in format_names() if n != "packed_index"])
+def test_every_format_round_trips(server, data, tmp_path: Path, name: str) -> None:
+    _, spool, _, bins = data
+    suffix = get_format(name).SUFFIX
+    uri = f"s3://{BUCKET}/rt/{name}/shard_000000{suffix}"
+    options = {"vocab_size": spool.vocab_size} if name in ("binidx", "pbin") else {}
+    writer = write(cloud.open_writer(name, uri, pack_size=512, num_bins=len(bins), **options),
+                   bins)
+    direct = name == "parquet"
+    assert isinstance(writer, remote_parquet.Writer if direct else cloud.UploadingWriter)
+    assert direct or not Path(writer.staging).exists()  # the local staging copy is gone
+    ds = cloud.open_dataset(f"s3://{BUCKET}/rt/{name}", cache_dir=tmp_path / "cache")
+    assert ds.formats == [name]
+    same_bins(ds, bins)
+    reader = ds.readers()[0]
+    if direct:  # read in place, nothing cached
+        assert isinstance(reader, remote_parquet.Reader)
+        assert not (tmp_path / "cache").exists()
+    else:
+        assert Path(reader.path).is_relative_to(tmp_path / "cache")
+    assert not [k for k in keys(server, f"rt/{name}") if ".tmp-" in k]  # no temporaries left
+    clone = pickle.loads(pickle.dumps(ds))
+    same_bins(clone, bins)
+
+
+def test_packed_index_travels_with_its_spool(server, data, tmp_path: Path) -> None:
+    _, spool, assignment, bins = data
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    local_spool = write_random_spool(tree / "spool", num_sequences=300, max_len=400, seed=3)
+    assert local_spool.manifest["files"] == spool.manifest["files"]
+    write_shards(local_spool, assignment, tree / "out", format="packed_index",
+                 bins_per_shard=10**6)
+    with pytest.raises(PacklabError, match="upload_tree"):
+        cloud.open_writer("packed_index", f"s3://{BUCKET}/pi/x", pack_size=512)
+    cloud.upload_tree(tree, f"s3://{BUCKET}/pi")
+    ds = cloud.open_dataset(f"s3://{BUCKET}/pi/out", cache_dir=tmp_path / "cache")
+    assert ds.formats == ["packed_index"]
+    same_bins(ds, bins)
+    assert Path(ds.readers()[0].spool_path).is_relative_to(tmp_path / "cache")
+
+
+# -- writers that die --------------------------------------------------------------------------
+def test_pyarrow_stream_dropped_unclosed_publishes_partial_data(server) -> None:
+    """Why the writers go through a temporary key: pyarrow has no abort, and an output stream
+    that is garbage collected *completes* its upload. (If pyarrow changes this, revisit.)"""
+    fs = server.filesystem()
+    stream = fs.open_output_stream(f"{BUCKET}/trap/partial.bin")
+    stream.write(b"half a shard")
+    del stream
+    gc.collect()
+    assert fs.get_file_info(f"{BUCKET}/trap/partial.bin").size == len(b"half a shard")
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_writer_failing_leaves_nothing(server, data, direct: bool) -> None:
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/fail/{direct}/shard.parquet"
+    with pytest.raises(RuntimeError, match="boom"), \
+            cloud.open_writer("parquet", uri, pack_size=512, row_group_size=4,
+                              direct=direct) as writer:
+        for b in bins[:20]:
+            writer.write(b)
+        raise RuntimeError("boom")
+    assert keys(server, f"fail/{direct}") == []
+    bad = bins[0]._replace(loss_mask=bins[0].loss_mask * 2)  # breaks an invariant
+    with pytest.raises(PacklabError, match="bin 1"), \
+            cloud.open_writer("parquet", uri, pack_size=512, direct=direct) as writer:
+        writer.write(bins[0])
+        writer.write(bad)
+    assert keys(server, f"fail/{direct}") == []
+    with pytest.raises(PacklabError, match="only 1 of 3 bins"):
+        write(cloud.open_writer("parquet", uri, pack_size=512, num_bins=3, direct=direct),
+              bins[:1])
+    assert keys(server, f"fail/{direct}") == []
+
+
+KILLED_WRITER = textwrap.dedent("""
+    import os, signal, sys
+    import numpy as np
+    from packlab import cloud, storage
+    from packlab.bins import PackedBin
+    storage.configure("s3", **{endpoint!r})
+    rng = np.random.default_rng(0)
+    def bins():
+        while True:  # incompressible bins of 4096 tokens
+            yield PackedBin(rng.integers(0, 2**31 - 1, 4096, dtype=np.int32),
+                            np.zeros(4096, np.uint8), np.array([0], np.int32))
+    if sys.argv[1] == "parquet":
+        w = cloud.open_writer("parquet", sys.argv[2], pack_size=4096, row_group_size=64,
+                              compression="none")
+        for i, b in enumerate(bins()):
+            w.write(b)
+            if i == 2000:  # ~32 MB sent: several multipart parts are on the server
+                os.kill(os.getpid(), signal.SIGKILL)
+    else:  # memmap: the data files uploaded, killed before the manifest
+        import packlab.cloud.transfer as transfer
+        real = transfer.upload_file
+        def upload_file(local, target, **kw):
+            out = real(local, target, **kw)
+            if target.name == "seq_starts.npy":
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        transfer.upload_file = upload_file
+        w = cloud.open_writer("memmap_v1", sys.argv[2], pack_size=4096)
+        for i, b in zip(range(300), bins()):
+            w.write(b)
+        w.finalize()
+""")
+
+
+@pytest.mark.parametrize("name", ["parquet", "memmap_v1"])
+def test_writer_killed_mid_upload_leaves_nothing_readable(server, tmp_path: Path,
+                                                          name: str) -> None:
+    uri = f"s3://{BUCKET}/killed/{name}/shard"
+    server.reset_counts()
+    script = KILLED_WRITER.format(endpoint=server.options())
+    done = subprocess.run([sys.executable, "-c", script, name, uri], timeout=120,
+                          capture_output=True, text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    log = server.stats()["log"]
+    assert sum(e["bytes_in"] for e in log) > 1_000_000  # it was killed mid-upload
+    fs = server.filesystem()
+    assert fs.get_file_info(f"{BUCKET}/killed/{name}/shard").type == pafs.FileType.NotFound \
+        or name != "parquet"
+    if name == "parquet":
+        assert any("uploadId" in e["query"] and e["method"] == "PUT" for e in log)  # parts
+        assert keys(server, f"killed/{name}") == []  # not even the temporary is visible
+        with pytest.raises(FormatError):
+            cloud.open_dataset(uri)
+    else:
+        assert f"{BUCKET}/killed/{name}/shard/seq_starts.npy" in keys(server, "killed")
+        with pytest.raises(FormatError, match="but no manifest.json: .* did not finish"):
+            cloud.open_dataset(uri, cache_dir=tmp_path)
+        with pytest.raises(FormatError, match="no manifest.json"):
+            cloud.open_dataset(f"s3://{BUCKET}/killed/{name}", cache_dir=tmp_path)
+
+
+# -- bad checksums -----------------------------------------------------------------------------
+def _corrupt(server, key: str, *, truncate: bool = False) -> None:
+    fs = server.filesystem()
+    with fs.open_input_file(f"{BUCKET}/{key}") as f:
+        raw = bytearray(f.read())
+    if truncate:
+        raw = raw[:-10]
+    else:
+        raw[len(raw) // 2] ^= 0xFF
+    with fs.open_output_stream(f"{BUCKET}/{key}") as f:
+        f.write(bytes(raw))
+
+
+@pytest.mark.parametrize("name", ["memmap_v1", "binidx"])
+@pytest.mark.parametrize("truncate", [False, True])
+def test_directory_shard_with_bad_checksum_is_refused(server, data, tmp_path: Path, name: str,
+                                                       truncate: bool) -> None:
+    _, spool, _, bins = data
+    uri = f"s3://{BUCKET}/bad/{name}{truncate}/shard"
+    options = {"vocab_size": spool.vocab_size} if name == "binidx" else {}
+    write(cloud.open_writer(name, uri, pack_size=512, **options), bins)
+    data_file = {"memmap_v1": "input_ids.npy", "binidx": "data.bin"}[name]
+    _corrupt(server, f"bad/{name}{truncate}/shard/{data_file}", truncate=truncate)
+    cache = tmp_path / "cache"
+    message = "truncated" if truncate else "checksum mismatch"
+    with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
+        cloud.open_dataset(uri, cache_dir=cache)
+    assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing cached
+
+
+def test_one_file_shards_with_damage_are_refused(server, data, tmp_path: Path) -> None:
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/bad/arrow/shard.arrow"
+    write(cloud.open_writer("arrow_ipc", uri, pack_size=512, batch_size=8), bins)
+    _corrupt(server, "bad/arrow/shard.arrow")
+    with pytest.raises(FormatError, match=uri):
+        cloud.open_dataset(uri, cache_dir=tmp_path)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    uri = f"s3://{BUCKET}/bad/parquet/shard.parquet"  # read in place: page checksums
+    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8,
+                            compression="none"), bins)
+    _corrupt(server, "bad/parquet/shard.parquet")
+    reader = cloud.open_shard(uri)
+    with pytest.raises(FormatError, match=uri):
+        reader.validate()
+
+
+# -- the cost of a random Parquet access --------------------------------------------------------
+@pytest.mark.parametrize("row_group_size", [4, 32, 1000])
+def test_random_parquet_access_costs_one_row_group_plus_footer(server, data,
+                                                               row_group_size: int) -> None:
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/cost/rg{row_group_size}.parquet"
+    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=row_group_size,
+                            overwrite=True), bins)
+    for tail in (8, remote_parquet.TAIL_BYTES):
+        server.reset_counts()
+        reader = remote_parquet.Reader(uri, tail_bytes=tail, cache_row_groups=1)
+        opened = server.stats()
+        footer = reader.footer_bytes
+        assert opened["requests"] == 1 + (2 if footer > tail else 1)  # HEAD + the tail (+ rest)
+        assert footer <= opened["bytes_out"] <= max(footer, min(tail, reader.size))
+        rng = np.random.default_rng(row_group_size)
+        previous = -1  # the one row group the reader keeps (cache_row_groups=1)
+        for index in rng.integers(0, len(bins), 8).tolist():
+            group = int(reader.row_group_of(index))
+            server.reset_counts()
+            packed = reader.read_bin(index)
+            cost = server.stats()
+            assert np.array_equal(packed.input_ids, bins[index].input_ids)
+            if group == previous:
+                assert cost["requests"] == 0
+                continue
+            previous = group
+            assert cost["requests"] == 1  # one coalesced ranged GET
+            assert cost["log"][0]["range"] is not None
+            assert cost["bytes_out"] == reader.row_group_bytes(group)
+        if tail == 8:  # the strict form: exactly the footer, then exactly one row group
+            assert opened["bytes_out"] == footer
+
+
+# -- the layout through blend.json -------------------------------------------------------------
+def test_layout_split_resolves_through_blend_json(server, tmp_path: Path) -> None:
+    from packlab.layout import build_layout
+
+    spools = [write_random_spool(tmp_path / n, num_sequences=150, max_len=300, seed=s)
+              for n, s in (("chat", 1), ("code", 2))]
+    out = tmp_path / "out"
+    build_layout([s.path for s in spools], out, format="parquet", pack_size=512,
+                 splits="train=0.8,valid=0.2", weights="0.7,0.3", bins_per_shard=20, workers=1)
+    uri = f"s3://{BUCKET}/layout/out"
+    server.reset_counts()
+    cloud.upload_layout(out, uri)
+    writes = [e["path"] for e in server.stats()["log"]  # (pyarrow adds "dir/" markers)
+              if e["method"] in ("PUT", "POST") and not e["path"].endswith("/")]
+    assert writes[-1].endswith("/blend.json")  # the commit point goes last
+    assert sum(w.endswith("/blend.json") for w in writes) == 1
+    assert not [k for k in keys(server, "layout") if "/splits/" in k]
+    for split in ("train", "valid"):
+        local = open_local_dataset(out, split=split)
+        remote = cloud.open_dataset(uri, split=split)
+        assert len(remote.shards) == len(local.shards)
+        same_bins(remote, local.read_bins(np.arange(len(local))))
+    with pytest.raises(FormatError, match="no split 'test'; splits here: train, valid"):
+        cloud.open_dataset(uri, split="test")
+    with pytest.raises(PacklabError, match="pass split="):
+        cloud.open_dataset(uri)
+    with pytest.raises(FormatError, match="no blend.json"):
+        cloud.open_dataset(f"s3://{BUCKET}/rt/parquet", split="train")
+    with pytest.raises(PacklabError, match="already exists"):
+        cloud.upload_layout(out, uri)
+
+
+# -- DuckDB ------------------------------------------------------------------------------------
+def test_duckdb_queries_s3_shards_without_httpfs(server, data) -> None:
+    _, _, _, bins = data
+    prefix = f"s3://{BUCKET}/sql"
+    for k in range(2):
+        part = bins[k::2]
+        write(cloud.open_writer("parquet", f"{prefix}/shard_{k:06d}.parquet", pack_size=512,
+                                row_group_size=16, overwrite=True), part)
+    con = sql.connect()
+    uris = sql.create_view(con, "bins", prefix)
+    assert len(uris) == 2
+    server.reset_counts()
+    count, tokens = con.execute("SELECT count(*), sum(len(input_ids)) FROM bins").fetchone()
+    assert (count, tokens) == (len(bins), sum(b.packed_len for b in bins))
+    log = server.stats()["log"]
+    assert log and all(e["method"] in ("HEAD", "GET") for e in log)
+    assert any(e["range"] for e in log)  # ranged reads, through packlab's filesystem
+    loaded = con.execute("SELECT extension_name FROM duckdb_extensions() WHERE loaded").fetchall()
+    assert ("httpfs",) not in loaded
+    con.register("ds", sql.arrow_dataset(prefix))
+    assert con.execute("SELECT count(*) FROM ds").fetchone()[0] == len(bins)
+
+
+# -- housekeeping ------------------------------------------------------------------------------
+def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/ow/a.parquet"
+    write(cloud.open_writer("parquet", uri, pack_size=512), bins[:5])
+    with pytest.raises(PacklabError, match="already exists"):
+        cloud.open_writer("parquet", uri, pack_size=512)
+    write(cloud.open_writer("parquet", uri, pack_size=512, overwrite=True), bins[:7])
+    assert len(cloud.open_shard(uri)) == 7
+    stale = storage.resolve(f"s3://{BUCKET}/ow/.b.parquet.tmp-1-deadbeef")
+    storage.put_object(b"left by a killed writer", stale)
+    assert cloud.sweep_temporaries(f"s3://{BUCKET}/ow", older_than_s=3600) == []
+    assert cloud.sweep_temporaries(f"s3://{BUCKET}/ow", older_than_s=-60) == [stale.uri]
+    assert keys(server, "ow") == [f"{BUCKET}/ow/a.parquet"]
+    local = tmp_path / "m"
+    write(get_format("memmap_v1").Writer(local, pack_size=512), bins[:3])
+    cloud.upload_shard(local, f"s3://{BUCKET}/ow/m")
+    manifest = json.loads(storage.resolve(f"s3://{BUCKET}/ow/m/manifest.json").read_bytes())
+    assert manifest["num_bins"] == 3
