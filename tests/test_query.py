@@ -8,7 +8,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import write_random_spool
@@ -25,6 +24,7 @@ from packlab.query import connect, execute, query
 from packlab.query.jobs import measure
 from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
+from packlab.query.tamper import RULES, break_bin
 
 SPLITS = "train=0.7,valid=0.2,test=0.1"
 
@@ -125,22 +125,7 @@ def test_card_histograms_and_engines_agree(layout: Path) -> None:
         assert answer("duckdb", name, layout) == answer("polars", name, layout), name
 
 
-def rewrite(path: Path, row: int, how: str) -> None:
-    """Break one bin of a Parquet shard on purpose (pyarrow directly: writers refuse to)."""
-    table = pq.read_table(path)
-    cols = {name: table.column(name).to_pylist() for name in table.column_names}
-    mask, starts = cols["loss_mask"][row], cols["seq_start_id"][row]
-    if how == "loss_crosses_boundary":
-        mask[starts[1] - 1] = 1
-    elif how == "starts_not_increasing":
-        starts[1], starts[2] = starts[2], starts[1]
-    elif how == "loss_mask_not_binary":
-        mask[0] = 2
-    pq.write_table(pa.table(cols, schema=table.schema), path)
-
-
-@pytest.mark.parametrize("how", ["loss_crosses_boundary", "starts_not_increasing",
-                                 "loss_mask_not_binary"])
+@pytest.mark.parametrize("how", RULES)
 def test_a_broken_bin_is_found_by_sql_and_by_validate(how: str, tmp_path: Path) -> None:
     write_random_spool(tmp_path / "s", num_sequences=200, max_len=40, seed=5)
     out = tmp_path / "out"
@@ -150,7 +135,7 @@ def test_a_broken_bin_is_found_by_sql_and_by_validate(how: str, tmp_path: Path) 
     link = sorted((out / "splits" / "train").glob("*.parquet"))[1]
     starts = pq.read_table(link).column("seq_start_id").to_pylist()
     row = next(i for i, s in enumerate(starts) if len(s) >= 3)
-    rewrite(link.resolve(), row, how)
+    break_bin(link, row, how)
     found = query(connect(out), "SELECT shard, row, rule FROM violations")
     assert found == [{"shard": link.name, "row": row, "rule": how}]
     with pytest.raises(InvariantError, match=f"{link.name}: bin {row}: "):

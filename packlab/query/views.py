@@ -28,6 +28,7 @@ The rules of ``violations`` (DESIGN.md, "One packed bin"; ``packlab validate`` c
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -135,6 +136,8 @@ def connect(
 
     shards = resolve_sources(data, split=split)
     con = duckdb.connect(":memory:")
+    # DuckDB draws its own progress bar on stderr for long queries: on a terminal only
+    con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit is not None:
