@@ -210,6 +210,9 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     for child in sorted(directory.iterdir()):
         if _ignored(child):
             continue
+        if child.is_symlink() and not child.exists():
+            raise FormatError(f"{child}: broken link to {os.readlink(child)} (its shard is "
+                              "missing; rerun `packlab pack` to rewrite it)")
         name = _detect(child)
         if name is None:
             unknown.append(child)
@@ -260,6 +263,11 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
                               "(`packlab pack`)")
         shards = shards_in_directory(p, format=format)
         if not shards:
+            from packlab.layout.blend import is_layout, known_splits
+
+            if is_layout(p):
+                raise FormatError(f"{p}: an output layout: open one split (split=...; splits "
+                                  f"here: {', '.join(known_splits(p)) or 'none'})")
             raise FormatError(f"{p}: no shards in this directory")
         return shards
     return [(p, format or detect_format(p))]

@@ -413,10 +413,14 @@ def validate_shard(path: Path, format: str) -> dict[str, Any]:
 
 
 def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Validate a shard or a directory of shards; raises on the first problem, naming it."""
+    """Validate a shard, a directory of shards, or an output layout (every split, and the
+    counts ``blend.json`` gives); raises on the first problem, naming it."""
     from packlab.dataset import find_shards
+    from packlab.layout.blend import is_layout
 
     root = Path(path)
+    if is_layout(root) and not any(p.name.startswith("shard_") for p in root.iterdir()):
+        return validate_layout(root)
     shards = find_shards(root)
     if root.is_dir() and not (len(shards) == 1 and shards[0][0] == root):
         names = {p.name for p, _ in shards}
@@ -433,3 +437,42 @@ def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
         "bytes": sum(int(r["bytes"]) for r in rows),
         "shards": rows,
     }
+
+
+def validate_layout(root: Path) -> dict[str, Any]:
+    """Every split of an output layout, and each split's bins and tokens against blend.json."""
+    from packlab.layout.blend import SPLITS_DIR, known_splits, read_blend, split_source
+
+    blend = read_blend(root) or {}
+    rows: list[dict[str, Any]] = []
+    splits: dict[str, Any] = {}
+    for split in known_splits(root):
+        expected = blend.get("splits", {}).get(split, {})
+        if expected.get("num_bins") == 0:  # no sequence fell into it: valid, and empty
+            splits[split] = {"num_shards": 0, "num_bins": 0, "num_tokens": 0}
+            continue
+        source = split_source(root, split)
+        result = validate_path(source) if isinstance(source, Path) else _validate_list(source)
+        for key in ("num_bins", "num_tokens"):
+            if key in expected and expected[key] != result[key]:
+                raise FormatError(f"{root / SPLITS_DIR / split}: {result[key]} "
+                                  f"{key[4:]}, blend.json says {expected[key]}")
+        splits[split] = {k: result[k] for k in ("num_shards", "num_bins", "num_tokens")}
+        rows.extend(result["shards"])
+    return {
+        "path": str(root),
+        "num_shards": len(rows),
+        "num_bins": sum(int(r["num_bins"]) for r in rows),
+        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
+        "bytes": sum(int(r["bytes"]) for r in rows),
+        "shards": rows,
+        "splits": splits,
+    }
+
+
+def _validate_list(paths: Sequence[Path]) -> dict[str, Any]:
+    from packlab.dataset import find_shards
+
+    rows = [validate_shard(p, name) for p, name in find_shards(list(paths))]
+    return {"num_shards": len(rows), "num_bins": sum(int(r["num_bins"]) for r in rows),
+            "num_tokens": sum(int(r["num_tokens"]) for r in rows), "shards": rows}

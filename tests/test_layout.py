@@ -279,3 +279,41 @@ def test_pack_command_writes_the_layout_and_reports_reuse(spools, tmp_path: Path
     assert main(["pack", str(spools[0]), str(spools[0]), str(tmp_path / "y"), "--format",
                  "parquet", "--pack-size", "256"]) == 2
     assert "not unique" in capsys.readouterr().err
+
+
+def test_validate_a_whole_layout_and_name_a_missing_shard(spools, tmp_path: Path, capsys
+                                                          ) -> None:
+    out = tmp_path / "out"
+    report = build(spools, out, splits="train=0.9,valid=0.1,test=0")
+    result = validate_path(out)
+    assert result["num_bins"] == sum(s["num_bins"] for s in report["splits"].values())
+    assert result["splits"]["test"]["num_bins"] == 0 and len(result["splits"]) == 3
+    assert main(["validate", str(out)]) == 0
+    capsys.readouterr()
+    with pytest.raises(FormatError, match="open one split .*splits here: train, valid, test"):
+        open_dataset(out)
+    link = sorted((out / "splits" / "valid").glob("*.parquet"))[0]
+    link.resolve().unlink()
+    for call in (lambda: validate_path(out), lambda: open_dataset(out, split="valid")):
+        with pytest.raises(FormatError, match=f"{link.name}: broken link to ../../runs/.*rerun"):
+            call()
+    assert main(["validate", str(out)]) == 2
+    assert "broken link" in capsys.readouterr().err
+
+
+def test_full_verification_catches_damage_a_receipt_cannot_see(spools, tmp_path: Path) -> None:
+    """A directory shard's receipt covers its manifest; a same-size bit flip in a data file
+    passes the receipt check and is caught only by --verify full (the reader's validate)."""
+    out = tmp_path / "out"
+    build(spools[:1], out, format="memmap_v1", splits="train=1")
+    shard = sorted((out / "runs").rglob("shard_000001"))[0]
+    data = shard / "input_ids.npy"
+    raw = bytearray(data.read_bytes())
+    raw[-1] ^= 0xFF
+    data.write_bytes(bytes(raw))
+    assert build(spools[:1], out, format="memmap_v1", splits="train=1")["written"] == 0
+    with pytest.raises(FormatError, match="input_ids.npy"):
+        validate_path(out)
+    fixed = build(spools[:1], out, format="memmap_v1", splits="train=1", verify="full")
+    assert fixed["written"] == 1
+    assert validate_path(out)["num_shards"] == fixed["num_shards"]
