@@ -28,6 +28,7 @@ Run by hand: ``python -m packlab.s3server`` prints ``PORT <n>`` and serves until
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -36,6 +37,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from packlab.errors import PacklabError
@@ -144,8 +146,16 @@ def serve(host: str = HOST, port: int = 0) -> None:
         raise PacklabError(f"the test server binds {HOST} only, not {host}")
     app = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
     server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
+    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     print(f"PORT {server.server_port}", flush=True)
     server.serve_forever()
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A server whose parent died (a killed test or kernel) exits instead of lingering."""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
 
 
 # -- the client side ---------------------------------------------------------------------------
@@ -187,6 +197,7 @@ class S3Server:
         except BaseException:
             self.stop()
             raise
+        atexit.register(self.stop)  # a notebook or script that never reaches stop()
         if self._configure:
             from packlab import storage
 
@@ -222,6 +233,7 @@ class S3Server:
     def stop(self) -> None:
         """Terminate the child (kill it after 5 s), restore the storage configuration."""
         process, self.process = self.process, None
+        atexit.unregister(self.stop)
         if process is not None:
             process.terminate()
             try:
@@ -263,6 +275,17 @@ class S3Server:
 
     def reset_counts(self) -> None:
         self._get(RESET_PATH)
+
+    @contextmanager
+    def measure(self) -> Iterator[dict[str, float]]:
+        """``with server.measure() as m: ...``: then ``m`` holds the block's ``requests``,
+        ``bytes_out``, ``bytes_in`` (as the server counted them) and wall ``seconds``."""
+        self.reset_counts()
+        out: dict[str, float] = {}
+        began = time.perf_counter()
+        yield out
+        out["seconds"] = time.perf_counter() - began
+        out.update(self.counts())
 
     # -- conveniences -----------------------------------------------------------------------
     def filesystem(self, **options: Any) -> Any:

@@ -428,3 +428,58 @@ def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
     cloud.upload_shard(local, f"s3://{BUCKET}/ow/m")
     manifest = json.loads(storage.resolve(f"s3://{BUCKET}/ow/m/manifest.json").read_bytes())
     assert manifest["num_bins"] == 3
+
+
+# -- the registry, forked readers, the notebook's measurements ---------------------------------
+def test_registry_hands_uris_to_packlab_cloud(server, data) -> None:
+    from packlab import formats
+
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/registry/shard.parquet"
+    write(formats.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    assert formats.detect_format(uri) == "parquet"
+    reader = formats.open_shard(uri)
+    assert isinstance(reader, remote_parquet.Reader) and len(reader) == len(bins)
+    assert formats.detect_format(f"s3://{BUCKET}/registry") == "parquet"
+
+
+def test_remote_dataset_in_forked_workers(server, data) -> None:
+    import multiprocessing
+
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/fork/shard.parquet"
+    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    ds = cloud.open_dataset(uri)
+    ds.read_bin(0)  # the parent's reader is open: a child must not reuse its handle
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        lengths = pool.map(_packed_len, [(ds, i) for i in range(0, len(bins), 7)])
+    assert lengths == [bins[i].packed_len for i in range(0, len(bins), 7)]
+
+
+def _packed_len(job) -> int:
+    ds, index = job
+    return int(ds[index]["input_ids"].shape[0])
+
+
+def test_bench_counts_bound_and_compares(server, data) -> None:
+    from packlab.cloud import bench
+
+    root, spool, assignment, _ = data
+    written = bench.write_shards(server, spool, assignment, f"s3://{BUCKET}/bench/rg",
+                                 format="parquet", row_group_size=8, num_shards=2)
+    assert len(written["uris"]) == 2 and written["bytes_in"] > 0
+    costs = bench.access_costs(server, written["uris"][0], accesses=12, seed=1)
+    assert costs["max_requests_per_fetch"] == 1 and costs["max_bytes_over_bound"] == 1.0
+    assert costs["open_requests"] == 2 and costs["open_bytes"] >= costs["footer_bytes"]
+    assert costs["fetching_accesses"] >= 1
+    assert costs["bytes_per_fetch"] == costs["row_group_bytes_mean"]
+    opens = bench.open_comparison(server, {"parquet": f"s3://{BUCKET}/bench/rg"})
+    assert [(r["cache"], r["num_bins"]) for r in opens] == [("cold", assignment.num_bins),
+                                                            ("warm", assignment.num_bins)]
+    rows = bench.write_comparison(server, spool, assignment, f"s3://{BUCKET}/bench/w",
+                                  row_group_size=16)
+    by = {r["way"]: r for r in rows}
+    assert by["parquet direct"]["local_disk_bytes"] == 0
+    assert by["parquet local+upload"]["local_disk_bytes"] > 0
+    assert by["memmap_v1 local+upload"]["bytes_sent"] > by["parquet direct"]["bytes_sent"]
+    assert bench.modelled_seconds(2, 100e6) == pytest.approx(2 * 0.030 + 1.0)

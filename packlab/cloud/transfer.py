@@ -100,6 +100,8 @@ def upload_shard(local: str | os.PathLike[str], uri: str | Location, *, filesyst
         return _upload_directory(source, target, overwrite=overwrite)
     if not source.is_file():
         raise FormatError(f"{source}: no such shard to upload")
+    if not overwrite and target.exists():
+        raise PacklabError(f"{target}: already exists (pass overwrite=True to replace it)")
     entry = upload_file(source, target, overwrite=overwrite, atomic=True)
     return {"uri": target.uri, "files": 1, "bytes": entry["bytes"]}
 

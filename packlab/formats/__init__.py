@@ -54,8 +54,19 @@ def get_format(name: str) -> ModuleType:
     return module
 
 
+def _remote(path: Any) -> bool:
+    """A URI other than file:// (or a packlab.storage.Location): handled by packlab.cloud."""
+    if getattr(path, "is_remote", False):
+        return True
+    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+
+
 def detect_format(path: str | os.PathLike[str]) -> str:
     """The name of the format of the shard at ``path``; a clear error if none claims it."""
+    if _remote(path):
+        from packlab.cloud import find_shards
+
+        return find_shards(path)[0][1]
     p = Path(path)
     if not p.exists():
         raise FormatError(f"{p}: no such file or directory")
@@ -66,11 +77,21 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 
 
 def open_shard(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> Any:
-    """A reader for the shard at ``path`` (format detected unless given)."""
+    """A reader for the shard at ``path`` (format detected unless given); a URI
+    (``s3://...``) goes through :func:`packlab.cloud.open_shard`."""
+    if _remote(path):
+        from packlab.cloud import open_shard as open_remote_shard
+
+        return open_remote_shard(path, format, **options)
     name = format or detect_format(path)
     return get_format(name).Reader(path, **options)
 
 
 def open_writer(format: str, path: str | os.PathLike[str], **options: Any) -> Any:
-    """A writer of format ``format`` at ``path`` (keyword options as the format takes them)."""
+    """A writer of format ``format`` at ``path`` (keyword options as the format takes them);
+    a URI (``s3://...``) goes through :func:`packlab.cloud.open_writer`."""
+    if _remote(path):
+        from packlab.cloud import open_writer as open_remote_writer
+
+        return open_remote_writer(format, path, **options)
     return get_format(format).Writer(path, **options)
