@@ -217,13 +217,19 @@ def test_claim_verdicts_and_extrapolation() -> None:
     value, how = claims.value_at([1000, 5000], [80e6, 400e6])
     assert value == pytest.approx(4e9) and "extrapolated" in how
     assert claims.value_at([50_000], [1.0])[1] == "measured at 50,000 bins"
-    series = {("legacy_npy_pickle", "load"): {"bins": [1000], "rss": [80e6], "python_heap": [79e6]},
-              ("memmap_v1", "load"): {"bins": [1000], "rss": [4e3], "python_heap": [4e3]}}
+    series = {("legacy_npy_pickle", "load"): {"bins": [1000], "rss": [80e6], "heap_bins": [1000],
+                                              "python_heap": [79e6]},
+              ("memmap_v1", "load"): {"bins": [1000], "rss": [4e3], "heap_bins": [1000],
+                                      "python_heap": [4e3]}}
     rows = claims.claim_rows(series)
     assert [r["verdict"] for r in rows] == ["holds", "does not hold (67x more)"]
     ratios = claims.ratio_rows(rows)
     assert ratios[0]["ratio"] == pytest.approx(20_000.0) and ratios[0]["verdict"] == "holds"
     assert claims.human_bytes(4e9) == "4 GB" and claims.human_bytes(512) == "512 B"
+    partly = {("legacy_npy_pickle", "write"): {"bins": [1000, 50_000], "rss": [80e6, 4e9],
+                                               "heap_bins": [1000], "python_heap": [79e6]}}
+    (row,) = claims.claim_rows(partly)
+    assert "RSS 4 GB (measured at 50,000 bins); Python heap 3.95 GB (scaled linearly" in row["measured"]
 
 
 # -- the command line ------------------------------------------------------------------------
@@ -259,14 +265,16 @@ def test_memory_sweep_rows_and_a_capped_format(tmp_path: Path) -> None:
     from packlab.measure import sweep
 
     fmt = next(n for n in PREFERRED if n in format_names())
-    rows = sweep.memory_sweep(tmp_path, [10, 30], formats=[fmt], tracemalloc=False,
-                              max_bins={fmt: 10})
+    rows = sweep.memory_sweep(tmp_path, [10, 20, 30], formats=[fmt], max_bins={fmt: 20},
+                              trace_max_bins=10)
     assert [(r["bins"], r["phase"]) for r in rows] == [
-        (10, "write"), (10, "load"), (10, "read"), (30, "write"), (30, "load"), (30, "read")]
-    assert all(r["error"] is None and r["peak_rss_growth_bytes"] >= 0 for r in rows[:3])
-    assert all(r["error"].startswith("skipped: above max_bins 10") for r in rows[3:])
-    assert sweep.failures(rows) == {fmt: rows[3]["error"]}
-    assert sweep.largest(rows) == 10
+        (b, p) for b in (10, 20, 30) for p in ("write", "load", "read")]
+    assert all(r["error"] is None and r["peak_rss_growth_bytes"] >= 0 for r in rows[:6])
+    assert all(r["python_heap_peak_bytes"] is not None for r in rows[:3])
+    assert all(r["python_heap_peak_bytes"] is None for r in rows[3:6])  # above trace_max_bins
+    assert all(r["error"].startswith("skipped: above max_bins 20") for r in rows[6:])
+    assert sweep.failures(rows) == {fmt: rows[6]["error"]}
+    assert sweep.largest(rows) == 20 and sweep.largest(rows, "python_heap_peak_bytes") == 10
     assert not list((tmp_path / "shards").iterdir())  # shards are removed unless kept
 
 

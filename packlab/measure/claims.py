@@ -98,7 +98,8 @@ def claim_rows(
 ) -> list[dict[str, str | float]]:
     """One row per RFC claim whose format was measured.
 
-    ``series[(format, phase)]`` holds ``bins``, ``rss`` and ``python_heap`` lists (bytes).
+    ``series[(format, phase)]`` holds ``bins`` and ``rss`` (and ``anon``) lists, and
+    ``heap_bins`` and ``python_heap`` (the traced runs may cover fewer sizes), in bytes.
     The verdict judges the metric the claim names; the other metric stands beside it.
     """
     rows: list[dict[str, str | float]] = []
@@ -107,7 +108,7 @@ def claim_rows(
         if not data:
             continue
         rss, how = value_at(data["bins"], data["rss"], target)
-        heap, _ = value_at(data["bins"], data["python_heap"], target)
+        heap, heap_how = value_at(data["heap_bins"], data["python_heap"], target)
         anon = value_at(data["bins"], data["anon"], target)[0] if "anon" in data else None
         judged = heap if claim.metric == "python_heap" else rss
         rows.append({
@@ -116,7 +117,8 @@ def claim_rows(
             "anon_bytes": anon,
             "measured": f"RSS {human_bytes(rss)}"
                         + (f" (anonymous {human_bytes(anon)})" if anon is not None else "")
-                        + f", Python heap {human_bytes(heap)} ({how})",
+                        + (f", Python heap {human_bytes(heap)} ({how})" if heap_how == how else
+                           f" ({how}); Python heap {human_bytes(heap)} ({heap_how})"),
             "verdict": verdict(judged, claim.claimed_bytes, claim.kind),
             "rss_verdict": verdict(rss, claim.claimed_bytes, claim.kind),
         })

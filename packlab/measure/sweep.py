@@ -37,11 +37,14 @@ def memory_sweep(
     seed: int = 0,
     keep_shards: bool = False,
     max_bins: dict[str, int] | None = None,
+    trace_max_bins: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows ``{format, bins, phase, <metric>: bytes, ..., bytes_on_disk, error}``.
 
     ``max_bins`` caps a format (the legacy writer needs ~80 KB of RAM per bin of 2048): larger
-    sizes are rows that say they were skipped, not silently missing.
+    sizes are rows that say they were skipped, not silently missing. ``trace_max_bins`` caps
+    the tracemalloc runs (tracing 50k legacy bins takes ~13 GB and minutes): above it the
+    Python heap is ``None``, and claims about it are extrapolated, saying so.
     """
     if not sizes or min(sizes) <= 0:
         raise PacklabError(f"sizes must be positive bin counts, got {list(sizes)}")
@@ -58,7 +61,8 @@ def memory_sweep(
                             for phase in PHASES)
                 continue
             out = root / "shards" / f"{fmt}_{bins}{get_format(fmt).SUFFIX}"
-            rows.extend(_measure(fmt, bins, work.spool, plan, out, via, tracemalloc))
+            traced = tracemalloc and (trace_max_bins is None or bins <= trace_max_bins)
+            rows.extend(_measure(fmt, bins, work.spool, plan, out, via, traced))
             if not keep_shards:
                 remove(out)
     return rows
@@ -102,8 +106,9 @@ def claim_series(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[s
         heap = series(rows, phase, "python_heap_peak_bytes")
         anon = series(rows, phase, "peak_anon_growth_bytes")
         for fmt, (xs, ys) in rss.items():
-            if fmt in heap and heap[fmt][0] == xs:
-                out[(fmt, phase)] = {"bins": xs, "rss": ys, "python_heap": heap[fmt][1]}
+            if fmt in heap:
+                out[(fmt, phase)] = {"bins": xs, "rss": ys, "heap_bins": heap[fmt][0],
+                                     "python_heap": heap[fmt][1]}
                 if fmt in anon and anon[fmt][0] == xs:
                     out[(fmt, phase)]["anon"] = anon[fmt][1]
     return out
@@ -133,9 +138,10 @@ def _cell(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def largest(rows: Sequence[dict[str, Any]]) -> int:
-    """The largest size at which some format was measured."""
-    sizes = [int(r["bins"]) for r in rows if not r.get("error")]
+def largest(rows: Sequence[dict[str, Any]], metric: str | None = None) -> int:
+    """The largest size at which some format was measured (and has ``metric``, if given)."""
+    sizes = [int(r["bins"]) for r in rows
+             if not r.get("error") and (metric is None or r.get(metric) is not None)]
     if not sizes:
         raise PacklabError("no format could be measured at any size")
     return max(sizes)
