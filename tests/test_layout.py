@@ -20,6 +20,7 @@ from packlab.files import sha256_file
 from packlab.formats import format_names
 from packlab.layout import (
     build_layout,
+    copy_layout,
     known_splits,
     nano3_paths,
     parse_fractions,
@@ -208,6 +209,11 @@ def test_moved_output_keeps_its_links_and_blend_json_serves_without_them(spools,
         assert all(p.exists() for p in (moved / "splits" / s).iterdir())
     assert validate_path(moved / "splits" / "valid")["num_shards"] > 0
 
+    copied = copy_layout(moved, tmp_path / "copy")  # links stay links, and resolve in the copy
+    assert all(os.readlink(p).startswith("../../runs/") and str(p.resolve()).startswith(
+        str(copied.resolve())) for p in (copied / "splits" / "train").iterdir())
+    with pytest.raises(PacklabError, match="already exists"):
+        copy_layout(moved, copied)
     shutil.rmtree(moved / "splits")  # e.g. a copy to object storage: no symlinks
     for s, digests in want.items():
         ds = open_dataset(moved, split=s)

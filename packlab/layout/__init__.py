@@ -23,11 +23,11 @@ from packlab.layout.blend import (
     split_source,
     weighted_indices,
 )
-from packlab.layout.build import build_layout, dataset_names
+from packlab.layout.build import build_layout, copy_layout, dataset_names
 from packlab.layout.splits import parse_fractions, parse_weights, sequence_keys, split_sequences
 
 __all__ = [
-    "BLEND_FILE", "build_layout", "dataset_names", "is_layout", "known_splits", "layout_shards",
+    "BLEND_FILE", "build_layout", "copy_layout", "dataset_names", "is_layout", "known_splits", "layout_shards",
     "nano3_paths", "parse_fractions", "parse_weights", "read_blend", "sequence_keys",
     "split_sequences", "split_source", "weighted_indices",
 ]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -267,3 +268,13 @@ def _summary(root: Path, blend: dict[str, Any], parts: list[dict[str, Any]]) -> 
                    "plan": p["plan"]} for p in parts],
         "other_runs": others,
     }
+
+
+def copy_layout(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> Path:
+    """Copy a whole layout, links as links: they are relative, so the copy reads its own
+    shards (``dst`` must not exist)."""
+    target = Path(dst)
+    if target.exists():
+        raise PacklabError(f"{target}: already exists")
+    shutil.copytree(src, target, symlinks=True)
+    return target

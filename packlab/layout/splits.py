@@ -29,7 +29,7 @@ from packlab.spool import SpoolReader
 
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 DEFAULT_SPLITS = "train=1"
-CHUNK_TOKENS = 1 << 22
+CHUNK_TOKENS = 1 << 20
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

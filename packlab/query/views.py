@@ -136,8 +136,12 @@ def connect(
 
     shards = resolve_sources(data, split=split)
     con = duckdb.connect(":memory:")
-    # DuckDB draws its own progress bar on stderr for long queries: on a terminal only
-    con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+    # DuckDB draws its own progress bar for long queries: on a terminal only. Under Jupyter
+    # without ipywidgets the bar is already off and DuckDB refuses any change to the setting.
+    try:
+        con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+    except duckdb.Error:
+        pass
     if threads is not None:
         con.execute(f"SET threads = {int(threads)}")
     if memory_limit is not None:
