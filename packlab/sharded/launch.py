@@ -127,11 +127,16 @@ def collate_in_worker(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _loader(dataset: Any, batch_sampler: Any, config: dict[str, Any]) -> Any:
+    import multiprocessing as mp
+
     from torch.utils.data import DataLoader
 
     workers = int(config.get("num_workers", 0))
+    # A spawned rank's default start method is spawn: each worker would import torch again
+    # (seconds each). Fork the workers instead, as a torchrun-launched trainer does on Linux.
+    context = "fork" if workers and "fork" in mp.get_all_start_methods() else None
     return DataLoader(dataset, batch_sampler=batch_sampler, num_workers=workers,
-                      collate_fn=collate_in_worker,
+                      collate_fn=collate_in_worker, multiprocessing_context=context,
                       timeout=float(config.get("timeout", 30.0)) + 30.0 if workers else 0)
 
 
@@ -188,12 +193,17 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
 
     ``config``: ``directory``, ``micro_batch_size``, ``design`` (``rank_local`` or ``seed``),
     ``num_workers``, ``seed``, ``epoch``, ``window``, ``poll_interval``, ``timeout``,
-    ``stop_after`` (steps before a simulated crash, then a resume from the checkpoint).
+    ``stop_after`` (steps before a simulated crash, then a resume from the checkpoint),
+    ``ready_dir`` (where to write ``rank{r}`` once reading starts).
     """
     if config.get("design", "rank_local") == "seed":
         return _consume_seed(rank, world_size, config)
     began, began_wall = time.perf_counter(), time.time()
     dataset, sampler, tracker = _rank_local(rank, world_size, config, 0)
+    if config.get("ready_dir"):  # tell a waiting producer this rank is up and about to read
+        ready = Path(config["ready_dir"]) / f"rank{rank}"
+        ready.parent.mkdir(parents=True, exist_ok=True)
+        ready.write_text(str(time.time()))
     served = _Served()
     stop_after = config.get("stop_after")
     first_pass = None
@@ -229,7 +239,8 @@ def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[st
     layout = wait_for_layout(Path(config["directory"]), poll_interval=0.02,
                              timeout=config.get("timeout", 30.0))
     dataset = SeedLazyShardedDataset(config["directory"], layout, rank=rank,
-                                     world_size=world_size, mark_completed=False)
+                                     world_size=world_size, mark_completed=False,
+                                     record_errors=True)
     sampler = MegatronPretrainingSampler(len(dataset), 0, config["micro_batch_size"], rank,
                                          world_size)
     ids, asked = [], []

@@ -60,13 +60,15 @@ class SeedLazyShardedDataset:
 
     The only change: ``max_wait_time`` must be positive (the seed's default 0 waits forever
     for a chunk that never comes, a hang). Its items carry ``sample_id`` (what was served) and
-    ``asked`` (the global index requested), so the damage can be counted.
+    ``asked`` (the global index requested), so the damage can be counted. With
+    ``record_errors`` (measurement only) a request that raises ``IndexError`` (which would end
+    the epoch in a DataLoader) returns an empty item with ``sample_id = NOT_SERVED`` instead.
     """
 
     def __init__(self, directory: str | os.PathLike[str], layout: ChunkLayout, *, rank: int,
                  world_size: int, max_total_samples: int | None = None,
                  wait_poll_interval: float = 0.01, max_wait_time: float = 0.2,
-                 mark_completed: bool = True) -> None:
+                 mark_completed: bool = True, record_errors: bool = False) -> None:
         if not max_wait_time > 0:
             raise ValueError("max_wait_time must be positive here (0 waits forever: a hang)")
         self.directory = Path(directory)
@@ -77,6 +79,7 @@ class SeedLazyShardedDataset:
         self.wait_poll_interval = wait_poll_interval
         self.max_wait_time = max_wait_time
         self.mark_completed = mark_completed
+        self.record_errors = record_errors
         self._chunk_cache: dict[int, list[PackedBin]] = {}
 
     def __len__(self) -> int:
@@ -125,6 +128,11 @@ class SeedLazyShardedDataset:
             if served_chunk != chunk_idx:
                 samples = self._load_chunk(served_chunk)
         if not samples:
+            if self.record_errors:
+                empty = np.zeros(0, dtype=np.int32)
+                return {"input_ids": empty, "loss_mask": empty.astype(np.uint8),
+                        "seq_boundaries": empty, "sample_id": NOT_SERVED, "chunk": NOT_SERVED,
+                        "asked": int(idx)}
             raise IndexError(f"No samples available for idx {idx} (chunk {chunk_idx})")
         actual = offset % len(samples)
         packed = samples[actual]
