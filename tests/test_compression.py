@@ -33,7 +33,7 @@ def all_layouts() -> list[C.Layout]:
     return [
         *C.codec_layouts(),
         *C.encoding_layouts(),
-        C.Layout(codec="brotli", tokens="byte_stream_split"),
+        *C.candidate_layouts(),
         C.Layout(codec="gzip", tokens="delta", starts="plain", mask="plain"),
         C.Layout(level=9, tokens="byte_stream_split", token_type="uint16", starts="delta",
                  row_group_size=7),
@@ -50,6 +50,21 @@ def test_entropy_of_known_distributions() -> None:
     assert C.token_entropy_bits(tokens) == pytest.approx(-(p * np.log2(p)).sum())
     with pytest.raises(PacklabError, match="non-negative"):
         C.token_entropy_bits(np.array([3, -1]))
+
+
+def test_byte_plane_entropy() -> None:
+    rng = np.random.default_rng(2)
+    small = rng.integers(0, 200, 10_000)
+    assert C.byte_plane_entropy_bits(small) == pytest.approx(C.token_entropy_bits(small))
+    lo, hi = rng.integers(0, 256, 50_000), rng.integers(0, 4, 50_000)
+    independent = hi * 256 + lo
+    assert C.byte_plane_entropy_bits(independent) == pytest.approx(
+        C.token_entropy_bits(lo) + C.token_entropy_bits(hi))
+    dependent = rng.integers(0, 4, 50_000) * 257  # both bytes carry the same 2 bits
+    assert C.byte_plane_entropy_bits(dependent) == pytest.approx(
+        2 * C.token_entropy_bits(dependent), rel=1e-9)
+    with pytest.raises(PacklabError):
+        C.byte_plane_entropy_bits(np.array([-1]))
 
 
 def test_empirical_entropy_of_uniform_draws_is_near_log2_vocab() -> None:
@@ -72,6 +87,14 @@ def test_layout_names_and_rfc_default() -> None:
     assert [x.name for x in C.codec_layouts()] == [
         "none", "snappy", "lz4", "gzip", "zstd-1", "zstd-3", "zstd-9", "zstd-19"]
     assert len({x.name for x in all_layouts()}) == len(all_layouts())
+    study = C.study_layouts(uint16=False)
+    assert study[0] == C.RFC_LAYOUT and len({x.name for x in study}) == len(study)
+    assert all(x.token_type == "int32" for x in study)
+    assert len(C.study_layouts(uint16=True)) > len(study)
+    rows = [{"layout": "a"}, {"layout": "b"}]
+    assert C.by_name(rows, "b") is rows[1]
+    with pytest.raises(PacklabError, match="no layout 'c'"):
+        C.by_name(rows, "c")
 
 
 @pytest.mark.parametrize("layout", all_layouts(), ids=lambda x: x.name)
@@ -238,8 +261,11 @@ def test_codec_table_judges_each_row() -> None:
     assert table["zstd"]["ratio"] == pytest.approx(2.5) and table["zstd"]["verdict"] == "holds"
     assert table["snappy"]["verdict"] == "holds"
     assert table["gzip"]["ratio"] == pytest.approx(2.0)
-    assert table["gzip"]["verdict"] == "does not hold: ratio overstated (measured 2x)"
+    assert table["gzip"]["verdict"] == "does not hold: ratio 2x, not ~3x"
     assert table["none"]["verdict"] == "holds"
+    slow_none = [_row("none", 1000, 30, 30), *rows[1:]]
+    assert C.codec_table(slow_none)[-1]["verdict"] == \
+        "does not hold: write medium, not fastest, read slow, not fastest"
     with pytest.raises(PacklabError, match="none"):
         C.codec_table(rows[1:])
 
