@@ -191,17 +191,17 @@ class S3Server:
             [sys.executable, "-m", "packlab.s3server"], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env,
         )
+        atexit.register(self.stop)  # a notebook or script that never reaches stop()
         try:
             self.port = self._read_port(self.process)
             self._wait_ready()
+            if self._configure:
+                from packlab import storage
+
+                self._previous = storage.configure("s3", **self.options())
         except BaseException:
             self.stop()
             raise
-        atexit.register(self.stop)  # a notebook or script that never reaches stop()
-        if self._configure:
-            from packlab import storage
-
-            self._previous = storage.configure("s3", **self.options())
         return self
 
     @staticmethod

@@ -76,17 +76,17 @@ def access_costs(server: Any, uri: str, *, accesses: int, seed: int = 0,
         "footer_bytes": reader.footer_bytes, "open_requests": int(opened["requests"]),
         "open_bytes": int(opened["bytes_out"]), "open_seconds": opened["seconds"],
         "accesses": accesses, "fetching_accesses": int(fetched.shape[0]),
-        "requests_per_access": float(per[:, 0].mean()),
-        "bytes_per_access": float(per[:, 1].mean()),
+        "requests_per_access": round(float(per[:, 0].mean()), 3),
+        "bytes_per_access": round(float(per[:, 1].mean())),
         "max_requests_per_fetch": int(fetched[:, 0].max()) if fetched.size else 0,
-        "bytes_per_fetch": float(fetched[:, 1].mean()) if fetched.size else 0.0,
-        "row_group_bytes_mean": float(fetched[:, 2].mean()) if fetched.size else 0.0,
+        "bytes_per_fetch": round(float(fetched[:, 1].mean())) if fetched.size else 0,
+        "row_group_bytes_mean": round(float(fetched[:, 2].mean())) if fetched.size else 0,
         "max_bytes_over_bound": float((fetched[:, 1] / fetched[:, 2]).max())
         if fetched.size else 0.0,
-        "p50_ms": float(np.median(per[:, 3]) * 1e3),
+        "p50_ms": round(float(np.median(per[:, 3]) * 1e3), 2),
     }
-    result["modelled_s3_ms_per_access"] = 1e3 * modelled_seconds(
-        result["requests_per_access"], result["bytes_per_access"])
+    result["modelled_s3_ms_per_access"] = round(1e3 * modelled_seconds(
+        result["requests_per_access"], result["bytes_per_access"]), 1)
     reader.close()
     return result
 
