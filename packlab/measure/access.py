@@ -37,11 +37,13 @@ from packlab.errors import PacklabError
 from packlab.measure.claims import human_bytes, times
 from packlab.measure.claims import verdict as claim_verdict
 from packlab.measure.latency import CACHES, _read_all, percentiles
-from packlab.measure.pagecache import drop_shard, shard_files
+from packlab.measure.pagecache import drop_shard, resident_pages, shard_files
 from packlab.results import finding
 from packlab.samplers import BlockShuffleSampler, ShuffleSampler, dataset_blocks
 
 SAMPLERS = ("shuffle", "block")
+# Readers that load every bin at open: once open, nothing is read from disk, so no cold read.
+IN_RAM_FORMATS = ("legacy_npy_pickle",)
 POLICIES = ("one_row_group", "lru")
 MIN_SAMPLES = 10
 
@@ -199,6 +201,17 @@ def _open(path: str | os.PathLike[str], floor: RamDataset | None,
     return dataset, floor
 
 
+def _forget(dataset: PackedDataset, blocks: np.ndarray, index: int, sink: Sink) -> None:
+    """Make the reader hold nothing of bin ``index``: close it (decoded row groups and maps
+    go), then reopen it by reading a bin of another block (row group), so the timed read pays
+    the data, not the opening. With a single block the timed read also reopens the reader."""
+    dataset.close()
+    count = blocks.shape[0] - 1
+    if count > 1:
+        block = int(np.searchsorted(blocks, index, side="right")) - 1
+        sink.take(dataset[int(blocks[(block + 1) % count])])
+
+
 def _timed(fn: Any, *args: Any) -> tuple[int, int]:
     began = time.perf_counter_ns()
     nbytes = fn(*args)
@@ -218,9 +231,12 @@ def random_access(
 ) -> dict[str, Any]:
     """Latency of one random bin through ``open_dataset(path)[i]``, delivered, with floors.
 
-    Per sample, interleaved: the format (cold: every data file dropped first), the Python
-    floor, a memcpy of the same byte count, and a raw ``os.pread`` of it from the largest data
-    file (cold: that file dropped first). ``max_seconds`` stops early (after at least
+    Per sample, interleaved: the format, the Python floor, a memcpy of the same byte count,
+    and a raw ``os.pread`` of it from the largest data file. Cold: before the format's read the
+    reader is reopened away from the bin (:func:`_forget`: no decoded row group of it is kept)
+    and every data file is dropped until ``mincore`` finds no page; the pread file is dropped
+    again before the pread. Formats in ``IN_RAM_FORMATS`` have no cold read (reopening them
+    reloads everything, untimed, per sample). ``max_seconds`` stops early (after at least
     ``MIN_SAMPLES``) and ``samples`` then says how many were taken. Keys: ``p50_us`` ... and
     ``python_floor_``, ``memcpy_``, ``pread_`` prefixed; ``ratio_to_python_floor``,
     ``ratio_to_memcpy``, ``ratio_to_pread`` (p50 over p50); cold: ``cold_max_resident_pages``
@@ -236,6 +252,7 @@ def random_access(
     big = max(files, key=lambda f: f.stat().st_size)
     span = big.stat().st_size
     indices = np.random.default_rng(seed).integers(0, n, size=samples).tolist()
+    blocks = dataset_blocks(dataset)
     sink = Sink(dataset.pack_size)
     _warm(dataset, files, sink)
     src = np.ones(sink.take(floor[0]) * 4, dtype=np.uint8)
@@ -247,6 +264,7 @@ def random_access(
     try:
         for k, i in enumerate(indices):
             if cache == "cold":
+                _forget(dataset, blocks, i, sink)
                 worst = max(worst, drop_until_cold(files))
             ns[0, k], nbytes = _timed(lambda j: sink.take(dataset[j]), i)
             ns[1, k], _ = _timed(lambda j: sink.take(floor[j]), i)
@@ -278,6 +296,101 @@ def random_access(
         out["cold_max_resident_pages"] = worst
         out["cold_verified"] = worst == 0
     return out
+
+
+# -- the cold floors of a memory map ----------------------------------------------------------
+MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
+
+
+def read_ahead_kb(path: str | os.PathLike[str]) -> int | None:
+    """The read-ahead window (KB) of the block device holding ``path``, if sysfs tells."""
+    dev = os.stat(path).st_dev
+    base = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (base / "queue", base.parent / "queue", base / ".." / "queue"):
+        try:
+            return int((queue / "read_ahead_kb").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def mmap_floors(
+    path: str | os.PathLike[str],
+    *,
+    nbytes: int,
+    samples: int = 30,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Cold reads of ``nbytes`` at random page-aligned offsets of one file, four ways.
+
+    ``pread``: one system call. ``mmap``: a copy out of a read-only map with the default
+    advice (a fault reads the device's read-around window, however few bytes are wanted).
+    ``mmap_random``: the map advised ``MADV_RANDOM`` (one page per fault). ``mmap_random_willneed``:
+    also ``MADV_WILLNEED`` over the wanted range first (one read for the range), inside the
+    timer. The file is evicted until ``mincore`` finds no page before every read; the pages a
+    read left resident are counted (``<mode>_pages``: what it really read).
+    """
+    import mmap as mmap_module
+
+    size = os.path.getsize(path)
+    page = mmap_module.PAGESIZE
+    if nbytes <= 0 or size < nbytes + page:
+        raise PacklabError(f"{path}: {size} bytes, too small for reads of {nbytes}")
+    rng = np.random.default_rng(seed)
+    offsets = (rng.integers(0, size - nbytes, size=samples) // page * page).tolist()
+    span = -(-nbytes // page) * page
+    ns = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    pages = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    dst = np.empty(nbytes, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    mapped = mmap_module.mmap(fd, 0, prot=mmap_module.PROT_READ)
+    view = np.frombuffer(mapped, dtype=np.uint8)
+    try:
+        for k, off in enumerate(offsets):
+            for mode in MMAP_MODES:
+                advice = mmap_module.MADV_NORMAL if mode == "mmap" else mmap_module.MADV_RANDOM
+                mapped.madvise(advice)
+                drop_until_cold([Path(path)])
+                began = time.perf_counter_ns()
+                if mode == "pread":
+                    os.pread(fd, nbytes, off)
+                else:
+                    if mode == "mmap_random_willneed":
+                        mapped.madvise(mmap_module.MADV_WILLNEED, off, min(span, size - off))
+                    np.copyto(dst, view[off:off + nbytes])
+                ns[mode][k] = time.perf_counter_ns() - began
+                pages[mode][k] = resident_pages(path)[0]
+    finally:
+        del view
+        mapped.close()
+        os.close(fd)
+    out: dict[str, Any] = {"path": str(path), "nbytes": nbytes, "samples": samples,
+                           "read_ahead_kb": read_ahead_kb(path)}
+    for mode in MMAP_MODES:
+        out.update(percentiles(ns[mode], f"{mode}_"))
+        out[f"{mode}_pages"] = float(np.median(pages[mode]))
+    return out
+
+
+def mmap_finding(row: Mapping[str, Any], *, cold_ratio: float = 1.5) -> dict[str, str]:
+    """Whether a memory map advised ``MADV_RANDOM`` + ``MADV_WILLNEED`` reads cold within
+    ``cold_ratio`` of a raw pread (what a memory-mapped reader could do for the cold target)."""
+    ratio = row["mmap_random_willneed_p50_us"] / row["pread_p50_us"]
+    return finding(
+        f"a memory map advised MADV_RANDOM + MADV_WILLNEED reads cold within {cold_ratio}x of "
+        "a raw pread",
+        f"{row['mmap_random_willneed_p50_us']:,.0f} us vs pread {row['pread_p50_us']:,.0f} us "
+        f"({ratio:.2f}x); default advice {row['mmap_p50_us']:,.0f} us reading "
+        f"{row['mmap_pages']:,.0f} pages (read-ahead {row['read_ahead_kb']} KB)",
+        verdict(ratio <= cold_ratio))
+
+
+def mmap_table(row: Mapping[str, Any]) -> str:
+    from packlab.convert import markdown_table
+
+    return markdown_table(["cold read of one bin's bytes", "p50 µs", "p90 µs", "pages read"],
+                          [[mode, fmt_us(row[f"{mode}_p50_us"]), fmt_us(row[f"{mode}_p90_us"]),
+                            row[f"{mode}_pages"]] for mode in MMAP_MODES])
 
 
 # -- batched against single ---------------------------------------------------------------------
@@ -589,6 +702,8 @@ def row_group_sweep(
             "row_group_size": size, "num_bins": epoch["num_bins"],
             "num_row_groups": epoch["num_row_groups"], "bytes_on_disk": out.stat().st_size,
             "write_peak_rss_growth_bytes": wrote["write_peak_rss_growth_bytes"],
+            "write_peak_anon_growth_bytes": wrote["write_peak_anon_growth_bytes"],
+            "write_arrow_pool_peak_bytes": wrote["write_arrow_pool_peak_bytes"],
             "miss_p50_us": miss["p50_us"], "miss_p90_us": miss["p90_us"],
             "miss_samples": miss["samples"],
             "block_epoch_per_bin_us": epoch["per_bin_mean_us"],
@@ -601,7 +716,10 @@ def row_group_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The RFC's row-group table, claim against measured, one finding per checkable cell.
 
     Write memory: the RFC's ~20 KB per row (2 MB / 20 MB / 200 MB), for the rows a row group
-    really holds (never more than the shard's bins), within 2x either way. Read latency
+    really holds (never more than the shard's bins), within 2x either way, judged on the
+    writer's peak anonymous RSS growth (its own allocations; the file-backed rest is the input
+    spool's and the output's pages, reclaimable page cache), with the RSS and the Arrow pool
+    beside it. Read latency
     "Lower / Medium / Higher": the p50 of a random read that decodes its row group grows with
     the row-group size. "Best for": the smallest size reads such a bin fastest, the largest
     scans fastest.
@@ -613,13 +731,15 @@ def row_group_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     for row in ordered:
         held = min(row["row_group_size"], row["num_bins"])
         claimed = RFC_BYTES_PER_ROW * held
-        measured = float(row["write_peak_rss_growth_bytes"])
+        measured = float(row["write_peak_anon_growth_bytes"])
         rfc = RFC_ROW_GROUPS.get(row["row_group_size"])
         text = (f"~{human_bytes(rfc['write_memory'])}" if rfc and held == row["row_group_size"]
                 else f"~{human_bytes(claimed)} (20 KB x {held} rows)")
         out.append(finding(f"RFC row-group table: write memory at row_group_size "
                            f"{row['row_group_size']} is {text}",
-                           f"{human_bytes(measured)} peak RSS growth",
+                           f"{human_bytes(measured)} peak anonymous RSS growth (RSS "
+                           f"{human_bytes(row.get('write_peak_rss_growth_bytes'))}, Arrow pool "
+                           f"{human_bytes(row.get('write_arrow_pool_peak_bytes'))})",
                            claim_verdict(measured, claimed, "estimate")))
     if len(ordered) >= 2:
         latencies = [r["miss_p50_us"] for r in ordered]
@@ -662,7 +782,7 @@ def target_findings(
     :func:`batched_access`; ``epochs``: ``{"today": ..., "packlab": ...}`` rows of
     :func:`shuffled_epoch`. Floors and batching are judged for memmap, binidx and arrow (the
     formats the targets name); cold reads for every format whose bins are not all in RAM
-    after opening (``legacy_npy_pickle`` loads everything: it has no cold read).
+    after opening (``IN_RAM_FORMATS`` load everything: they have no cold read).
     """
     out = []
     for fmt in FAST_FORMATS:
@@ -679,7 +799,7 @@ def target_findings(
                                f"(batch of {b['batch_size']})",
                                verdict(b["batched_p50_us"] < b["single_p50_us"])))
     for fmt, row in cold.items():
-        if fmt == "legacy_npy_pickle":
+        if fmt in IN_RAM_FORMATS:
             continue
         r = row["ratio_to_pread"]
         checked = "" if row.get("cold_verified") else ", pages left resident: not a cold read"
@@ -774,12 +894,15 @@ def sweep_table(sweep: Sequence[Mapping[str, Any]]) -> str:
         rfc = RFC_ROW_GROUPS.get(r["row_group_size"], {})
         claimed = RFC_BYTES_PER_ROW * min(r["row_group_size"], r["num_bins"])
         rows.append([r["row_group_size"], r["num_row_groups"], human_bytes(r["bytes_on_disk"]),
-                     human_bytes(claimed), human_bytes(r["write_peak_rss_growth_bytes"]),
+                     human_bytes(claimed), human_bytes(r["write_peak_anon_growth_bytes"]),
+                     human_bytes(r["write_peak_rss_growth_bytes"]),
+                     human_bytes(r["write_arrow_pool_peak_bytes"]),
                      rfc.get("read_latency", "n/a"), fmt_us(r["miss_p50_us"]),
                      fmt_us(r["block_epoch_per_bin_us"]), r["scan_tokens_per_s"] / 1e6,
                      rfc.get("best_for", "n/a")])
     return markdown_table(["bins per row group", "row groups", "file size",
-                           "claimed write memory", "measured write peak RSS",
+                           "claimed write memory", "write peak anon", "write peak RSS",
+                           "write Arrow pool peak",
                            "claimed read latency", "random read p50 µs (decodes its group)",
                            "block-shuffle epoch µs/bin", "scan M tok/s", "claimed best for"], rows)
 
@@ -809,9 +932,13 @@ def headline_numbers(
     loaders: Mapping[str, Sequence[Mapping[str, Any]]],
     sweep: Sequence[Mapping[str, Any]],
     epochs: Mapping[str, Mapping[str, Any]],
+    mmap: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Every figure of notebook 05 under a flat, stable key (what ``results.record`` keeps)."""
     out: dict[str, Any] = {}
+    if mmap is not None:
+        out.update({f"cold_{mode}_p50_us": mmap[f"{mode}_p50_us"] for mode in MMAP_MODES})
+        out["read_ahead_kb"] = mmap["read_ahead_kb"]
     keys = ("p50_us", "p90_us", "p99_us", "mean_us", "python_floor_p50_us", "memcpy_p50_us",
             "pread_p50_us", "ratio_to_python_floor", "ratio_to_pread", "samples")
     for cache, per_format in latency.items():
@@ -828,7 +955,8 @@ def headline_numbers(
                     for r in rows})
     for r in sweep:
         out.update({f"parquet_rg{r['row_group_size']}_{k}": r[k] for k in (
-            "bytes_on_disk", "write_peak_rss_growth_bytes", "miss_p50_us",
+            "bytes_on_disk", "write_peak_rss_growth_bytes", "write_peak_anon_growth_bytes",
+            "miss_p50_us",
             "block_epoch_per_bin_us", "scan_tokens_per_s")})
     for key, e in epochs.items():
         slug = "_".join(key.replace(",", " ").split())
