@@ -52,24 +52,20 @@ SELECT split, dataset, shard, row, len(input_ids) AS packed_len,
 FROM _raw
 """
 
-# per bin: each sub-sequence's end (the next start, or packed_len), then one row per sequence
+# one row per sub-sequence: unnest the starts beside the ends (the next start, or packed_len);
+# the loss of a sequence is summed from its slice of the bin's mask only when asked for
 _SEQUENCES = """
 CREATE VIEW sequences AS
-WITH per_bin AS (
-  SELECT split, dataset, shard, row, seq_start_id AS starts,
-         list_transform(range(1, len(seq_start_id) + 1),
-                        lambda k: coalesce(seq_start_id[k + 1], len(input_ids))) AS ends,
-         loss_mask
+WITH per_seq AS (
+  SELECT split, dataset, shard, row, loss_mask,
+         unnest(range(len(seq_start_id))) AS seq,
+         unnest(seq_start_id) AS start,
+         unnest(list_concat(seq_start_id[2:], [len(input_ids)])) AS stop
   FROM _raw
 )
-SELECT split, dataset, shard, row, unnest(range(len(starts))) AS seq,
-       unnest(starts) AS start,
-       unnest(list_transform(range(1, len(starts) + 1), lambda k: ends[k] - starts[k]))
-         AS length,
-       unnest(list_transform(range(1, len(starts) + 1),
-              lambda k: CAST(coalesce(list_sum(loss_mask[starts[k] + 1 : ends[k]]), 0)
-                             AS BIGINT))) AS loss_tokens
-FROM per_bin
+SELECT split, dataset, shard, row, seq, start, stop - start AS length,
+       CAST(coalesce(list_sum(loss_mask[start + 1 : stop]), 0) AS BIGINT) AS loss_tokens
+FROM per_seq
 """
 
 _VIOLATIONS = """
