@@ -294,7 +294,15 @@ def open_dataset(
     ``path``: a shard, a directory of shards, a glob, or a list of those. ``split`` picks
     ``PATH/splits/<split>/`` of an output layout (or the split's shards in ``PATH/blend.json``
     when the links are absent). ``format`` skips detection. ``reader_options`` go to each reader.
+    URIs (``s3://bucket/out``) are opened by :func:`packlab.cloud.open_dataset` (``split`` then
+    through the remote ``blend.json``; ``filesystem=``, ``cache_dir=`` accepted there).
     """
+    from packlab.formats import is_remote_path
+
+    if any(is_remote_path(p) for p in (path if isinstance(path, list | tuple) else [path])):
+        from packlab.cloud import open_dataset as open_remote_dataset
+
+        return open_remote_dataset(path, split=split, format=format, **reader_options)
     if split is not None:
         if isinstance(path, list | tuple):
             raise PacklabError("split= needs one output directory, not a list of paths")

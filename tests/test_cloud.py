@@ -483,3 +483,15 @@ def test_bench_counts_bound_and_compares(server, data) -> None:
     assert by["parquet local+upload"]["local_disk_bytes"] > 0
     assert by["memmap_v1 local+upload"]["bytes_sent"] > by["parquet direct"]["bytes_sent"]
     assert bench.modelled_seconds(2, 100e6) == pytest.approx(2 * 0.030 + 1.0)
+
+
+def test_packlab_open_dataset_takes_uris(server, data) -> None:
+    import packlab
+
+    _, _, _, bins = data
+    uri = f"s3://{BUCKET}/entry/shard.parquet"
+    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    ds = packlab.open_dataset(f"s3://{BUCKET}/entry")
+    assert isinstance(ds, cloud.RemoteDataset) and ds.formats == ["parquet"]
+    same_bins(ds, bins)
+    assert len(packlab.open_dataset([uri, uri])) == 2 * len(bins)

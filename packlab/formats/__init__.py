@@ -54,7 +54,7 @@ def get_format(name: str) -> ModuleType:
     return module
 
 
-def _remote(path: Any) -> bool:
+def is_remote_path(path: Any) -> bool:
     """A URI other than file:// (or a packlab.storage.Location): handled by packlab.cloud."""
     if getattr(path, "is_remote", False):
         return True
@@ -63,7 +63,7 @@ def _remote(path: Any) -> bool:
 
 def detect_format(path: str | os.PathLike[str]) -> str:
     """The name of the format of the shard at ``path``; a clear error if none claims it."""
-    if _remote(path):
+    if is_remote_path(path):
         from packlab.cloud import find_shards
 
         return find_shards(path)[0][1]
@@ -79,7 +79,7 @@ def detect_format(path: str | os.PathLike[str]) -> str:
 def open_shard(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> Any:
     """A reader for the shard at ``path`` (format detected unless given); a URI
     (``s3://...``) goes through :func:`packlab.cloud.open_shard`."""
-    if _remote(path):
+    if is_remote_path(path):
         from packlab.cloud import open_shard as open_remote_shard
 
         return open_remote_shard(path, format, **options)
@@ -90,7 +90,7 @@ def open_shard(path: str | os.PathLike[str], format: str | None = None, **option
 def open_writer(format: str, path: str | os.PathLike[str], **options: Any) -> Any:
     """A writer of format ``format`` at ``path`` (keyword options as the format takes them);
     a URI (``s3://...``) goes through :func:`packlab.cloud.open_writer`."""
-    if _remote(path):
+    if is_remote_path(path):
         from packlab.cloud import open_writer as open_remote_writer
 
         return open_remote_writer(format, path, **options)
