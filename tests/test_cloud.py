@@ -239,7 +239,7 @@ KILLED_WRITER = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
         transfer.upload_file = upload_file
-        w = cloud.open_writer("memmap_v1", sys.argv[2], pack_size=4096)
+        w = cloud.open_writer("memmap_v1", sys.argv[2], pack_size=4096, staging_dir=sys.argv[3])
         for i, b in zip(range(300), bins()):
             w.write(b)
         w.finalize()
@@ -252,7 +252,7 @@ def test_writer_killed_mid_upload_leaves_nothing_readable(server, tmp_path: Path
     uri = f"s3://{BUCKET}/killed/{name}/shard"
     server.reset_counts()
     script = KILLED_WRITER.format(endpoint=server.options())
-    done = subprocess.run([sys.executable, "-c", script, name, uri], timeout=120,
+    done = subprocess.run([sys.executable, "-c", script, name, uri, str(tmp_path)], timeout=120,
                           capture_output=True, text=True)
     assert done.returncode == -signal.SIGKILL, done.stderr
     log = server.stats()["log"]

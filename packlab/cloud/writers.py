@@ -35,7 +35,9 @@ class UploadingWriter:
 
     Same protocol as :class:`~packlab.formats.base.ShardWriter` (context manager, ``write_bin``,
     ``write``, ``finalize``, ``abort``; other attributes are the local writer's). Leaving the
-    ``with`` block on an exception uploads nothing; the staging folder is always removed.
+    ``with`` block on an exception uploads nothing; the staging folder (under ``staging_dir``,
+    default the system temporary folder: it must hold one shard) is removed in every case but
+    a killed process.
     """
 
     def __init__(self, format: str, uri: str | Location, *, filesystem: Any = None,
