@@ -100,12 +100,13 @@ def world2(data):
     producer = ChunkProducer(slow, layout)
     published: dict[int, float] = {}
 
-    def produce() -> None:
-        deadline = time.monotonic() + DEADLINE
-        while len(list(ready.glob("rank*"))) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)  # no chunk exists until both ranks are reading
+    def produce(stop: threading.Event) -> None:
+        while len(list(ready.glob("rank*"))) < 2:  # no chunk until both ranks are reading
+            if stop.wait(0.05):
+                return
         for chunk in range(layout.num_chunks):
-            time.sleep(0.2)
+            if stop.wait(0.2):
+                return
             producer.collect()
             producer.produce(data["source"], chunks=[chunk])
             published[chunk] = time.time()

@@ -43,6 +43,7 @@ from packlab.sharded import (
 from packlab.sharded.coverage import fixed_epoch, seed_epoch
 from packlab.sharded.layout import chunk_path, marker_path, write_layout
 from packlab.sharded.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
+from packlab.sharded.study import chunks_touched, sweep_chunk_sizes
 
 PACK = 512
 SPC = 7  # samples per chunk (the bins of the spool below make 6-7 chunks)
@@ -401,3 +402,17 @@ def test_seed_design_with_a_deleted_chunk_substitutes_or_raises() -> None:
     assert (out[20:30] == NOT_SERVED).all()  # its own chunk 2 is gone: IndexError
     assert out[30:40].tolist() == [NOT_SERVED] * 10  # chunk 3 is not its own, 2 is gone
     assert out[10:20].tolist() == list(range(10))  # chunk 1 substituted by chunk 0
+
+
+def test_megatron_indices_reach_every_chunk_so_modulo_ownership_fails() -> None:
+    """The open question answered: under the sequential sampler every rank's indices fall in
+    every chunk, and (W-1)/W of its requests land in chunks it does not own."""
+    layout = ChunkLayout(num_samples=400, samples_per_chunk=40, format="jsonl")
+    for row in chunks_touched(layout, 4, micro_batch_size=2):
+        assert row["chunks_touched"] == layout.num_chunks
+        assert row["chunks_owned"] in (2, 3)
+        assert row["foreign_share"] == pytest.approx(0.75, abs=0.08)
+    rows = sweep_chunk_sizes(384, 4, 2, [8, 16, 12])
+    assert [r["per_global_batch"] for r in rows] == [1.0, 2.0, 1.5]
+    assert rows[0]["lost"] == rows[1]["lost"] == pytest.approx(0.75)
+    assert rows[0]["extra"] == pytest.approx(0.75)

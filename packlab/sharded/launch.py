@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,13 +40,19 @@ def free_port() -> int:
 
 
 def launch(job: Job, world_size: int, config: dict[str, Any], out_dir: str | os.PathLike[str],
-           *, timeout: float = 60.0, background: Callable[[], None] | None = None
+           *, timeout: float = 60.0,
+           background: Callable[[threading.Event], None] | None = None
            ) -> list[dict[str, Any]]:
     """Run ``job(rank, world_size, config)`` on ``world_size`` real processes; return the
-    per-rank results (rank order). ``background()`` runs in this process meanwhile (e.g. a
-    producer). Raises :class:`PacklabError` if the ranks do not finish within ``timeout`` s.
+    per-rank results (rank order).
+
+    ``background(stop)`` runs in a thread of this process meanwhile (e.g. a producer); ``stop``
+    is set once the ranks are done or dead, so it must return soon after. Raises
+    :class:`PacklabError` if a rank dies, if the background fails, or if the ranks do not
+    finish within ``timeout`` s (then they are terminated).
     """
     import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -56,18 +63,39 @@ def launch(job: Job, world_size: int, config: dict[str, Any], out_dir: str | os.
                                                    timeout), nprocs=world_size, join=False,
                                  start_method="spawn")
     deadline = time.monotonic() + timeout
+    stop = threading.Event()
+    failed: list[BaseException] = []
+    thread = None
+    if background is not None:
+        thread = threading.Thread(target=_guarded, args=(background, stop, failed), daemon=True,
+                                  name="packlab-background")
+        thread.start()
     try:
-        if background is not None:
-            background()
         while not context.join(timeout=max(0.1, min(1.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 raise PacklabError(f"{out}: {world_size} ranks did not finish within "
                                    f"{timeout:g} s (terminated)")
+    except ProcessException as exc:
+        raise PacklabError(f"{out}: rank {exc.error_index} failed: "
+                           f"{' '.join(str(exc).split())[:300]}") from None
     finally:
+        stop.set()
         _terminate(context.processes)
+        if thread is not None:
+            thread.join(max(1.0, deadline - time.monotonic()))
+    if failed:
+        raise PacklabError(f"{out}: the background task failed: {failed[0]}") from failed[0]
     if not result.is_file():
         raise PacklabError(f"{result}: the ranks wrote no result")
     return json.loads(result.read_text())
+
+
+def _guarded(task: Callable[[threading.Event], None], stop: threading.Event,
+             failed: list[BaseException]) -> None:
+    try:
+        task(stop)
+    except BaseException as exc:  # reported by launch() in the calling thread
+        failed.append(exc)
 
 
 def _terminate(processes: list[Any]) -> None:
@@ -167,6 +195,7 @@ class _Served:
         self.ids: list[np.ndarray] = []
         self.sums: list[np.ndarray] = []
         self.pids: set[int] = set()
+        self.times: list[float] = []
         self.tokens = 0
         self.steps = 0
 
@@ -177,6 +206,7 @@ class _Served:
             self.ids.append(batch["sample_id"])
             self.sums.append(batch["token_sum"])
             self.pids.add(int(batch["worker_pid"]))
+            self.times.append(time.time())
             self.tokens += int(batch["num_tokens"])
             self.steps += 1
             taken += 1
@@ -186,6 +216,13 @@ class _Served:
 
     def flat(self, parts: list[np.ndarray]) -> list[int]:
         return np.concatenate(parts).tolist() if parts else []
+
+    def steady_rate(self) -> float:
+        """Samples per second after the first batch arrived (worker start-up excluded)."""
+        if len(self.times) < 2 or self.times[-1] <= self.times[0]:
+            return 0.0
+        after_first = sum(int(ids.shape[0]) for ids in self.ids[1:])
+        return after_first / (self.times[-1] - self.times[0])
 
 
 def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
@@ -222,9 +259,11 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
         "sample_ids": ids, "token_sums": served.flat(served.sums), "first_pass": first_pass,
         "steps": served.steps, "tokens": served.tokens, "seconds": seconds,
         "samples_per_s": len(ids) / seconds if seconds > 0 else 0.0,
+        "steady_samples_per_s": served.steady_rate(),
         "completed_chunks": sorted(tracker.completed), "finished": tracker.finished,
         "len": len(dataset), "chunks": dataset.index.chunks.tolist(),
         "pid": os.getpid(), "worker_pids": sorted(served.pids), "started": began_wall,
+        "batch_times": served.times,
         "finished_at": time.time(),
     }
 
