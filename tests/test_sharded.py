@@ -292,6 +292,20 @@ def test_shuffle_is_seeded_per_epoch_and_resume_checks_the_world_size() -> None:
         RankLocalSampler(layout, rank=1, world_size=2, micro_batch_size=4).load_state_dict(state)
 
 
+def test_items_collate_into_the_thd_batch(chunks) -> None:
+    """The items are what Megatron-Bridge's packed datasets return (plus ids): the THD collate
+    takes them as they are."""
+    from packlab.collate import Collator
+
+    directory, _ = chunks
+    dataset = RankShardedDataset(directory, rank=1, world_size=2)
+    items = [dataset[i] for i in range(3)]
+    batch = Collator()(items)
+    assert batch["tokens"].shape[0] == 3
+    lengths = [it["input_ids"].shape[0] - (it["seq_boundaries"].shape[0] - 1) for it in items]
+    assert int(batch["loss_mask"].shape[1]) >= max(lengths)
+
+
 def test_a_rank_index_never_wraps() -> None:
     layout = ChunkLayout(num_samples=10, samples_per_chunk=4, format="jsonl")
     sampler = RankLocalSampler(layout, rank=1, world_size=2, micro_batch_size=2)
