@@ -302,3 +302,18 @@ def test_sweep_tables_from_rows() -> None:
     assert sweep.failures(rows) == {"c": "boom"}
     small = [row("d", 100, "write", 100e3, 0), row("d", 1000, "write", 400e3, 0)]
     assert sweep.slopes(small, "write")["d"] == pytest.approx(0.0)  # below the 1 MiB noise
+
+
+def test_size_counts_the_spool_a_packed_index_shard_references(tmp_path: Path, spool,
+                                                               assignment) -> None:
+    path = tmp_path / "index"
+    with open_writer("packed_index", path, pack_size=assignment.pack_size, spool=spool.path,
+                     assignment=assignment) as writer:
+        for packed in iter_bins(spool, assignment):
+            writer.write(packed)
+    out = size_report(path)
+    spool_bytes = sum(f.stat().st_size for f in shard_files(spool.path))
+    assert out["referenced_bytes"] == spool_bytes
+    assert out["ratio_to_raw_with_references"] == pytest.approx(
+        (out["bytes_on_disk"] + spool_bytes) / out["raw_unpadded_bytes"])
+    assert out["ratio_to_raw"] < out["ratio_to_raw_with_references"]

@@ -30,6 +30,17 @@ def order0_entropy_bits(counts: np.ndarray) -> float:
     return float(-(p * np.log2(p)).sum())
 
 
+def _references(reader: Any, on_disk: int, raw: int) -> dict[str, Any]:
+    """A shard that stores no tokens (``packed_index``) needs the files it references: their
+    bytes count too, or the comparison would flatter it."""
+    spool = getattr(reader, "spool_path", None)
+    if spool is None:
+        return {}
+    referenced = sum(f.stat().st_size for f in shard_files(spool))
+    return {"referenced_path": str(spool), "referenced_bytes": referenced,
+            "ratio_to_raw_with_references": (on_disk + referenced) / raw if raw else None}
+
+
 def size_report(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Bytes on disk (every file), bytes per token, padding waste, ratio to raw and entropy."""
     root = Path(path)
@@ -67,6 +78,7 @@ def size_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         "padding_fraction": (capacity - tokens) / capacity if capacity else None,
         "raw_unpadded_bytes": raw,
         "ratio_to_raw": on_disk / raw if raw else None,
+        **_references(reader, on_disk, raw),
         "token_entropy_bits": entropy_bits,
         "token_entropy_bytes": entropy_bytes,
         "ratio_to_token_entropy": on_disk / entropy_bytes if entropy_bytes else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,10 +120,12 @@ def dataloader(
         began = time.perf_counter()
         first = None
         bins = 0
-        for batch in loader:
-            if first is None:
-                first = time.perf_counter()
-            bins += len(batch)
+        with warnings.catch_warnings():  # more workers than cores is the point of the sweep
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            for batch in loader:
+                if first is None:
+                    first = time.perf_counter()
+                bins += len(batch)
         end = time.perf_counter()
         steady = end - (first if first is not None else began)
         steady_bins = bins - min(batch_size, bins)
