@@ -24,8 +24,6 @@ from typing import Any
 
 from packlab.errors import PacklabError
 
-EXECUTORS = ("process", "ray")
-
 
 @contextlib.contextmanager
 def ray_session(*, workers: int = 2, address: str | None = None,
@@ -83,47 +81,3 @@ def run_ray(jobs: Sequence[tuple[Any, ...]], *, workers: int = 2, address: str |
                 raise cause from None
             raise PacklabError(f"a Ray shard task failed: {' '.join(str(exc).split())[:300]}"
                                ) from None
-
-
-def run_jobs(jobs: Sequence[tuple[Any, ...]], *, executor: str = "process", workers: int = 2,
-             address: str | None = None, desc: str = "write") -> list[dict[str, Any]]:
-    """Shard jobs on the chosen executor (the pipeline's one hook point)."""
-    if executor == "process":
-        from packlab.pipeline import run_shard_jobs
-
-        return run_shard_jobs(jobs, workers, desc=desc)
-    if executor == "ray":
-        return run_ray(jobs, workers=workers, address=address)
-    raise PacklabError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
-
-
-def write_shards(spool: Any, assignment: Any, out_dir: str | os.PathLike[str], *, format: str,
-                 bins_per_shard: int, workers: int = 2, overwrite: bool = False,
-                 executor: str = "ray", address: str | None = None, **format_options: Any
-                 ) -> list[dict[str, Any]]:
-    """:func:`packlab.pipeline.write_shards` with the jobs run on ``executor`` (the same
-    shards, names, receipts and checks; here until the pipeline takes ``executor=``)."""
-    from packlab import pipeline
-    from packlab.formats import get_format
-    from packlab.spool import SpoolReader
-
-    if executor == "process":
-        return pipeline.write_shards(spool, assignment, out_dir, format=format,
-                                     bins_per_shard=bins_per_shard, workers=workers,
-                                     overwrite=overwrite, **format_options)
-    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
-    SpoolReader(spool_path)
-    get_format(format)
-    out = Path(out_dir)
-    ranges = pipeline.shard_ranges(assignment.num_bins, bins_per_shard)
-    names = [pipeline.shard_name(i, format) for i in range(len(ranges))]
-    present = pipeline.existing_shards(out)
-    if present and not overwrite:
-        raise PacklabError(f"{out}: already holds shards ({present[0].name}, ...); "
-                           "pass overwrite=True (--overwrite) to replace them")
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [(spool_path, assignment.select(start, stop), start, str(out / name), format,
-             overwrite, format_options) for (start, stop), name in zip(ranges, names, strict=True)]
-    receipts = run_jobs(jobs, executor=executor, workers=workers, address=address)
-    pipeline.remove_stale_shards(out, names)
-    return receipts

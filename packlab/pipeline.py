@@ -158,9 +158,14 @@ def write_shards(
     bins_per_shard: int,
     workers: int = 2,
     overwrite: bool = False,
+    executor: str = "process",
+    address: str | None = None,
     **format_options: Any,
 ) -> list[dict[str, Any]]:
     """Write every bin of ``assignment`` as shards of ``format`` under ``out_dir``.
+
+    ``executor`` runs the shard jobs in the local process pool (``"process"``) or as Ray tasks
+    (``"ray"``, on a local cluster or the one at ``address``): the bytes are the same.
 
     Returns the receipts in shard order. Refuses to mix with shards already in ``out_dir``
     unless ``overwrite``; then shards left over from a larger earlier run are removed, so the
@@ -182,18 +187,26 @@ def write_shards(
          format_options)
         for (start, stop), name in zip(ranges, names, strict=True)
     ]
-    receipts = run_shard_jobs(jobs, workers, desc=f"write {format}")
+    receipts = run_shard_jobs(jobs, workers, desc=f"write {format}", executor=executor,
+                              address=address)
     remove_stale_shards(out, names)
     return receipts
 
 
-def run_shard_jobs(jobs: Sequence[tuple[Any, ...]], workers: int, *, desc: str = "write"
+def run_shard_jobs(jobs: Sequence[tuple[Any, ...]], workers: int, *, desc: str = "write",
+                   executor: str = "process", address: str | None = None
                    ) -> list[dict[str, Any]]:
-    """Run :func:`write_shard` argument tuples (serially, or in a process pool); receipts in
-    job order. Jobs may target different directories and spools."""
+    """Run :func:`write_shard` argument tuples (serially, in a process pool, or as Ray tasks);
+    receipts in job order. Jobs may target different directories and spools."""
     jobs = list(jobs)
     if not jobs:
         return []
+    if executor == "ray":
+        from packlab.executors import run_ray
+
+        return run_ray(jobs, workers=workers, address=address)
+    if executor != "process":
+        raise PacklabError(f"unknown executor {executor!r}; choose from process, ray")
     if workers <= 1 or len(jobs) == 1:
         return [write_shard(*job) for job in progress(jobs, total=len(jobs), desc=desc)]
     return _run_pool(jobs, workers, desc=desc)
@@ -299,7 +312,8 @@ def plan_resume(
     return plan
 
 
-def finish_resume(plans: Sequence[ShardPlan], workers: int, *, desc: str = "write"
+def finish_resume(plans: Sequence[ShardPlan], workers: int, *, desc: str = "write",
+                  executor: str = "process", address: str | None = None
                   ) -> list[list[dict[str, Any]]]:
     """Write the jobs of many plans in one pool, drop stale shards; receipts per plan."""
     flat = [(k, i, job) for k, plan in enumerate(plans) for i, job in sorted(plan.jobs.items())]
@@ -307,7 +321,8 @@ def finish_resume(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
         plan.out.mkdir(parents=True, exist_ok=True)
         for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
             remove(receipt_path(plan.out / plan.names[i]))
-    receipts = run_shard_jobs([job for _, _, job in flat], workers, desc=desc)
+    receipts = run_shard_jobs([job for _, _, job in flat], workers, desc=desc,
+                              executor=executor, address=address)
     written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
     for (k, i, _), receipt in zip(flat, receipts, strict=True):
         written[k][i] = receipt
@@ -328,6 +343,8 @@ def resume_shards(
     workers: int = 2,
     reuse: bool = True,
     verify: str = "receipt",
+    executor: str = "process",
+    address: str | None = None,
     **format_options: Any,
 ) -> list[dict[str, Any]]:
     """Like :func:`write_shards`, but keeps every shard whose receipt still vouches for it and
@@ -338,7 +355,8 @@ def resume_shards(
     plan = plan_resume(spool_path, assignment, out_dir, format=format,
                        bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
                        **format_options)
-    return finish_resume([plan], workers, desc=f"write {format}")[0]
+    return finish_resume([plan], workers, desc=f"write {format}", executor=executor,
+                         address=address)[0]
 
 
 def _run_pool(jobs: list[tuple[Any, ...]], workers: int, *, desc: str) -> list[dict[str, Any]]:

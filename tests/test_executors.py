@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+import ray
 from conftest import write_random_spool
 
+from packlab.cli import main
 from packlab.errors import PacklabError
-from packlab.executors import ray_session, run_jobs, write_shards
+from packlab.executors import ray_session
 from packlab.packing import pack
-from packlab.pipeline import write_shards as pool_write_shards
-
-ray = pytest.importorskip("ray")
+from packlab.pipeline import run_shard_jobs, write_shards
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -35,8 +35,8 @@ def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) 
     assignment, _ = pack(spool.lengths, 1024, algorithm="first_fit_decreasing")
     formats = ["parquet", "memmap_v1", "binidx"]
     for name in formats:
-        pool_write_shards(spool, assignment, tmp_path / "pool" / name, format=name,
-                          bins_per_shard=7, workers=2)
+        write_shards(spool, assignment, tmp_path / "pool" / name, format=name,
+                     bins_per_shard=7, workers=2)
     with ray_session(workers=2, temp_dir=tmp_path.parent / "ray") as session:
         assert session.is_initialized()
         for name in formats:
@@ -49,13 +49,18 @@ def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) 
         with pytest.raises(PacklabError, match="already holds shards"):
             write_shards(spool, assignment, tmp_path / "ray" / "parquet", format="parquet",
                          bins_per_shard=7, executor="ray")
+        # the command line, in this process: it reuses the running session
+        assert main(["pack", str(spool.path), str(tmp_path / "cli"), "--format", "parquet",
+                     "--pack-size", "1024", "--algorithm", "first_fit_decreasing",
+                     "--bins-per-shard", "7", "--executor", "ray"]) == 0
     assert not ray.is_initialized()  # the session this test started is shut down
     for name in formats:
         pool, remote = tree(tmp_path / "pool" / name), tree(tmp_path / "ray" / name)
         assert len(pool) > 2 and pool == remote
     assert not list((tmp_path / "bad").glob("shard_*"))
+    assert tree(tmp_path / "cli") == tree(tmp_path / "pool" / "parquet")
 
 
 def test_an_unknown_executor_is_a_clear_error() -> None:
     with pytest.raises(PacklabError, match="unknown executor 'dask'"):
-        run_jobs([("spool", None, 0, "x", "parquet", False, {})], executor="dask")
+        run_shard_jobs([("spool", None, 0, "x", "parquet", False, {})], 2, executor="dask")

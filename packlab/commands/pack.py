@@ -37,6 +37,10 @@ def add_parser(sub: Any) -> None:
                    help="what to do with sequences longer than --pack-size")
     p.add_argument("--bins-per-shard", type=int, default=8192)
     p.add_argument("--workers", type=int, default=2, help="parallel shard writers")
+    p.add_argument("--executor", choices=("process", "ray"), default="process",
+                   help="run shard writes in a local process pool or as Ray tasks")
+    p.add_argument("--ray-address", default=None,
+                   help="with --executor ray: join this cluster (default: start a local one)")
     p.add_argument("--split", help="write the layout with these splits, e.g. "
                                    "train=0.98,valid=0.01,test=0.01 (fractions of sequences)")
     p.add_argument("--weights", help="blend weights, one per spool, e.g. 0.7,0.3 (default: "
@@ -73,7 +77,8 @@ def run_flat(args: argparse.Namespace) -> int:
                               seed=args.seed, overlong=args.overlong)
     receipts = write_shards(spool, assignment, args.out, format=args.format,
                             bins_per_shard=args.bins_per_shard, workers=args.workers,
-                            overwrite=args.overwrite)
+                            overwrite=args.overwrite, executor=args.executor,
+                            address=args.ray_address)
     plan = report.to_dict()
     written = {
         "out": args.out,
@@ -109,7 +114,8 @@ def run_layout(args: argparse.Namespace) -> int:
         args.spool, args.out, format=args.format, pack_size=args.pack_size,
         splits=args.split, weights=args.weights, names=args.names, algorithm=args.algorithm,
         seed=args.seed, overlong=args.overlong, bins_per_shard=args.bins_per_shard,
-        workers=args.workers, reuse=not args.overwrite, verify=args.verify)
+        workers=args.workers, reuse=not args.overwrite, verify=args.verify,
+        executor=args.executor, address=args.ray_address)
     if args.json:
         emit_json(result)
         return 0

@@ -92,6 +92,8 @@ def build_layout(
     reuse: bool = True,
     verify: str = "receipt",
     format_options: Mapping[str, Any] | None = None,
+    executor: str = "process",
+    address: str | None = None,
 ) -> dict[str, Any]:
     """Pack ``spools`` into the output layout at ``out``; returns what was done (the blend's
     counts plus ``reused`` and ``written`` shard counts)."""
@@ -132,7 +134,8 @@ def build_layout(
             plans.append(plan_resume(reader, assignment, part["dir"], format=format,
                                      bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
                                      **packing["format_options"]))
-    receipts = iter(finish_resume(plans, workers, desc=f"write {format}"))
+    receipts = iter(finish_resume(plans, workers, desc=f"write {format}", executor=executor,
+                                  address=address))
     for part in parts:
         part["receipts"] = next(receipts) if part["plan"] is not None else []
     splits_entry = _splits_entry(root, fractions, parts, labels, blend_weights)
