@@ -25,8 +25,16 @@ $(STAMP): pyproject.toml
 run: $(STAMP)
 	$(BIN)/python -m packlab.notebooks run --scale $(SCALE)
 
+# The tests start servers (a local S3 server, Ray, torch.distributed). Where we may (root, as in
+# CI), they run in a private network namespace whose only interface is loopback, so nothing a
+# test starts can listen beyond 127.0.0.1 whatever address it binds; elsewhere, plainly.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	@if unshare -n sh -c 'ip link set lo up' 2>/dev/null; then \
+	  echo "[packlab] tests in a loopback-only network namespace"; \
+	  unshare -n sh -c 'ip link set lo up && exec $(BIN)/python -m pytest $(PYTEST_ARGS)'; \
+	else \
+	  $(BIN)/python -m pytest $(PYTEST_ARGS); \
+	fi
 
 lab: $(STAMP)
 	$(BIN)/jupyter lab notebooks/
