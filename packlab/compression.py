@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -41,12 +41,15 @@ from packlab.bins import PackedBin
 from packlab.errors import PacklabError
 from packlab.files import publish, remove, temporary_sibling
 from packlab.formats.arrow_lists import (
+    ARROW_ERRORS,
     COLUMNS,
+    MAX_LIST_VALUES,
     METADATA_KEY,
     BinColumns,
     decode,
     dump_metadata,
     from_numpy,
+    parse_error,
 )
 from packlab.measure.size import order0_entropy_bits
 from packlab.packing import BinAssignment, pack
@@ -237,10 +240,13 @@ def write_layout(columns: BinColumns, path: str | os.PathLike[str], layout: Layo
 
     Returns ``bytes``, per-column ``column_bytes`` (compressed, from the footer), ``seconds``
     (wall) and ``cpu_seconds`` (this process) of encode + compress + write; no fsync, so it is
-    the codec's cost, not the disk's.
+    the codec's cost, not the disk's. Replaces an existing file at ``path`` (these are
+    experiment outputs), atomically.
     """
     path = Path(path)
     tokens = columns.input_ids
+    if columns.rows < 1:
+        raise PacklabError(f"{path}: no bins to write")
     if layout.token_type == "uint16" and tokens.size and int(tokens.max()) > 0xFFFF:
         raise PacklabError(f"{path}: token id {int(tokens.max())} does not fit uint16 "
                            f"(layout {layout.name!r}); use int32")
@@ -257,6 +263,10 @@ def write_layout(columns: BinColumns, path: str | os.PathLike[str], layout: Layo
                 _footer(columns, layout, pack_size))})
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         publish(tmp, path, overwrite=True)
+    except ARROW_ERRORS as exc:
+        remove(tmp)
+        raise PacklabError(f"{path}: cannot write layout {layout.name!r}: "
+                           f"{parse_error(exc)}") from None
     except BaseException:
         remove(tmp)
         raise
@@ -281,6 +291,9 @@ def _batch(columns: BinColumns, lo: int, hi: int, layout: Layout, schema: pa.Sch
            ) -> pa.RecordBatch:
     """Bins ``lo:hi`` as a record batch over numpy buffers (offsets rebased to 0)."""
     t, s = columns.token_offsets, columns.seq_offsets
+    if max(t[hi] - t[lo], s[hi] - s[lo]) > MAX_LIST_VALUES:
+        raise PacklabError(f"bins {lo}..{hi - 1}: more values than int32 list offsets hold; "
+                           "use a smaller row_group_size")
     tok = from_numpy((t[lo : hi + 1] - t[lo]).astype(np.int32))
     seq = from_numpy((s[lo : hi + 1] - s[lo]).astype(np.int32))
     ids = columns.input_ids[t[lo] : t[hi]].astype(TOKEN_TYPES[layout.token_type], copy=False)
@@ -339,24 +352,39 @@ def _join_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def sweep(columns: BinColumns, out_dir: str | os.PathLike[str], layouts: Sequence[Layout], *,
-          pack_size: int, repeats: int = 3) -> list[dict[str, Any]]:
+          pack_size: int, repeats: int = 3, budget: float = 0.25) -> list[dict[str, Any]]:
     """Size, write and read speed of each layout, one file per layout under ``out_dir``.
 
-    Runs ``repeats`` rounds, each writing and reading every layout once (interleaved, so a
-    burst of load on the shared machine hits all layouts alike); times are medians. Rates use
-    CPU seconds of this process (preemption by other jobs does not count), wall beside them.
+    Runs ``repeats`` rounds, each writing and reading every layout (interleaved, in an order
+    rotated every round, so a burst of load on the shared machine and the position in the
+    round hit all layouts alike). Within a round an operation is repeated while it has used
+    less than ``budget`` CPU seconds (at most 5 runs) and its fastest run kept: other jobs on
+    the machine only ever add time. Reported times are the median over rounds of those. Rates
+    use CPU seconds of this process (preemption does not count), wall seconds beside them.
     """
     if repeats < 1:
         raise PacklabError(f"repeats must be at least 1, got {repeats}")
     out = Path(out_dir)
     paths = [out / f"layout_{i:02d}.parquet" for i in range(len(layouts))]
     runs: list[list[tuple[dict[str, Any], dict[str, float]]]] = [[] for _ in layouts]
-    for _ in range(repeats):
-        for i, layout in enumerate(layouts):
-            written = write_layout(columns, paths[i], layout, pack_size=pack_size)
-            runs[i].append((written, scan(paths[i])))
+    for round_ in range(repeats):
+        for step in range(len(layouts)):
+            i = (step + round_ * max(1, len(layouts) // repeats)) % len(layouts)
+            written = _fastest(lambda i=i: write_layout(columns, paths[i], layouts[i],
+                                                        pack_size=pack_size), budget)
+            runs[i].append((written, _fastest(lambda i=i: scan(paths[i]), budget)))
     return [_summary(columns, layout, path, timed)
             for layout, path, timed in zip(layouts, paths, runs, strict=True)]
+
+
+def _fastest(run: Callable[[], dict[str, Any]], budget: float, most: int = 5) -> dict[str, Any]:
+    """Repeat ``run`` while under ``budget`` CPU seconds in all (at most ``most`` runs); the
+    result with the least CPU time, its wall time the least too."""
+    results = [run()]
+    while len(results) < most and sum(r["cpu_seconds"] for r in results) < budget:
+        results.append(run())
+    best = min(results, key=lambda r: r["cpu_seconds"])
+    return {**best, "seconds": min(r["seconds"] for r in results), "runs": len(results)}
 
 
 def _summary(columns: BinColumns, layout: Layout, path: Path,
@@ -533,11 +561,15 @@ def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def smallest_fast(rows: Sequence[dict[str, Any]], reference: dict[str, Any], *,
-                  read_tolerance: float = 0.9) -> dict[str, Any]:
+                  read_tolerance: float = 0.9, write_tolerance: float = 0.0) -> dict[str, Any]:
     """The smallest layout whose decode rate is at least ``read_tolerance`` x the reference's
-    (measured in the same run; the slack absorbs timing noise on a shared machine)."""
-    floor = read_tolerance * reference["read_tokens_per_s"]
-    fast = [r for r in rows if r["read_tokens_per_s"] >= floor] or [reference]
+    (and write rate at least ``write_tolerance`` x, when given), measured in the same run;
+    the slack absorbs timing noise on a shared machine."""
+    read_floor = read_tolerance * reference["read_tokens_per_s"]
+    write_floor = write_tolerance * reference["write_tokens_per_s"]
+    fast = [r for r in rows if r["read_tokens_per_s"] >= read_floor
+            and r["write_tokens_per_s"] >= write_floor] or [reference]
     best = min(fast, key=lambda r: r["bytes"])
     return {**best, "saving": 1 - best["bytes"] / reference["bytes"],
-            "read_vs_reference": best["read_tokens_per_s"] / reference["read_tokens_per_s"]}
+            "read_vs_reference": best["read_tokens_per_s"] / reference["read_tokens_per_s"],
+            "write_vs_reference": best["write_tokens_per_s"] / reference["write_tokens_per_s"]}

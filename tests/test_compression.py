@@ -149,6 +149,19 @@ def test_uint16_is_int32_on_disk_and_refuses_large_ids(columns: BinColumns,
     assert not (tmp_path / "big.parquet").exists()
 
 
+def test_write_errors_name_the_file(columns: BinColumns, tmp_path: Path) -> None:
+    empty = C.collect_columns([PackedBin(np.array([1], np.int32), np.zeros(1, np.uint8),
+                                         np.zeros(1, np.int32))])
+    empty = empty._replace(token_offsets=empty.token_offsets[:1],
+                           seq_offsets=empty.seq_offsets[:1])
+    with pytest.raises(PacklabError, match=r"e\.parquet: no bins"):
+        C.write_layout(empty, tmp_path / "e.parquet", C.RFC_LAYOUT, pack_size=PACK)
+    with pytest.raises(PacklabError, match=r"bad\.parquet: cannot write layout 'snappy-5'"):
+        C.write_layout(columns, tmp_path / "bad.parquet", C.Layout(codec="snappy", level=5),
+                       pack_size=PACK)
+    assert [p.name for p in tmp_path.iterdir()] == ["spool"]  # nothing else left behind
+
+
 def test_collect_columns(spool: SpoolReader, assignment: BinAssignment) -> None:
     cols = C.collect_columns(iter_bins(spool, assignment))  # views into scratch: copied
     assert cols.rows == assignment.num_bins
@@ -234,6 +247,20 @@ def test_byte_stream_split_reaches_order0_entropy_on_uniform_tokens(tmp_path: Pa
     assert plain["token_bits_per_token"] > bss["token_bits_per_token"]
 
 
+def test_fastest_keeps_the_least_cpu_within_budget() -> None:
+    costs = iter([0.05, 0.02, 0.04, 0.03, 0.01, 0.0])
+
+    def run() -> dict:
+        cpu = next(costs)
+        return {"cpu_seconds": cpu, "seconds": 2 * cpu + 0.001}
+
+    best = C._fastest(run, budget=0.1)
+    assert best["runs"] == 3 and best["cpu_seconds"] == 0.02  # 0.05+0.02+0.04 >= budget
+    assert best["seconds"] == pytest.approx(0.041)
+    assert C._fastest(lambda: {"cpu_seconds": 1.0, "seconds": 1.0}, budget=0.1)["runs"] == 1
+    assert C._fastest(lambda: {"cpu_seconds": 0.0, "seconds": 0.0}, budget=0.1)["runs"] == 5
+
+
 # -- verdicts --------------------------------------------------------------------------------
 def test_speed_words_and_ratio_verdicts() -> None:
     assert C.speed_word(95, 100) == "fastest"
@@ -278,6 +305,10 @@ def test_smallest_fast_respects_the_read_floor() -> None:
     assert best["read_vs_reference"] == pytest.approx(0.95)
     assert C.smallest_fast(rows, ref, read_tolerance=0.5)["codec"] == "b"
     assert C.smallest_fast([ref], ref)["saving"] == 0
+    rows.append(_row("d", 100, 5, 100))  # smallest, reads fast, writes at a tenth
+    assert C.smallest_fast(rows, ref)["codec"] == "d"
+    balanced = C.smallest_fast(rows, ref, write_tolerance=0.5)
+    assert balanced["codec"] == "a" and balanced["write_vs_reference"] == 1.0
 
 
 # -- every format, padding -------------------------------------------------------------------
