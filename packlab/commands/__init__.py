@@ -32,3 +32,24 @@ def emit_table(rows: dict[str, Any]) -> None:
         if isinstance(value, float):
             value = f"{value:.6g}"
         print(f"{key:<{width}}  {value}")
+
+
+def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as one level of dotted keys (``{"a": {"b": 1}}`` -> ``{"a.b": 1}``), so
+    :func:`emit_table` can print them."""
+    out: dict[str, Any] = {}
+    for key, value in obj.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def emit(obj: dict[str, Any], as_json: bool, *, flat: bool = False) -> None:
+    """What every summary-printing subcommand does: one JSON object for ``--json``, else a
+    key/value table (nested dicts flattened to dotted keys when ``flat``)."""
+    if as_json:
+        emit_json(obj)
+    else:
+        emit_table(flatten(obj) if flat else obj)

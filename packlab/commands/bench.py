@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit_json, emit_table, flatten
 from packlab.errors import PacklabError
 
 KINDS = ("memory", "latency", "throughput", "size")
@@ -79,15 +79,5 @@ def run(args: argparse.Namespace) -> int:
     for i, result in enumerate(results):
         if i:
             print()
-        emit_table(_flat(result))
+        emit_table(flatten(result))
     return 0
-
-
-def _flat(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in obj.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

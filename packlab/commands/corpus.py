@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit
 
 
 def add_parser(subparsers: Any) -> None:
@@ -48,8 +48,5 @@ def run(args: argparse.Namespace) -> int:
         "index": str(index) if index else None,
         "seconds": round(time.perf_counter() - began, 3),
     }
-    if args.json:
-        emit_json(summary)
-    else:
-        emit_table(summary)
+    emit(summary, args.json)
     return 0

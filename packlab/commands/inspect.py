@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit
 
 
 def add_parser(subparsers: Any) -> None:
@@ -57,20 +57,7 @@ def inspect_path(path: str | Path) -> dict[str, Any]:
             close()
 
 
-def _flat(info: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    rows: dict[str, Any] = {}
-    for key, value in info.items():
-        if isinstance(value, dict):
-            rows.update(_flat(value, f"{prefix}{key}."))
-        else:
-            rows[f"{prefix}{key}"] = value
-    return rows
-
-
 def run(args: argparse.Namespace) -> int:
     info = inspect_path(args.path)
-    if args.json:
-        emit_json(info)
-    else:
-        emit_table(_flat(info))
+    emit(info, args.json, flat=True)
     return 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit
 
 
 def add_parser(sub: Any) -> None:
@@ -48,8 +48,5 @@ def run(args: argparse.Namespace) -> int:
     except PacklabError as exc:
         raise PacklabError(f"{spool.path / 'lengths.bin'}: {exc}") from None
     plan = {"spool": str(spool.path), **report.to_dict()}
-    if args.json:
-        emit_json(plan)
-    else:
-        emit_table(plan)
+    emit(plan, args.json)
     return 0

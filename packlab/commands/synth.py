@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit
 from packlab.spool_stats import spool_bytes
 from packlab.synth import PROFILES
 
@@ -56,8 +56,5 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 3),
         "tokens_per_second": reader.num_tokens / seconds if seconds > 0 else None,
     }
-    if args.json:
-        emit_json(summary)
-    else:
-        emit_table(summary)
+    emit(summary, args.json)
     return 0

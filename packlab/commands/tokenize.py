@@ -9,7 +9,7 @@ import argparse
 import time
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import emit
 
 ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without importing it
 
@@ -55,8 +55,5 @@ def run(args: argparse.Namespace) -> int:
         "seconds": round(seconds, 3),
         "tokens_per_second": reader.num_tokens / seconds if seconds > 0 else None,
     }
-    if args.json:
-        emit_json(summary)
-    else:
-        emit_table(summary)
+    emit(summary, args.json)
     return 0
