@@ -57,6 +57,11 @@ def shard_ranges(num_bins: int, bins_per_shard: int) -> list[tuple[int, int]]:
     return [(s, min(s + bins_per_shard, num_bins)) for s in range(0, num_bins, bins_per_shard)]
 
 
+def _spool_path(spool: str | os.PathLike[str] | SpoolReader) -> str:
+    """The spool as a path string: what a shard job carries to its worker."""
+    return str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+
+
 def needs_spool(format: str) -> bool:
     """True for formats that store a reference to the spool instead of tokens (packed_index).
 
@@ -85,7 +90,7 @@ def shard_checksum(path: Path) -> tuple[str, str]:
 
 def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
     """Write ``<shard>.receipt.json`` atomically (after the shard itself is published)."""
-    final = shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
+    final = receipt_path(shard)
     tmp = temporary_sibling(final)
     tmp.write_text(json.dumps(receipt, indent=2) + "\n")
     publish(tmp, final, overwrite=True)
@@ -171,7 +176,7 @@ def write_shards(
     unless ``overwrite``; then shards left over from a larger earlier run are removed, so the
     directory reads as exactly this dataset.
     """
-    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    spool_path = _spool_path(spool)
     SpoolReader(spool_path)  # fail early, naming the spool, if it is missing or damaged
     get_format(format)
     out = Path(out_dir)
@@ -295,7 +300,7 @@ def plan_resume(
     A shard is kept when :func:`reusable_receipt` vouches for it (and ``reuse``); every other
     shard becomes a job that overwrites whatever is at its name.
     """
-    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    spool_path = _spool_path(spool)
     get_format(format)
     out = Path(out_dir)
     ranges = shard_ranges(assignment.num_bins, bins_per_shard)
@@ -350,7 +355,7 @@ def resume_shards(
     """Like :func:`write_shards`, but keeps every shard whose receipt still vouches for it and
     writes only the missing or damaged ones. Receipts come back in shard order, each with
     ``reused`` true (kept) or false (written now)."""
-    spool_path = str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+    spool_path = _spool_path(spool)
     SpoolReader(spool_path)
     plan = plan_resume(spool_path, assignment, out_dir, format=format,
                        bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
@@ -447,14 +452,7 @@ def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
             if shard not in names:
                 raise FormatError(f"{root / shard}: missing (its receipt {receipt.name} exists)")
     rows = [validate_shard(p, name) for p, name in shards]
-    return {
-        "path": str(root),
-        "num_shards": len(rows),
-        "num_bins": sum(int(r["num_bins"]) for r in rows),
-        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
-        "bytes": sum(int(r["bytes"]) for r in rows),
-        "shards": rows,
-    }
+    return {"path": str(root), **_totals(rows)}
 
 
 def validate_layout(root: Path) -> dict[str, Any]:
@@ -477,20 +475,21 @@ def validate_layout(root: Path) -> dict[str, Any]:
                                   f"{key[4:]}, blend.json says {expected[key]}")
         splits[split] = {k: result[k] for k in ("num_shards", "num_bins", "num_tokens")}
         rows.extend(result["shards"])
-    return {
-        "path": str(root),
-        "num_shards": len(rows),
-        "num_bins": sum(int(r["num_bins"]) for r in rows),
-        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
-        "bytes": sum(int(r["bytes"]) for r in rows),
-        "shards": rows,
-        "splits": splits,
-    }
+    return {"path": str(root), **_totals(rows), "splits": splits}
 
 
 def _validate_list(paths: Sequence[Path]) -> dict[str, Any]:
     from packlab.dataset import find_shards
 
-    rows = [validate_shard(p, name) for p, name in find_shards(list(paths))]
-    return {"num_shards": len(rows), "num_bins": sum(int(r["num_bins"]) for r in rows),
-            "num_tokens": sum(int(r["num_tokens"]) for r in rows), "shards": rows}
+    return _totals([validate_shard(p, name) for p, name in find_shards(list(paths))])
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Shard, bin, token and byte counts over validated shards, the rows kept beside them."""
+    return {
+        "num_shards": len(rows),
+        "num_bins": sum(int(r["num_bins"]) for r in rows),
+        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
+        "bytes": sum(int(r["bytes"]) for r in rows),
+        "shards": rows,
+    }
