@@ -8,6 +8,7 @@ final name.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import uuid
@@ -28,6 +29,33 @@ def temporary_sibling(final: Path) -> Path:
 
 def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and TMP_MARKER in path.name
+
+
+def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind: str,
+                         unreadable: str = "unreadable") -> dict[str, Any]:
+    """A JSON object whose ``version`` is ``version`` (spool manifests, blend files, chunk
+    layouts); anything else is one FormatError naming ``where``: ``"{where}: {unreadable}:
+    ..."`` for bad JSON, ``"{where}: not a {version} {kind}"`` for the wrong document."""
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{where}: {unreadable}: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("version") != version:
+        raise FormatError(f"{where}: not a {version} {kind}")
+    return obj
+
+
+def read_versioned_json(path: Path, *, version: str, kind: str,
+                        unreadable: str = "unreadable") -> dict[str, Any] | None:
+    """:func:`parse_versioned_json` of the file at ``path``; None when there is no such file
+    (each caller says what a missing one means), a FormatError when it cannot be read."""
+    if not path.is_file():
+        return None
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{path}: {unreadable}: {exc}") from None
+    return parse_versioned_json(data, path, version=version, kind=kind, unreadable=unreadable)
 
 
 def publish(tmp: Path, final: Path, *, overwrite: bool) -> None:

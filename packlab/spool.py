@@ -32,7 +32,13 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, publish, sha256_file, temporary_sibling
+from packlab.files import (
+    HashedFile,
+    publish,
+    read_versioned_json,
+    sha256_file,
+    temporary_sibling,
+)
 
 SPOOL_VERSION = "spool_v1"
 DTYPES = {
@@ -287,14 +293,10 @@ def read_spool_manifest(path: Path) -> dict[str, Any]:
     if not path.exists():
         raise FormatError(f"{path}: no such spool")
     manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
+    manifest = read_versioned_json(manifest_path, version=SPOOL_VERSION, kind="manifest",
+                                   unreadable="unreadable manifest")
+    if manifest is None:
         raise FormatError(f"{manifest_path}: missing (not a spool, or an unfinished one)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{manifest_path}: unreadable manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("version") != SPOOL_VERSION:
-        raise FormatError(f"{manifest_path}: not a {SPOOL_VERSION} manifest")
     for key in ("num_sequences", "num_tokens"):
         if not isinstance(manifest.get(key), int) or manifest[key] < 0:
             raise FormatError(f"{manifest_path}: bad or missing {key!r}")

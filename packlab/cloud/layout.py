@@ -13,7 +13,6 @@ recorded relative path points (which must stay inside the bucket).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from typing import Any
 from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
-from packlab.layout.blend import BLEND_FILE, BLEND_VERSION, SPLITS_DIR, read_blend
+from packlab.layout.blend import BLEND_FILE, SPLITS_DIR, parse_blend, read_blend
 from packlab.storage import Location, put_object, resolve
 
 
@@ -107,15 +106,7 @@ def read_remote_blend(root: Location) -> dict[str, Any] | None:
     target = root / BLEND_FILE
     if not target.is_file():
         return None
-    try:
-        blend = json.loads(target.read_bytes())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{target}: unreadable: {exc}") from None
-    if not isinstance(blend, dict) or blend.get("version") != BLEND_VERSION:
-        raise FormatError(f"{target}: not a {BLEND_VERSION} blend file")
-    if not isinstance(blend.get("splits"), dict):
-        raise FormatError(f"{target}: no 'splits' object")
-    return blend
+    return parse_blend(target.read_bytes(), target)
 
 
 def split_shards(root: Location, split: str, *, format: str | None = None

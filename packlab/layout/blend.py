@@ -27,7 +27,6 @@ bins in the split (:func:`weighted_indices` draws bin indices by them).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
+from packlab.files import parse_versioned_json, read_versioned_json
 
 BLEND_FILE = "blend.json"
 BLEND_VERSION = "packlab_blend_v1"
@@ -49,16 +49,20 @@ NANO3_KEYS = {"packed_train_data_path": "train", "packed_val_data_path": "valid"
 def read_blend(root: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``root/blend.json``, checked; None when there is none."""
     path = Path(root) / BLEND_FILE
-    if not path.is_file():
-        return None
-    try:
-        blend = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: unreadable: {exc}") from None
-    if not isinstance(blend, dict) or blend.get("version") != BLEND_VERSION:
-        raise FormatError(f"{path}: not a {BLEND_VERSION} blend file")
+    blend = read_versioned_json(path, version=BLEND_VERSION, kind="blend file")
+    return None if blend is None else check_blend(blend, path)
+
+
+def parse_blend(data: str | bytes, where: object) -> dict[str, Any]:
+    """A ``blend.json`` read from anywhere (a local file, an object store), checked."""
+    return check_blend(parse_versioned_json(data, where, version=BLEND_VERSION,
+                                            kind="blend file"), where)
+
+
+def check_blend(blend: dict[str, Any], where: object) -> dict[str, Any]:
+    """What a blend file holds beyond its version: a ``splits`` object."""
     if not isinstance(blend.get("splits"), dict):
-        raise FormatError(f"{path}: no 'splits' object")
+        raise FormatError(f"{where}: no 'splits' object")
     return blend
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, temporary_sibling
+from packlab.files import publish, read_versioned_json, temporary_sibling
 
 LAYOUT_FILE = "chunks.json"
 LAYOUT_VERSION = "packlab_chunks_v1"
@@ -127,14 +127,10 @@ def write_layout(directory: str | os.PathLike[str], layout: ChunkLayout, *,
 def read_layout(directory: str | os.PathLike[str]) -> ChunkLayout:
     """The layout in ``directory/chunks.json``; a clear error if missing or malformed."""
     path = layout_path(directory)
-    try:
-        info = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FormatError(f"{path}: no chunk layout (the producer writes it first)") from None
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise FormatError(f"{path}: unreadable chunk layout: {exc}") from None
-    if not isinstance(info, dict) or info.get("version") != LAYOUT_VERSION:
-        raise FormatError(f"{path}: not a {LAYOUT_VERSION} chunk layout")
+    info = read_versioned_json(path, version=LAYOUT_VERSION, kind="chunk layout",
+                               unreadable="unreadable chunk layout")
+    if info is None:
+        raise FormatError(f"{path}: no chunk layout (the producer writes it first)")
     try:
         return ChunkLayout(num_samples=int(info["num_samples"]),
                            samples_per_chunk=int(info["samples_per_chunk"]),
