@@ -45,6 +45,16 @@ def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind
     return obj
 
 
+def json_default(value: Any) -> Any:
+    """``json.dumps(..., default=json_default)``: numpy scalars as Python numbers (``item``),
+    other array-likes as lists, anything else as its string."""
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
 def read_versioned_json(path: Path, *, version: str, kind: str,
                         unreadable: str = "unreadable") -> dict[str, Any] | None:
     """:func:`parse_versioned_json` of the file at ``path``; None when there is no such file

@@ -18,6 +18,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from packlab.files import json_default
+
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -69,17 +71,9 @@ def record(
         "numbers": numbers,
         "findings": findings or [],
     }
-    path.write_text(json.dumps(payload, indent=2, default=_plain) + "\n")
+    path.write_text(json.dumps(payload, indent=2, default=json_default) + "\n")
     return path
 
 
 def load(notebook: str) -> dict[str, Any]:
     return json.loads(results_path(notebook).read_text())
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)

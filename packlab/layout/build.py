@@ -36,7 +36,7 @@ import numpy as np
 
 from packlab import __version__
 from packlab.errors import PacklabError
-from packlab.files import publish, temporary_sibling
+from packlab.files import json_default, publish, temporary_sibling
 from packlab.formats import get_format
 from packlab.layout.blend import (
     BLEND_FILE,
@@ -233,7 +233,7 @@ def _publish_links(root: Path, splits: dict[str, Any]) -> None:
 
 def _write_json(path: Path, obj: Any) -> None:
     tmp = temporary_sibling(path)
-    tmp.write_text(json.dumps(obj, indent=2, default=_plain) + "\n")
+    tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n")
     publish(tmp, path, overwrite=True)
 
 
@@ -244,10 +244,6 @@ def _write_config(folder: Path, config: dict[str, Any]) -> None:
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     if not path.is_file() or path.read_text() != text:
         _write_json(path, config)
-
-
-def _plain(value: Any) -> Any:
-    return value.item() if hasattr(value, "item") else str(value)
 
 
 def _summary(root: Path, blend: dict[str, Any], parts: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import sys
 import traceback
 from typing import Any
 
+from packlab.files import json_default
 from packlab.measure.memory import PhaseRecorder, Sampler
 
 DEFAULT_IMPORTS = ("numpy", "pyarrow", "packlab", "packlab.formats", "packlab.bins")
@@ -68,7 +69,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 def run_safely(spec: dict[str, Any]) -> dict[str, Any]:
     """:func:`run`, or ``{"error", "type", "traceback"}`` for the parent to raise."""
     try:
-        return json.loads(json.dumps(run(spec), default=_plain))
+        return json.loads(json.dumps(run(spec), default=json_default))
     except Exception as exc:  # reported to the parent, which raises it as a PacklabError
         from packlab.errors import PacklabError
 
@@ -90,14 +91,6 @@ def main(argv: list[str]) -> int:
     with open(out_path, "w") as f:
         json.dump(payload, f)
     return 3 if "error" in payload else 0
-
-
-def _plain(value: Any) -> Any:
-    if hasattr(value, "item"):
-        return value.item()
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    return str(value)
 
 
 if __name__ == "__main__":
