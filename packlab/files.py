@@ -95,7 +95,8 @@ def remove(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def fsync_directory(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file's data, or a directory's entries (so a rename in it survives a crash)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -103,12 +104,8 @@ def fsync_directory(path: Path) -> None:
         os.close(fd)
 
 
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+fsync_directory = fsync_path
+fsync_file = fsync_path
 
 
 def sha256_file(path: Path, chunk: int = 8 << 20) -> str:
