@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +35,32 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                workers=1, **options.get(fmt, {}))
         out[fmt] = root / fmt / receipt[0]["shard"]
     return out
+
+
+@contextmanager
+def counting_decodes() -> Iterator[list[int]]:
+    """Row groups the Parquet reader decodes during each timed call of :mod:`access`, one
+    count per call, in call order."""
+    from packlab.formats.parquet import Reader
+
+    decodes: list[int] = []
+    per_call: list[int] = []
+    load, timed = Reader._load, access._timed
+
+    def counting_load(self: Reader, group: int) -> object:
+        decodes.append(group)
+        return load(self, group)
+
+    def counting_timed(fn: object, *args: object) -> tuple[int, int]:
+        before = len(decodes)
+        out = timed(fn, *args)
+        per_call.append(len(decodes) - before)
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Reader, "_load", counting_load)
+        mp.setattr(access, "_timed", counting_timed)
+        yield per_call
 
 
 def _item(n: int, dtype: type = np.int32) -> dict[str, np.ndarray]:
@@ -102,25 +130,7 @@ def test_random_access_warm_and_cold_with_floors(shards: dict[str, Path], fmt: s
 
 def test_a_cold_parquet_read_decodes_its_row_group(shards: dict[str, Path]) -> None:
     """Cold means the reader holds nothing of the bin: no decoded row group serves it."""
-    from packlab.formats.parquet import Reader
-
-    decodes: list[int] = []
-    per_call: list[int] = []
-    load, timed = Reader._load, access._timed
-
-    def counting_load(self: Reader, group: int) -> object:
-        decodes.append(group)
-        return load(self, group)
-
-    def counting_timed(fn: object, *args: object) -> tuple[int, int]:
-        before = len(decodes)
-        out = timed(fn, *args)
-        per_call.append(len(decodes) - before)
-        return out
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Reader, "_load", counting_load)
-        mp.setattr(access, "_timed", counting_timed)
+    with counting_decodes() as per_call:
         row = access.random_access(shards["parquet"], cache="cold", samples=12)
     assert row["cold_verified"] and per_call[0::4] == [1] * 12  # format, floor, memcpy, pread
 
@@ -195,28 +205,10 @@ def test_shuffled_epochs_count_row_group_decodes(shards: dict[str, Path]) -> Non
 
 def test_row_group_miss_decodes_on_every_read(shards: dict[str, Path], tmp_path: Path) -> None:
     """Every timed read decodes its row group, also when the file has a single one."""
-    from packlab.formats.parquet import Reader
-
-    decodes: list[int] = []
-    per_read: list[int] = []
-    load, timed = Reader._load, access._timed
-
-    def counting_load(self: Reader, group: int) -> object:
-        decodes.append(group)
-        return load(self, group)
-
-    def counting_timed(fn: object, *args: object) -> tuple[int, int]:
-        before = len(decodes)
-        out = timed(fn, *args)
-        per_read.append(len(decodes) - before)
-        return out
-
     single = tmp_path / "one"
     write_shards(shards["spool"], BinAssignment.load(shards["assignment"]), single,
                  format="parquet", bins_per_shard=10**6, workers=1, row_group_size=10**6)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Reader, "_load", counting_load)
-        mp.setattr(access, "_timed", counting_timed)
+    with counting_decodes() as per_read:
         many = access.row_group_miss(shards["parquet"], samples=15)
         assert per_read == [1] * 15
         per_read.clear()
