@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from packlab.dataset import item_from_bin
 from packlab.errors import InvariantError, PacklabError
 from packlab.files import publish, temporary_sibling
 from packlab.sharded.chunks import LoadedChunk, load_chunk, preload, wait_for_chunk
@@ -151,13 +152,8 @@ class RankShardedDataset:
     def __getitem__(self, local: int) -> dict[str, Any]:
         chunk, offset = self.index.locate(local)
         packed = self._chunk(chunk).bin(offset)
-        return {
-            "input_ids": packed.input_ids,
-            "loss_mask": packed.loss_mask,
-            "seq_boundaries": packed.seq_boundaries(),
-            "sample_id": chunk * self.layout.samples_per_chunk + offset,
-            "chunk": chunk,
-        }
+        return {**item_from_bin(packed), "sample_id": chunk * self.layout.samples_per_chunk + offset,
+                "chunk": chunk}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         return [self[int(i)] for i in indices]

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
+from packlab.dataset import item_from_bin
 from packlab.sharded.chunks import load_chunk
 from packlab.sharded.layout import ChunkLayout, check_world, chunk_path, marker_path
 
@@ -136,11 +137,6 @@ class SeedLazyShardedDataset:
             raise IndexError(f"No samples available for idx {idx} (chunk {chunk_idx})")
         actual = offset % len(samples)
         packed = samples[actual]
-        return {
-            "input_ids": packed.input_ids,
-            "loss_mask": packed.loss_mask,
-            "seq_boundaries": packed.seq_boundaries(),
-            "sample_id": served_chunk * self.layout.samples_per_chunk + actual,
-            "chunk": served_chunk,
-            "asked": int(idx),
-        }
+        return {**item_from_bin(packed),
+                "sample_id": served_chunk * self.layout.samples_per_chunk + actual,
+                "chunk": served_chunk, "asked": int(idx)}
