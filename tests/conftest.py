@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from packlab.packing import BinAssignment, pack
-from packlab.spool import SpoolReader, SpoolWriter
+from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
 
 # Libraries that write to the home directory write into a throwaway folder instead.
 _HOME = Path(os.environ.get("PACKLAB_TEST_HOME", "/tmp/packlab-test-home"))
@@ -38,6 +39,37 @@ def write_random_spool(
             lengths,
         )
     return SpoolReader(path)
+
+
+def write_empty_spool(path: Path) -> Path:
+    """A spool directory of empty files under a zero-count manifest, built by hand (a
+    SpoolWriter refuses to publish an empty spool)."""
+    path.mkdir()
+    for name in FILES.values():
+        (path / name).write_bytes(b"")
+    manifest = {"version": "spool_v1", "num_sequences": 0, "num_tokens": 0}
+    (path / MANIFEST).write_text(json.dumps(manifest))
+    return path
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
+    """``packlab ARGV...`` in this process: exit code, stdout, stderr."""
+    from packlab.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error_line(err: str, *names: object, prefix: str = "") -> str:
+    """The single stderr line of a failed command, checked to start with ``prefix`` and to
+    name every one of ``names``."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(prefix), (prefix, lines[0])
+    for name in names:
+        assert str(name) in lines[0], (name, lines[0])
+    return lines[0]
 
 
 @pytest.fixture

@@ -10,27 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_error_line, run_cli, write_empty_spool
 
 from packlab.cli import main
 from packlab.formats import open_writer
 from packlab.materialize import iter_bins
 from packlab.packing import pack
-from packlab.spool import FILES, MANIFEST, SpoolReader
+from packlab.spool import MANIFEST, SpoolReader
 from packlab.synth import synthesize
-
-
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def _one_error_line(err: str, *names: object) -> str:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    for name in names:
-        assert str(name) in lines[0], (name, lines[0])
-    return lines[0]
 
 
 @pytest.fixture
@@ -43,7 +30,7 @@ def chat_spool(tmp_path: Path) -> SpoolReader:
 
 def test_synth_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out_dir = tmp_path / "s"
-    code, out, err = _run(capsys, "synth", str(out_dir), "--num-sequences", "250",
+    code, out, err = run_cli(capsys, "synth", str(out_dir), "--num-sequences", "250",
                           "--profile", "short", "--seed", "9", "--json")
     assert code == 0, err
     summary = json.loads(out)
@@ -57,7 +44,7 @@ def test_synth_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_synth_table_and_vocab(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "synth", str(tmp_path / "s"), "-n", "40", "--profile", "uniform",
+    code, out, _ = run_cli(capsys, "synth", str(tmp_path / "s"), "-n", "40", "--profile", "uniform",
                         "--vocab-size", "300")
     assert code == 0
     rows = dict(line.split(None, 1) for line in out.strip().splitlines())
@@ -68,11 +55,11 @@ def test_synth_table_and_vocab(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_synth_refuses_to_overwrite_unless_asked(chat_spool: SpoolReader,
                                                  capsys: pytest.CaptureFixture[str]) -> None:
     before = (chat_spool.path / "tokens.bin").read_bytes()
-    code, out, err = _run(capsys, "synth", str(chat_spool.path), "-n", "10")
+    code, out, err = run_cli(capsys, "synth", str(chat_spool.path), "-n", "10")
     assert code == 2 and out == ""
-    _one_error_line(err, chat_spool.path, "already exists")
+    one_error_line(err, chat_spool.path, "already exists")
     assert (chat_spool.path / "tokens.bin").read_bytes() == before
-    code, _, _ = _run(capsys, "synth", str(chat_spool.path), "-n", "10", "--overwrite")
+    code, _, _ = run_cli(capsys, "synth", str(chat_spool.path), "-n", "10", "--overwrite")
     assert code == 0 and SpoolReader(chat_spool.path).num_sequences == 10
 
 
@@ -89,9 +76,9 @@ def test_synth_refuses_to_overwrite_unless_asked(chat_spool: SpoolReader,
 def test_synth_bad_counts_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                  args: list[str], message: str) -> None:
     out_dir = tmp_path / "s"
-    code, out, err = _run(capsys, "synth", str(out_dir), *args)
+    code, out, err = run_cli(capsys, "synth", str(out_dir), *args)
     assert code == 2 and out == ""
-    _one_error_line(err, out_dir, message)
+    one_error_line(err, out_dir, message)
     assert list(tmp_path.iterdir()) == []  # nothing left behind, not even a temporary
 
 
@@ -107,7 +94,7 @@ def test_synth_unknown_profile_is_a_usage_error(tmp_path: Path,
 
 
 def test_inspect_spool_json(chat_spool: SpoolReader, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "inspect", str(chat_spool.path), "--json")
+    code, out, err = run_cli(capsys, "inspect", str(chat_spool.path), "--json")
     assert code == 0, err
     info = json.loads(out)
     lengths = np.asarray(chat_spool.lengths, dtype=np.int64)
@@ -125,7 +112,7 @@ def test_inspect_spool_json(chat_spool: SpoolReader, capsys: pytest.CaptureFixtu
 
 
 def test_inspect_spool_table(chat_spool: SpoolReader, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "inspect", str(chat_spool.path))
+    code, out, _ = run_cli(capsys, "inspect", str(chat_spool.path))
     assert code == 0
     rows = dict(line.split(None, 1) for line in out.strip().splitlines())
     assert rows["format"] == "spool_v1" and rows["num_sequences"] == "300"
@@ -139,9 +126,9 @@ def _broken(chat_spool: SpoolReader, tmp_path: Path) -> Path:
 
 
 def test_inspect_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "inspect", str(tmp_path / "missing"), "--json")
+    code, out, err = run_cli(capsys, "inspect", str(tmp_path / "missing"), "--json")
     assert code == 2 and out == ""
-    _one_error_line(err, tmp_path / "missing")
+    one_error_line(err, tmp_path / "missing")
 
 
 def test_inspect_truncated_tokens(chat_spool: SpoolReader, tmp_path: Path,
@@ -149,38 +136,34 @@ def test_inspect_truncated_tokens(chat_spool: SpoolReader, tmp_path: Path,
     path = _broken(chat_spool, tmp_path)
     with open(path / "tokens.bin", "r+b") as f:
         f.truncate(1000)
-    code, out, err = _run(capsys, "inspect", str(path), "--json")
+    code, out, err = run_cli(capsys, "inspect", str(path), "--json")
     assert code == 2 and out == ""
-    _one_error_line(err, path / "tokens.bin", "truncated")
+    one_error_line(err, path / "tokens.bin", "truncated")
 
 
 def test_inspect_empty_spool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = tmp_path / "empty"
-    path.mkdir()
-    for name in FILES.values():
-        (path / name).write_bytes(b"")
-    (path / MANIFEST).write_text('{"version": "spool_v1", "num_sequences": 0, "num_tokens": 0}')
-    code, out, err = _run(capsys, "inspect", str(path))
+    path = write_empty_spool(tmp_path / "empty")
+    code, out, err = run_cli(capsys, "inspect", str(path))
     assert code == 2 and out == ""
-    _one_error_line(err, path, "empty spool")
+    one_error_line(err, path, "empty spool")
 
 
 def test_inspect_spool_without_manifest(chat_spool: SpoolReader, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     path = _broken(chat_spool, tmp_path)
     (path / MANIFEST).unlink()
-    code, _, err = _run(capsys, "inspect", str(path))
+    code, _, err = run_cli(capsys, "inspect", str(path))
     assert code == 2
-    _one_error_line(err, path / MANIFEST, "missing")
+    one_error_line(err, path / MANIFEST, "missing")
 
 
 def test_inspect_bad_manifest(chat_spool: SpoolReader, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     path = _broken(chat_spool, tmp_path)
     (path / MANIFEST).write_text("{truncated")
-    code, _, err = _run(capsys, "inspect", str(path))
+    code, _, err = run_cli(capsys, "inspect", str(path))
     assert code == 2
-    _one_error_line(err, path / MANIFEST)
+    one_error_line(err, path / MANIFEST)
 
 
 @pytest.mark.parametrize("make", ["empty_dir", "junk_file"])
@@ -191,9 +174,9 @@ def test_inspect_unknown_things(tmp_path: Path, capsys: pytest.CaptureFixture[st
         path.mkdir()
     else:
         path.write_bytes(b"not a shard at all")
-    code, out, err = _run(capsys, "inspect", str(path))
+    code, out, err = run_cli(capsys, "inspect", str(path))
     assert code == 2 and out == ""
-    _one_error_line(err, path)
+    one_error_line(err, path)
 
 
 # -- inspect: shards -------------------------------------------------------------------------
@@ -206,7 +189,7 @@ def test_inspect_a_shard(chat_spool: SpoolReader, tmp_path: Path,
     with open_writer("binidx", shard, pack_size=4096, num_bins=assignment.num_bins) as writer:
         for packed in iter_bins(chat_spool, assignment):
             writer.write(packed)
-    code, out, err = _run(capsys, "inspect", str(shard), "--json")
+    code, out, err = run_cli(capsys, "inspect", str(shard), "--json")
     assert code == 0, err
     info = json.loads(out)
     assert info["format"] == "binidx" and info["num_bins"] == assignment.num_bins
@@ -228,4 +211,4 @@ def test_the_command_line_entry_point(tmp_path: Path) -> None:
     bad = subprocess.run([*exe, "inspect", str(tmp_path / "nope")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == ""
-    _one_error_line(bad.stderr, tmp_path / "nope")
+    one_error_line(bad.stderr, tmp_path / "nope")

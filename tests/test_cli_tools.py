@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_random_spool
+from conftest import one_error_line, run_cli, write_random_spool
 
 from packlab.cli import main
 from packlab.dataset import find_shards, open_dataset
@@ -16,18 +16,6 @@ from packlab.pipeline import RECEIPT_SUFFIX, needs_spool
 
 FORMATS = format_names()
 TARGETS = [name for name in FORMATS if not needs_spool(name)]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_line_error(err: str, *, names: str) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert names in lines[0], (names, lines[0])
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +38,7 @@ def packed_dirs(spool: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
 
 
 def test_pack_json_reports_the_plan_and_the_shards(spool, tmp_path, capsys) -> None:
-    code, out, _ = run(capsys, "pack", spool, tmp_path / "o", "--format", FORMATS[0],
+    code, out, _ = run_cli(capsys, "pack", spool, tmp_path / "o", "--format", FORMATS[0],
                        "--pack-size", 700, "--algorithm", "first_fit_decreasing",
                        "--bins-per-shard", 5, "--workers", 2, "--json")
     assert code == 0
@@ -62,7 +50,7 @@ def test_pack_json_reports_the_plan_and_the_shards(spool, tmp_path, capsys) -> N
     assert plan["num_sequences"] == 90 and plan["pack_size"] == 700
     assert result["written"]["num_bins"] == plan["num_bins"] == len(open_dataset(tmp_path / "o"))
     assert result["written"]["num_shards"] == len(result["shards"]) == -(-plan["num_bins"] // 5)
-    code, out, _ = run(capsys, "pack", spool, tmp_path / "p", "--format", FORMATS[0],
+    code, out, _ = run_cli(capsys, "pack", spool, tmp_path / "p", "--format", FORMATS[0],
                        "--pack-size", 100, "--overlong", "drop")
     assert code == 0 and "dropped" in out and "num_shards" in out
 
@@ -81,44 +69,44 @@ def test_pack_json_reports_the_plan_and_the_shards(spool, tmp_path, capsys) -> N
 ])
 def test_errors_in_use_exit_2_with_one_line(argv, names, spool, tmp_path, capsys) -> None:
     args = [a.format(tmp=tmp_path, spool=spool) for a in argv]
-    code, _, err = run(capsys, *args)
+    code, _, err = run_cli(capsys, *args)
     assert code == 2
-    one_line_error(err, names=names)
+    one_error_line(err, names)
 
 
 def test_pack_refuses_to_mix_with_existing_shards(spool, packed_dirs, capsys) -> None:
     name = FORMATS[0]
-    code, _, err = run(capsys, "pack", spool, packed_dirs[name], "--format", name,
+    code, _, err = run_cli(capsys, "pack", spool, packed_dirs[name], "--format", name,
                        "--pack-size", 512, "--bins-per-shard", 8)
     assert code == 2
-    one_line_error(err, names="already holds shards")
+    one_error_line(err, "already holds shards")
 
 
 @pytest.mark.parametrize("name", FORMATS)
 def test_validate_accepts_whole_shards(name, packed_dirs, capsys) -> None:
-    code, out, err = run(capsys, "validate", packed_dirs[name])
+    code, out, err = run_cli(capsys, "validate", packed_dirs[name])
     assert code == 0, err
     shards = find_shards(packed_dirs[name])
     assert out.count("ok ") == len(shards) > 1 and "manifest+receipt" in out
-    code, out, _ = run(capsys, "validate", shards[0][0], "--json")
+    code, out, _ = run_cli(capsys, "validate", shards[0][0], "--json")
     assert code == 0 and json.loads(out)["num_shards"] == 1
 
 
 def test_convert_prints_sizes_before_and_after(packed_dirs, tmp_path, capsys) -> None:
     src = packed_dirs[FORMATS[0]]
     target = TARGETS[-1]
-    code, out, _ = run(capsys, "convert", src, tmp_path / "c", "--format", target)
+    code, out, _ = run_cli(capsys, "convert", src, tmp_path / "c", "--format", target)
     assert code == 0
     assert "total:" in out and " B -> " in out and "B/token" in out
     assert len(open_dataset(tmp_path / "c")) == len(open_dataset(src))
-    code, out, _ = run(capsys, "validate", tmp_path / "c")
+    code, out, _ = run_cli(capsys, "validate", tmp_path / "c")
     assert code == 0
     one = find_shards(src)[0][0]
-    code, out, _ = run(capsys, "convert", one, tmp_path / "single", "--format", target, "--json")
+    code, out, _ = run_cli(capsys, "convert", one, tmp_path / "single", "--format", target, "--json")
     assert code == 0 and json.loads(out)["bytes_after"] > 0
-    code, _, err = run(capsys, "convert", one, tmp_path / "single", "--format", target)
+    code, _, err = run_cli(capsys, "convert", one, tmp_path / "single", "--format", target)
     assert code == 2
-    one_line_error(err, names="already exists")
+    one_error_line(err, "already exists")
 
 
 def victim(shard: Path) -> Path:
@@ -151,9 +139,9 @@ def damaged_copy(src: Path, dst: Path, how: str, *, receipts: bool) -> Path:
 def test_validate_catches_a_damaged_shard_of_every_format(name, how, packed_dirs, tmp_path,
                                                           capsys) -> None:
     shard = damaged_copy(packed_dirs[name], tmp_path / "d", how, receipts=True)
-    code, out, err = run(capsys, "validate", tmp_path / "d")
+    code, out, err = run_cli(capsys, "validate", tmp_path / "d")
     assert code == 2, out
-    one_line_error(err, names=str(shard))
+    one_error_line(err, str(shard))
 
 
 @pytest.mark.parametrize("name", FORMATS)
@@ -161,9 +149,9 @@ def test_validate_catches_truncation_from_the_format_alone(name, packed_dirs, tm
                                                            capsys) -> None:
     """No receipts: the shard's own manifest, footer or structure must reveal the damage."""
     shard = damaged_copy(packed_dirs[name], tmp_path / "d", "truncate", receipts=False)
-    code, out, err = run(capsys, "validate", tmp_path / "d")
+    code, out, err = run_cli(capsys, "validate", tmp_path / "d")
     assert code == 2, out
-    one_line_error(err, names=str(shard))
+    one_error_line(err, str(shard))
 
 
 def test_validate_notices_a_shard_missing_beside_its_receipt(packed_dirs, tmp_path,
@@ -171,6 +159,6 @@ def test_validate_notices_a_shard_missing_beside_its_receipt(packed_dirs, tmp_pa
     shutil.copytree(packed_dirs[FORMATS[0]], tmp_path / "d")
     shard = find_shards(tmp_path / "d")[1][0]
     shutil.rmtree(shard) if shard.is_dir() else shard.unlink()
-    code, _, err = run(capsys, "validate", tmp_path / "d")
+    code, _, err = run_cli(capsys, "validate", tmp_path / "d")
     assert code == 2
-    one_line_error(err, names=f"{shard}: missing")
+    one_error_line(err, f"{shard}: missing")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import one_error_line, run_cli, write_empty_spool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packlab import packers
-from packlab.cli import main
 from packlab.errors import PacklabError
 from packlab.packing import (
     ALGORITHMS,
@@ -24,7 +24,7 @@ from packlab.packing import (
     compare_algorithms,
     pack,
 )
-from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
+from packlab.spool import FILES, SpoolReader, SpoolWriter
 from packlab.synth import synth_lengths
 
 ALL = sorted(ALGORITHMS)
@@ -341,12 +341,6 @@ def test_13m_lengths_pack_under_2gb_peak_rss() -> None:
 # -- packlab plan ------------------------------------------------------------------------------
 
 
-def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.fixture
 def chat_spool(tmp_path: Path) -> SpoolReader:
     from packlab.synth import synthesize
@@ -358,7 +352,7 @@ def test_plan_json_matches_pack_and_writes_nothing(
     chat_spool: SpoolReader, capsys: pytest.CaptureFixture[str]
 ) -> None:
     before = sorted(p.name for p in chat_spool.path.parent.rglob("*"))
-    code, out, err = _run(capsys, "plan", str(chat_spool.path), "--pack-size", "2048",
+    code, out, err = run_cli(capsys, "plan", str(chat_spool.path), "--pack-size", "2048",
                           "--algorithm", "best_fit_decreasing", "--overlong", "drop", "--json")
     assert code == 0, err
     plan = json.loads(out)
@@ -374,12 +368,12 @@ def test_plan_json_matches_pack_and_writes_nothing(
 
 
 def test_plan_table_and_seed(chat_spool: SpoolReader, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "plan", str(chat_spool.path), "--pack-size", "4096")
+    code, out, _ = run_cli(capsys, "plan", str(chat_spool.path), "--pack-size", "4096")
     assert code == 0
     assert "lower_bound_bins" in out and DEFAULT_ALGORITHM in out
     runs = []
     for seed in ("1", "1", "2"):
-        code, out, _ = _run(capsys, "plan", str(chat_spool.path), "--pack-size", "1024",
+        code, out, _ = run_cli(capsys, "plan", str(chat_spool.path), "--pack-size", "1024",
                             "--seed", seed, "--json")
         runs.append(json.loads(out))
     assert runs[0]["truncated"] > 0 and runs[0]["seed"] == 1
@@ -387,15 +381,11 @@ def test_plan_table_and_seed(chat_spool: SpoolReader, capsys: pytest.CaptureFixt
 
 
 def _one_error_line(err: str, *names: object) -> None:
-    lines = err.strip().splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("packlab plan: error: ")
-    for name in names:
-        assert str(name) in lines[0], (name, lines[0])
+    one_error_line(err, *names, prefix="packlab plan: error: ")
 
 
 def test_plan_missing_spool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = _run(capsys, "plan", str(tmp_path / "nope"), "--pack-size", "8")
+    code, out, err = run_cli(capsys, "plan", str(tmp_path / "nope"), "--pack-size", "8")
     assert code == 2 and out == ""
     _one_error_line(err, tmp_path / "nope")
 
@@ -405,7 +395,7 @@ def test_plan_truncated_tokens_bin(chat_spool: SpoolReader,
     tokens = chat_spool.path / FILES["tokens"]
     with open(tokens, "r+b") as f:
         f.truncate(tokens.stat().st_size - 4)
-    code, out, err = _run(capsys, "plan", str(chat_spool.path), "--pack-size", "4096")
+    code, out, err = run_cli(capsys, "plan", str(chat_spool.path), "--pack-size", "4096")
     assert code == 2 and out == ""
     _one_error_line(err, tokens, "truncated")
 
@@ -413,14 +403,14 @@ def test_plan_truncated_tokens_bin(chat_spool: SpoolReader,
 @pytest.mark.parametrize("size", ["0", "-4096"])
 def test_plan_bad_pack_size(chat_spool: SpoolReader, capsys: pytest.CaptureFixture[str],
                             size: str) -> None:
-    code, out, err = _run(capsys, "plan", str(chat_spool.path), f"--pack-size={size}")
+    code, out, err = run_cli(capsys, "plan", str(chat_spool.path), f"--pack-size={size}")
     assert code == 2 and out == ""
     _one_error_line(err, "pack_size must be a positive integer", size)
 
 
 def test_plan_unknown_algorithm(chat_spool: SpoolReader,
                                 capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = _run(capsys, "plan", str(chat_spool.path), "--pack-size", "8",
+    code, _, err = run_cli(capsys, "plan", str(chat_spool.path), "--pack-size", "8",
                         "--algorithm", "magic")
     assert code == 2
     _one_error_line(err, "magic", "first_fit_decreasing")
@@ -428,13 +418,8 @@ def test_plan_unknown_algorithm(chat_spool: SpoolReader,
 
 def test_plan_empty_spool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # a writer refuses to publish an empty spool, so build the directory by hand
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    for name in FILES.values():
-        (empty / name).write_bytes(b"")
-    (empty / MANIFEST).write_text(json.dumps({"version": "spool_v1", "num_sequences": 0,
-                                              "num_tokens": 0}))
-    code, out, err = _run(capsys, "plan", str(empty), "--pack-size", "8")
+    empty = write_empty_spool(tmp_path / "empty")
+    code, out, err = run_cli(capsys, "plan", str(empty), "--pack-size", "8")
     assert code == 2 and out == ""
     _one_error_line(err, empty, "empty spool")
 
@@ -445,7 +430,7 @@ def test_plan_zero_length_sequence_names_the_file(
     with SpoolWriter(tmp_path / "s") as w:
         w.append_many(np.arange(6), np.ones(6, dtype=np.uint8), np.array([3, 3]))
     np.array([3, 0], dtype="<u4").tofile(tmp_path / "s" / FILES["lengths"])  # corrupt lengths
-    code, _, err = _run(capsys, "plan", str(tmp_path / "s"), "--pack-size", "8")
+    code, _, err = run_cli(capsys, "plan", str(tmp_path / "s"), "--pack-size", "8")
     assert code == 2
     _one_error_line(err, tmp_path / "s" / FILES["lengths"], "sequence 1 has length 0")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import write_random_spool
+from conftest import run_cli, write_random_spool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -158,26 +158,20 @@ def test_plain_directories_and_globs_have_no_split(layout: Path, tmp_path: Path,
         connect(tmp_path / "mm")
 
 
-def run(capsys, *argv) -> tuple[int, str, str]:
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_query_command_prints_a_table_csv_or_json(layout: Path, capsys) -> None:
     sql = "SELECT split, count(*) AS bins FROM bins GROUP BY split ORDER BY split"
     want = {r["split"]: r["bins"] for r in query(connect(layout), sql)}
-    code, out, _ = run(capsys, "query", sql, "--data", layout)
+    code, out, _ = run_cli(capsys, "query", sql, "--data", layout)
     lines = out.splitlines()
     assert code == 0 and lines[0].split() == ["split", "bins"] and lines[-1] == "(3 rows)"
     assert {ln.split()[0]: int(ln.split()[1]) for ln in lines[2:-1]} == want
-    code, out, _ = run(capsys, "query", sql, "--data", layout, "--format", "csv")
+    code, out, _ = run_cli(capsys, "query", sql, "--data", layout, "--format", "csv")
     assert out.splitlines()[0] == "split,bins" and len(out.splitlines()) == 4
-    code, out, _ = run(capsys, "query", sql, "--data", layout, "--format", "json",
+    code, out, _ = run_cli(capsys, "query", sql, "--data", layout, "--format", "json",
                        "--split", "valid")
     assert json.loads(out) == {"columns": ["split", "bins"],
                                "rows": [{"split": "valid", "bins": want["valid"]}]}
-    code, out, _ = run(capsys, "query", "SELECT * FROM bins", "--data", layout,
+    code, out, _ = run_cli(capsys, "query", "SELECT * FROM bins", "--data", layout,
                        "--max-rows", 2)
     assert code == 0 and f"({sum(want.values())} rows, {sum(want.values()) - 2} not shown)" in out
 
@@ -190,7 +184,7 @@ def test_query_command_prints_a_table_csv_or_json(layout: Path, capsys) -> None:
     (["SELECT 1", "--split", "dev"], "no split 'dev'; splits here: train, valid, test"),
 ])
 def test_bad_queries_are_one_line_exit_2(layout: Path, capsys, argv, message) -> None:
-    code, out, err = run(capsys, "query", argv[0], "--data", layout, *argv[1:])
+    code, out, err = run_cli(capsys, "query", argv[0], "--data", layout, *argv[1:])
     assert code == 2 and out == ""
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     if len(argv) == 1:  # the same SQL through the Python API: a PacklabError, one line

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_random_spool
+from conftest import write_empty_spool, write_random_spool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -243,12 +243,7 @@ def test_missing_manifest_is_an_unfinished_spool(spool: SpoolReader, tmp_path: P
 
 
 def test_empty_spool(tmp_path: Path) -> None:
-    path = tmp_path / "empty"
-    path.mkdir()
-    for name in FILES.values():
-        (path / name).write_bytes(b"")
-    manifest = {"version": "spool_v1", "num_sequences": 0, "num_tokens": 0}
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    path = write_empty_spool(tmp_path / "empty")
     with pytest.raises(FormatError, match=f"{path}: empty spool"):
         SpoolReader(path)
 
