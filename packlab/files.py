@@ -46,12 +46,13 @@ def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind
 
 
 def json_default(value: Any) -> Any:
-    """``json.dumps(..., default=json_default)``: numpy scalars as Python numbers (``item``),
-    other array-likes as lists, anything else as its string."""
-    if hasattr(value, "item"):
-        return value.item()
+    """``json.dumps(..., default=json_default)``: numpy arrays as lists, numpy scalars as Python
+    numbers, anything else as its string. (``tolist`` does both for numpy; ``item`` alone fails
+    on an array of more than one element.)"""
     if hasattr(value, "tolist"):
         return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
     return str(value)
 
 
