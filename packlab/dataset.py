@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import glob as globlib
 import os
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format, open_shard
+from packlab.mapping import FORKS as _FORKS
 from packlab.spool import read_spool_manifest
 
 PathLike = str | os.PathLike[str]
@@ -58,23 +61,27 @@ class PackedDataset:
         self.reader_options = dict(reader_options or {})
         self._readers: list[Any] | None = None
         self._pid = os.getpid()
+        self._fork = _FORKS[0]
         readers = self._open_readers()
         counts = np.array([r.num_bins for r in readers], dtype=np.int64)
         self.num_bins_per_shard = counts
         self.cumulative = np.zeros(counts.shape[0] + 1, dtype=np.int64)
         np.cumsum(counts, out=self.cumulative[1:])
+        self._starts = self.cumulative[:-1].tolist()  # for bisect: Python ints, no numpy call
+        self._length = int(self.cumulative[-1])
         self.pack_size = max(int(r.pack_size) for r in readers)
         self.num_tokens = sum(int(r.num_tokens) for r in readers)
 
     # -- lazy, per-process readers ---------------------------------------------------------
     def _open_readers(self) -> list[Any]:
         """This process's readers, opened on first use (and again after a fork)."""
-        if self._readers is None or self._pid != os.getpid():
+        if self._readers is None or self._fork != _FORKS[0]:
             self._readers = [
                 open_shard(path, format=name, **self.reader_options)
                 for path, name in zip(self.shards, self.formats, strict=True)
             ]
             self._pid = os.getpid()
+            self._fork = _FORKS[0]
         return self._readers
 
     def __getstate__(self) -> dict[str, Any]:
@@ -90,11 +97,14 @@ class PackedDataset:
 
     # -- map-style access -------------------------------------------------------------------
     def __len__(self) -> int:
-        return int(self.cumulative[-1])
+        return self._length
 
     def locate(self, index: int) -> tuple[int, int]:
         """(shard number, bin within that shard) of global bin ``index``."""
-        n = len(self)
+        if type(index) is int and 0 <= index < self._length:  # the hot path: one bisect
+            shard = bisect_right(self._starts, index) - 1
+            return shard, index - self._starts[shard]
+        n = self._length
         if isinstance(index, bool) or not isinstance(index, int | np.integer):
             raise TypeError(f"bin index must be an integer, got {type(index).__name__}")
         if not -n <= index < n:
@@ -111,22 +121,29 @@ class PackedDataset:
         return item_from_bin(self.read_bin(index))
 
     def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
-        """Many bins, in the order asked, read with one ``read_bins`` call per shard."""
+        """Many bins, in the order asked, read with one ``read_bins`` call per shard (grouped
+        with one stable sort; the bins put back in order by one C-level gather)."""
+        readers = self._open_readers()
+        if len(readers) == 1:  # its reader checks the range (and counts from the end)
+            return list(readers[0].read_bins(indices))
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        n = len(self)
+        n = self._length
         if idx.size and (idx.min() < -n or idx.max() >= n):
             bad = int(idx[(idx < -n) | (idx >= n)][0])
             raise IndexError(f"bin {bad} out of range [0, {n})")
-        idx = idx % n if n else idx
+        idx = idx % n
+        if idx.size == 0:
+            return []
         shard_of = np.searchsorted(self.cumulative, idx, side="right") - 1
-        out: list[PackedBin | None] = [None] * idx.shape[0]
-        readers = self._open_readers()
-        for shard in np.unique(shard_of).tolist():
-            where = np.flatnonzero(shard_of == shard)
-            local = idx[where] - self.cumulative[shard]
-            for pos, packed in zip(where.tolist(), readers[shard].read_bins(local), strict=True):
-                out[pos] = packed
-        return out  # type: ignore[return-value]
+        order = np.argsort(shard_of, kind="stable")
+        ordered = shard_of[order]
+        got: list[PackedBin] = []
+        for run in np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1):
+            shard = int(shard_of[run[0]])
+            got.extend(readers[shard].read_bins(idx[run] - self.cumulative[shard]))
+        back = np.empty_like(order)
+        back[order] = np.arange(order.shape[0])
+        return [got[0]] if len(got) == 1 else list(itemgetter(*back.tolist())(got))
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Batch access (what ``torch.utils.data.DataLoader`` calls when it exists)."""

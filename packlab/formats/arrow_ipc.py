@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -53,7 +53,8 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"
@@ -62,6 +63,20 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CACHE_BATCHES = 8
 CODECS = ("none", "lz4", "zstd")
 _MAGIC = b"ARROW1"
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
+
+
+class _BatchViews(NamedTuple):
+    """One record batch of a zero-copy file: values as views of the map, offsets in RAM."""
+
+    input_ids: np.ndarray
+    loss_mask: np.ndarray
+    seq_start_id: np.ndarray
+    token_offsets: memoryview  # int64, from 0: a Python int per lookup
+    seq_offsets: memoryview
+    ids_at: int  # byte offset of each values buffer in the file (for read advice)
+    mask_at: int
+    starts_at: int
 
 
 def detect(path: Path) -> bool:
@@ -202,10 +217,13 @@ class Reader(ShardReader):
         if self.path.is_dir():
             raise FormatError(f"{self.path}: is a directory, not an Arrow IPC file")
         self.cache_batches = int(cache_batches)
-        self._source: pa.MemoryMappedFile | None = None
+        self._source: MappedFile | None = None
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         self._cache: LRUCache[int, BinColumns] | None = None
+        self._views: list[_BatchViews] | None = None
         self._pid = -1
+        self._fork = -1
+        self._copied = False
         reader = self._file()
         check_schema(reader.schema, str(self.path))
         self.num_batches = reader.num_record_batches
@@ -226,17 +244,23 @@ class Reader(ShardReader):
     def _file(self) -> pa.ipc.RecordBatchFileReader:
         """The open map and IPC reader, reopened after pickling or in a forked worker."""
         if self._reader is None or self._pid != os.getpid():
+            self._cache = self._views = None  # views of a map this process did not open
             try:
-                self._source = pa.memory_map(str(self.path), "r")
-                self._reader = pa.ipc.open_file(self._source)
+                # Python's mmap, advised for random access (pyarrow's memory_map takes no
+                # advice): a cold bin then reads its own pages, not 8 MB around them.
+                self._source = MappedFile(self.path)
+                self._advice = ReadAdvice(self._source.fd)
+                self._base = pa.py_buffer(self._source.map)
+                self._reader = pa.ipc.open_file(pa.BufferReader(self._base))
             except ARROW_ERRORS as exc:
                 raise FormatError(f"{self.path}: not a readable Arrow IPC file (truncated or "
                                   f"corrupted?): {parse_error(exc)}") from None
             self._pid = os.getpid()
+            self._fork = FORKS[0]
         return self._reader
 
     def _handles(self) -> Sequence[str]:
-        return ("_source", "_reader", "_cache")
+        return ("_source", "_reader", "_cache", "_views", "_base", "_advice")
 
     def _index_from_metadata(self, pack_size: int | None) -> None:
         info = self.packlab
@@ -339,9 +363,52 @@ class Reader(ShardReader):
             return np.asarray(index) // self.batch_size
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
+    # -- the zero-copy hot path ----------------------------------------------------------------
+    def _zero_copy(self) -> list[_BatchViews] | None:
+        """Every record batch as views and offsets in RAM, when the file allows zero-copy reads
+        (packlab's uncompressed files); decoded once per process, on the first read."""
+        self._file()  # reopens in a forked worker (dropping the parent's views)
+        if self._views is None:
+            if self.packlab is None or self.compression != "none" or self._copied:
+                return None
+            base = self._base.address
+            views = []
+            for k in range(self.num_batches):
+                cols = self._batch(k)
+                at = [a.__array_interface__["data"][0] - base
+                      for a in (cols.input_ids, cols.loss_mask, cols.seq_start_id)]
+                if not all(0 <= x < self._source.size for x in at):  # type: ignore[union-attr]
+                    self._copied = True  # decoded into memory (foreign types): no views
+                    return None
+                views.append(_BatchViews(cols.input_ids, cols.loss_mask, cols.seq_start_id,
+                                         memoryview(cols.token_offsets),
+                                         memoryview(cols.seq_offsets), *at))
+            self._views = views
+        return self._views
+
     # -- reading ------------------------------------------------------------------------------
     def read_bin(self, index: int) -> PackedBin:
-        index = self.check_index(index)
+        views = self._views
+        if views is None or self._fork != FORKS[0]:  # first read, or a forked worker
+            views = self._zero_copy()
+        if not 0 <= index < self.num_bins:  # the common case skips the general check
+            index = self.check_index(index)
+        if views is None:
+            return self._slow_bin(index)
+        k, j = divmod(index, self.batch_size)  # type: ignore[operator]
+        ids, mask, starts, tok, seq, ids_at, mask_at, starts_at = views[k]
+        t0 = tok[j]
+        t1 = tok[j + 1]
+        s0 = seq[j]
+        s1 = seq[j + 1]
+        if self._advice.first(ids_at + 4 * t0, 4 * (t1 - t0)):  # cold: the rest at once too
+            fd = self._source.fd  # type: ignore[union-attr]
+            advise(fd, mask_at + t0, t1 - t0)
+            advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
+        return _new(PackedBin, (ids[t0:t1], mask[t0:t1], starts[s0:s1]))
+
+    def _slow_bin(self, index: int) -> PackedBin:
+        """A bin through the batch cache (compressed files, files written elsewhere)."""
         if self.batch_size is not None:
             k, j = divmod(index, self.batch_size)
         else:
@@ -350,12 +417,36 @@ class Reader(ShardReader):
         return self._batch(k).bin(j, copy=False)
 
     def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
-        """Many bins, grouped by record batch (each decoded at most once per call)."""
-        wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if wanted.size and (wanted.min() < -self.num_bins or wanted.max() >= self.num_bins):
-            bad = wanted[(wanted < -self.num_bins) | (wanted >= self.num_bins)][0]
-            raise IndexError(f"{self.path}: bin {int(bad)} out of range [0, {self.num_bins})")
-        wanted = wanted % self.num_bins
+        """Many bins: zero-copy files as :meth:`read_bin` without its per-call overhead; the
+        others decode each record batch involved at most once per call."""
+        views = self._views
+        if views is None or self._fork != FORKS[0]:
+            views = self._zero_copy()
+        if views is None:
+            wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
+            if wanted.size and (wanted.min() < -self.num_bins or wanted.max() >= self.num_bins):
+                bad = wanted[(wanted < -self.num_bins) | (wanted >= self.num_bins)][0]
+                raise IndexError(f"{self.path}: bin {int(bad)} out of range "
+                                 f"[0, {self.num_bins})")
+            return self._slow_bins(wanted % self.num_bins)
+        fd, advice, size, count = self._source.fd, self._advice, self.batch_size, self.num_bins
+        out = []
+        for index in index_list(indices):
+            if not 0 <= index < count:
+                index = self.check_index(index)
+            k, j = divmod(index, size)  # type: ignore[operator]
+            ids, mask, starts, tok, seq, ids_at, mask_at, starts_at = views[k]
+            t0 = tok[j]
+            t1 = tok[j + 1]
+            s0 = seq[j]
+            s1 = seq[j + 1]
+            if advice.first(ids_at + 4 * t0, 4 * (t1 - t0)):
+                advise(fd, mask_at + t0, t1 - t0)
+                advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
+            out.append(_new(PackedBin, (ids[t0:t1], mask[t0:t1], starts[s0:s1])))
+        return out
+
+    def _slow_bins(self, wanted: np.ndarray) -> list[PackedBin]:
         batches = np.asarray(self.batch_of(wanted), dtype=np.int64)
         local = (wanted - self.batch_offsets[batches]).tolist()
         out: list[PackedBin | None] = [None] * wanted.shape[0]
@@ -371,10 +462,21 @@ class Reader(ShardReader):
         return out  # type: ignore[return-value]
 
     def iter_bins(self) -> Iterator[PackedBin]:
+        views = self._zero_copy()
         for k in range(self.num_batches):
             cols = self._batch(k)
+            if views is not None and k + 1 < self.num_batches:
+                self._advise_batch(views[k + 1])  # one batch ahead: the map has no readahead
+            elif views is not None and k == 0:
+                self._advise_batch(views[0])
             for j in range(cols.rows):
                 yield cols.bin(j, copy=False)
+
+    def _advise_batch(self, v: _BatchViews) -> None:
+        fd = self._source.fd  # type: ignore[union-attr]
+        advise(fd, v.ids_at, v.input_ids.nbytes)
+        advise(fd, v.mask_at, v.loss_mask.nbytes)
+        advise(fd, v.starts_at, v.seq_start_id.nbytes)
 
     def packed_lengths(self) -> np.ndarray:
         return np.concatenate([self._batch(k).packed_lengths() for k in range(self.num_batches)])
@@ -425,7 +527,7 @@ class Reader(ShardReader):
         source = self._source
         super().close()
         if source is not None:
-            source.close()
+            source.close()  # the descriptor; the map goes with the last view of it
 
 
 def _schema_metadata(schema: pa.Schema, path: Path) -> dict[str, Any] | None:

@@ -40,15 +40,16 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, file_entry, verify_files
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.invariants import check_csr
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -64,6 +65,7 @@ PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
 CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
 _CHECK_CHUNK = 1 << 16  # bins per vectorized validation step
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 class _IdxHeader:
@@ -283,8 +285,35 @@ class Writer(ShardWriter):
             loss.close()
 
 
+class _Mapped(NamedTuple):
+    """One process's view of a shard: the data files mapped, the index in RAM (24 bytes/bin)."""
+
+    tokens: np.ndarray  # data.bin, every token
+    loss: np.ndarray  # loss_mask.bin's values
+    starts: np.ndarray  # seq_starts.bin's starts (int32)
+    first: memoryview  # token where each bin starts (int64; a Python int per lookup)
+    stop: memoryview  # token where it stops
+    seq_offsets: memoryview  # CSR into starts (int64, num_bins + 1)
+    fds: tuple[int, int, int]  # data.bin, loss_mask.bin, seq_starts.bin: for read advice
+    advice: ReadAdvice  # when to advise data.bin before a read
+    first_array: np.ndarray  # the same three as arrays, for batches
+    stop_array: np.ndarray
+    seq_offsets_array: np.ndarray
+    files: tuple[MappedFile, MappedFile, MappedFile]
+
+
+def _starts_offset(num_bins: int) -> int:
+    """Byte offset of the starts in ``seq_starts.bin`` (after the header and the offsets)."""
+    return _SeqHeader.SIZE + 8 * (num_bins + 1)
+
+
 class Reader(ShardReader):
-    """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1)."""
+    """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1).
+
+    On first read (in each process) the data files are mapped for random access and the index
+    (where each bin's tokens and starts are) is read into RAM and checked, so a cold read
+    waits for the bin's own bytes only (see :mod:`packlab.mapping`).
+    """
 
     FORMAT: ClassVar[str] = FORMAT
 
@@ -298,7 +327,7 @@ class Reader(ShardReader):
         self.vocab_size: int | None = self.manifest.get("vocab_size")
         self.token_dtype = self._read_headers()
         self._check_sizes()
-        self._maps: dict[str, np.ndarray] | None = None
+        self._maps: _Mapped | None = None
 
     def _handles(self) -> tuple[str, ...]:
         return ("_maps",)
@@ -356,43 +385,103 @@ class Reader(ShardReader):
                 raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
                                   "(truncated or corrupted)")
 
-    def _map(self) -> dict[str, np.ndarray]:
+    def _map(self) -> _Mapped:
+        """Map the data files and load the index into RAM, checked (once per process)."""
         if self._maps is None:
-            n = self.num_bins
-            p = self.path
-            idx_after_lengths = _IdxHeader.SIZE + 4 * n
-            maps = {
-                "lengths": np.memmap(p / INDEX, "<i4", "r", _IdxHeader.SIZE, (n,)),
-                "pointers": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths, (n,)),
-                "documents": np.memmap(p / INDEX, "<i8", "r", idx_after_lengths + 8 * n, (n + 1,)),
-                "tokens": np.memmap(p / DATA, self.token_dtype, "r", 0, (self.num_tokens,)),
-                "loss": np.memmap(p / LOSS, "|u1", "r", _LossHeader.SIZE, (self.num_tokens,)),
-                "seq_offsets": np.memmap(p / SEQS, "<i8", "r", _SeqHeader.SIZE, (n + 1,)),
-                "starts": np.memmap(p / SEQS, "<i4", "r", _SeqHeader.SIZE + 8 * (n + 1),
-                                    (self.num_seqs,)),
-            }
-            # plain ndarray views: slicing them skips np.memmap's wrapping, and every view
-            # keeps its np.memmap (and so the mapping) alive through ``base``
-            self._maps = {name: m.view(np.ndarray) for name, m in maps.items()}
+            n, p = self.num_bins, self.path
+            lengths, pointers, seq_offsets = self._load_index()
+            first, rem = np.divmod(pointers, self.token_dtype.itemsize)
+            stop = first + lengths
+            bad = ((rem != 0) | (lengths <= 0) | (first < 0) | (stop > self.num_tokens)
+                   | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
+                   | (seq_offsets[1:] > self.num_seqs))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise FormatError(
+                    f"{self.path}: bin {i}: index entry points outside the data (pointer "
+                    f"{int(pointers[i])}, length {int(lengths[i])}, starts "
+                    f"{int(seq_offsets[i])}:{int(seq_offsets[i + 1])}; corrupted)")
+            files = (MappedFile(p / DATA), MappedFile(p / LOSS), MappedFile(p / SEQS))
+            self._maps = _Mapped(
+                files[0].view(self.token_dtype, 0, self.num_tokens),
+                files[1].view("|u1", _LossHeader.SIZE, self.num_tokens),
+                files[2].view("<i4", _starts_offset(n), self.num_seqs),
+                memoryview(first), memoryview(stop), memoryview(seq_offsets),
+                tuple(f.fd for f in files), ReadAdvice(files[0].fd),  # type: ignore[arg-type]
+                first, stop, seq_offsets, files)
         return self._maps
+
+    def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``data.idx``'s lengths and byte pointers, and the bins' sequence offsets (int64)."""
+        n = self.num_bins
+        lengths = load_array(self.path / INDEX, "<i4", _IdxHeader.SIZE, n).astype(np.int64)
+        pointers = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
+        seq_offsets = load_array(self.path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
+        return lengths, pointers, seq_offsets
 
     # -- reading ------------------------------------------------------------------------------
     def read_bin(self, index: int) -> PackedBin:
         """Views into the memory maps (read-only, valid after close); tokens in the stored dtype."""
-        i = self.check_index(index)
+        m = self._maps if self._maps is not None else self._map()
+        if not 0 <= index < self.num_bins:  # the common case skips the general check
+            index = self.check_index(index)
+        tokens, loss, starts, first, stop, seq_offsets, fds, advice = m[:8]
+        t0 = first[index]
+        t1 = stop[index]
+        s0 = seq_offsets[index]
+        s1 = seq_offsets[index + 1]
+        width = self.token_dtype.itemsize
+        if advice.first(width * t0, width * (t1 - t0)):  # cold: fetch the rest at once too
+            advise(fds[1], _LossHeader.SIZE + t0, t1 - t0)
+            advise(fds[2], _starts_offset(self.num_bins) + 4 * s0, 4 * (s1 - s0))
+        return _new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1]))
+
+    def read_bins(self, indices: Any) -> list[PackedBin]:
+        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
+        m = self._maps if self._maps is not None else self._map()
+        tokens, loss, starts, first, stop, seq_offsets, fds, advice = m[:8]
+        width, starts_at, count = self.token_dtype.itemsize, _starts_offset(self.num_bins), \
+            self.num_bins
+        out = []
+        for index in index_list(indices):
+            if not 0 <= index < count:
+                index = self.check_index(index)
+            t0 = first[index]
+            t1 = stop[index]
+            s0 = seq_offsets[index]
+            s1 = seq_offsets[index + 1]
+            if advice.first(width * t0, width * (t1 - t0)):
+                advise(fds[1], _LossHeader.SIZE + t0, t1 - t0)
+                advise(fds[2], starts_at + 4 * s0, 4 * (s1 - s0))
+            out.append(_new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1])))
+        return out
+
+    def iter_bins(self) -> Iterator[PackedBin]:
+        """Every bin in order, advising a window of bins ahead (the maps have no readahead)."""
         m = self._map()
-        length = int(m["lengths"][i])
-        pointer = int(m["pointers"][i])
-        start, rem = divmod(pointer, self.token_dtype.itemsize)
-        lo, hi = int(m["seq_offsets"][i]), int(m["seq_offsets"][i + 1])
-        stop = start + length
-        if rem or length <= 0 or stop > self.num_tokens or not 0 <= lo < hi <= self.num_seqs:
-            raise FormatError(f"{self.path}: bin {i}: index entry points outside the data "
-                              f"(pointer {pointer}, length {length}, starts {lo}:{hi}; corrupted)")
-        return PackedBin(m["tokens"][start:stop], m["loss"][start:stop], m["starts"][lo:hi])
+        offsets = np.append(m.first_array, m.stop_array[-1:])
+        windows = scan_windows(offsets, self.token_dtype.itemsize + 1)
+        return scan(windows, self._advise_bins, self._view_bin)
+
+    def _view_bin(self, index: int) -> PackedBin:
+        m = self._map()
+        t0, t1 = m.first[index], m.stop[index]
+        s0, s1 = m.seq_offsets[index], m.seq_offsets[index + 1]
+        return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
+
+    def _advise_bins(self, lo: int, hi: int) -> None:
+        """WILLNEED over bins ``lo..hi`` of every data file."""
+        m = self._map()
+        t0, t1 = int(m.first_array[lo:hi].min()), int(m.stop_array[lo:hi].max())
+        s0, s1 = m.seq_offsets[lo], m.seq_offsets[hi]
+        width = self.token_dtype.itemsize
+        advise(m.fds[0], width * t0, width * (t1 - t0))
+        advise(m.fds[1], _LossHeader.SIZE + t0, t1 - t0)
+        advise(m.fds[2], _starts_offset(self.num_bins) + 4 * s0, 4 * (s1 - s0))
 
     def packed_lengths(self) -> np.ndarray:
-        return np.asarray(self._map()["lengths"], dtype=np.int64)
+        m = self._map()
+        return m.stop_array - m.first_array
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "token_dtype": self.token_dtype.name, "num_seqs": self.num_seqs}
@@ -405,34 +494,32 @@ class Reader(ShardReader):
         if listed != set(self._expected_sizes()):
             raise FormatError(f"{self.path / MANIFEST}: lists {sorted(listed)}, "
                               f"expected {sorted(self._expected_sizes())}")
-        m = self._map()
+        n = self.num_bins
+        documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
+        if not np.array_equal(documents, np.arange(n + 1)):
+            raise FormatError(f"{self.path / INDEX}: document indices are not 0..{n}")
+        all_lengths, pointers, seq_offsets = self._load_index()
         itemsize = self.token_dtype.itemsize
-        if not np.array_equal(m["documents"], np.arange(self.num_bins + 1)):
-            raise FormatError(f"{self.path / INDEX}: document indices are not 0..{self.num_bins}")
-        pointer = 0
-        for lo in range(0, self.num_bins, _CHECK_CHUNK):
-            hi = min(lo + _CHECK_CHUNK, self.num_bins)
-            lengths = np.asarray(m["lengths"][lo:hi], dtype=np.int64)
-            token_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
-            np.cumsum(lengths, out=token_offsets[1:])
-            expected = (token_offsets[:-1] * itemsize) + pointer
-            if not np.array_equal(expected, m["pointers"][lo:hi]):
-                b = lo + int(np.argmax(expected != m["pointers"][lo:hi]))
-                raise FormatError(f"{self.path / INDEX}: bin {b}: byte pointer "
-                                  f"{int(m['pointers'][b])} does not follow the lengths")
-            t0 = pointer // itemsize
-            t1 = t0 + int(token_offsets[-1])
-            if t1 > self.num_tokens:
-                raise FormatError(f"{self.path / INDEX}: bin lengths exceed the {self.num_tokens} "
-                                  "tokens of data.bin")
-            so = np.asarray(m["seq_offsets"][lo : hi + 1], dtype=np.int64)
-            check_csr(token_offsets, so - so[0], m["starts"][so[0] : so[-1]], m["loss"][t0:t1],
-                      pack_size=self.pack_size, source=str(self.path), first_bin=lo)
-            self._check_token_range(m["tokens"][t0:t1], lo, token_offsets)
-            pointer += int(token_offsets[-1]) * itemsize
-        if pointer != self.num_tokens * itemsize:
-            raise FormatError(f"{self.path / INDEX}: bins cover {pointer // itemsize} tokens, "
+        token_offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(all_lengths, out=token_offsets[1:])
+        wrong = token_offsets[:-1] * itemsize != pointers
+        if wrong.any():
+            b = int(np.argmax(wrong))
+            raise FormatError(f"{self.path / INDEX}: bin {b}: byte pointer {int(pointers[b])} "
+                              "does not follow the lengths")
+        if token_offsets[-1] != self.num_tokens:
+            raise FormatError(f"{self.path / INDEX}: bins cover {int(token_offsets[-1])} tokens, "
                               f"data.bin holds {self.num_tokens}")
+        m = self._map()
+        for lo in range(0, n, _CHECK_CHUNK):
+            hi = min(lo + _CHECK_CHUNK, n)
+            self._advise_bins(lo, hi)
+            t0, t1 = int(token_offsets[lo]), int(token_offsets[hi])
+            so = seq_offsets[lo : hi + 1]
+            check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], m.starts[so[0] : so[-1]],
+                      m.loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
+                      first_bin=lo)
+            self._check_token_range(m.tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk()}

@@ -17,9 +17,11 @@ bins need not be known up front: when it is not, the header is rewritten at fina
 file hashed once more. The directory is built under a temporary name and published with ONE
 rename (the design's five renames can leave a mix after a crash).
 
-Reader: the manifest at construction; memory maps opened lazily in each process (the reader
-pickles without them); bins are copies, valid after the reader is closed; ``read_bins``
-gathers a batch with one fancy index per array.
+Reader: the manifest at construction; in each process, on first read, the data files mapped
+(advised for random access, see :mod:`packlab.mapping`) and the index (``packed_len``,
+``seq_offsets``) read into RAM and checked, so the reader pickles without them and a cold read
+waits for the bin's own bytes only. Bins are read-only views of the maps, valid after the
+reader is closed; ``read_bins`` gathers the index of a whole batch at once.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -37,8 +40,9 @@ from numpy.lib import format as npy_format
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.invariants import check_csr
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
 from packlab.safe_pickle import read_npy_header
 
 FORMAT = "memmap_v1"
@@ -57,6 +61,7 @@ FILES = {name: f"{name}.npy" for name in DTYPES}
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 def detect(path: Path) -> bool:
@@ -236,8 +241,30 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+class _Mapped(NamedTuple):
+    """One process's view of a shard: the data mapped (views), the index in RAM."""
+
+    ids: np.ndarray  # int32[num_bins * pack_size]: input_ids.npy's rows, flattened
+    mask: np.ndarray  # uint8, the same shape
+    starts: np.ndarray  # int32 view of seq_starts.npy (every start is below pack_size)
+    lengths: np.ndarray  # uint32[num_bins], in RAM
+    offsets: np.ndarray  # uint32[num_bins + 1], in RAM
+    length_of: memoryview  # the same two as memoryviews: indexing one gives a Python int
+    offset_of: memoryview
+    files: tuple[MappedFile, MappedFile, MappedFile]  # input_ids, loss_mask, seq_starts
+    fds: tuple[int, int, int]  # their descriptors, for read advice
+    bases: tuple[int, int, int]  # where each file's data starts (after its .npy header)
+    advice: ReadAdvice  # when to advise input_ids.npy before a read
+
+
 class Reader(ShardReader):
-    """Lazy, picklable reader; O(1) access to any bin through the memory maps."""
+    """Lazy, picklable reader; O(1) access to any bin through the memory maps.
+
+    Bins are read-only views of the maps (valid after the reader is closed: each keeps its
+    map alive). The index (``packed_len``, ``seq_offsets``: 8 bytes per bin) is read into RAM
+    and checked on first use, so a cold read waits for the bin's bytes only; see
+    :mod:`packlab.mapping` for how those are fetched.
+    """
 
     FORMAT: ClassVar[str] = FORMAT
 
@@ -249,7 +276,7 @@ class Reader(ShardReader):
         self.num_tokens = int(self.manifest["num_tokens"])
         self.num_seqs = int(self.manifest["num_seqs"])
         verify_files(self.path, self.manifest["files"], checksums=False)  # sizes: a few stats
-        self._arrays: dict[str, np.ndarray] | None = None
+        self._arrays: _Mapped | None = None
 
     def _handles(self) -> tuple[str, ...]:
         return ("_arrays",)
@@ -260,73 +287,98 @@ class Reader(ShardReader):
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
 
-    def _maps(self) -> dict[str, np.ndarray]:
-        """Open the memory maps (once per process); plain ndarray views, fast to index."""
+    def _maps(self) -> _Mapped:
+        """Map the data and load the index (once per process)."""
         if self._arrays is None:
-            arrays = {}
-            for name, shape in self.shapes().items():
-                file = self.path / FILES[name]
-                try:
-                    mapped = npy_format.open_memmap(file, mode="r")
-                except (OSError, ValueError) as exc:
-                    raise FormatError(f"{file}: cannot map: {exc}") from None
-                if mapped.dtype != DTYPES[name] or mapped.shape != shape:
-                    raise FormatError(f"{file}: {mapped.dtype.str}{list(mapped.shape)}, the "
-                                      f"manifest says {DTYPES[name].str}{list(shape)}")
-                arrays[name] = mapped.view(np.ndarray)  # keeps the map alive, skips memmap's
-            self._arrays = arrays                        # Python-level __getitem__
+            at = self._check_headers()
+            p, size = self.path, self.num_bins * self.pack_size
+            files = tuple(MappedFile(p / FILES[name])
+                          for name in ("input_ids", "loss_mask", "seq_starts"))
+            ids = files[0].view("<i4", at["input_ids"], size)
+            mask = files[1].view("|u1", at["loss_mask"], size)
+            starts = files[2].view("<i4", at["seq_starts"], self.num_seqs)
+            lengths = load_array(p / FILES["packed_len"], "<u4", at["packed_len"], self.num_bins)
+            offsets = load_array(p / FILES["seq_offsets"], "<u4", at["seq_offsets"],
+                                 self.num_bins + 1)
+            self._check_index(lengths, offsets)
+            self._arrays = _Mapped(ids, mask, starts, lengths, offsets, memoryview(lengths),
+                                   memoryview(offsets), files,  # type: ignore[arg-type]
+                                   tuple(f.fd for f in files),  # type: ignore[arg-type]
+                                   (at["input_ids"], at["loss_mask"], at["seq_starts"]),
+                                   ReadAdvice(files[0].fd))
         return self._arrays
+
+    def _check_index(self, lengths: np.ndarray, offsets: np.ndarray) -> None:
+        """Every packed_len in (0, pack_size], every bin's starts inside seq_starts."""
+        bad = (lengths == 0) | (lengths > self.pack_size)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise self._corrupt(k, f"packed_len {int(lengths[k])} not in (0, {self.pack_size}]")
+        bad = (offsets[:-1] >= offsets[1:]) | (offsets[1:] > self.num_seqs)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise self._corrupt(k, f"seq_offsets [{int(offsets[k])}, {int(offsets[k + 1])}) "
+                                f"outside [0, {self.num_seqs}]")
 
     def _corrupt(self, index: int, what: str) -> FormatError:
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
 
     def read_bin(self, index: int) -> PackedBin:
+        m = self._arrays if self._arrays is not None else self._maps()
         if not 0 <= index < self.num_bins:  # the common case skips the general check
             index = self.check_index(index)
-        m = self._arrays if self._arrays is not None else self._maps()
-        n = int(m["packed_len"][index])
-        lo, hi = m["seq_offsets"][index:index + 2].tolist()
-        if not 0 < n <= self.pack_size:
-            raise self._corrupt(index, f"packed_len {n} not in (0, {self.pack_size}]")
-        if not 0 <= lo < hi <= self.num_seqs:
-            raise self._corrupt(index, f"seq_offsets [{lo}, {hi}) outside [0, {self.num_seqs}]")
-        return PackedBin(
-            m["input_ids"][index, :n].copy(),
-            m["loss_mask"][index, :n].copy(),
-            m["seq_starts"][lo:hi].astype(np.int32),
-        )
+        ids, mask, starts, _, _, length_of, offset_of, _, fds, bases, advice = m
+        n = length_of[index]
+        lo = offset_of[index]
+        hi = offset_of[index + 1]
+        at = index * self.pack_size
+        if advice.first(bases[0] + 4 * at, 4 * n):  # cold: fetch the rest at once too
+            advise(fds[1], bases[1] + at, n)
+            advise(fds[2], bases[2] + 4 * lo, 4 * (hi - lo))
+        return _new(PackedBin, (ids[at:at + n], mask[at:at + n], starts[lo:hi]))
 
     def read_bins(self, indices: Any) -> list[PackedBin]:
-        """A batch with one gather per array; each bin's arrays are views into the batch."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        bad = (idx < -self.num_bins) | (idx >= self.num_bins)
-        if bad.any():
-            raise IndexError(f"{self.path}: bin {int(idx[np.argmax(bad)])} out of range "
-                             f"[0, {self.num_bins})")
-        idx = idx % self.num_bins
-        m = self._maps()
-        lengths = m["packed_len"][idx].astype(np.int64)
-        lo = m["seq_offsets"][idx].astype(np.int64)
-        hi = m["seq_offsets"][idx + 1].astype(np.int64)
-        wrong = (lengths <= 0) | (lengths > self.pack_size) | (lo >= hi) | (hi > self.num_seqs)
-        if wrong.any():
-            k = int(np.argmax(wrong))
-            raise self._corrupt(int(idx[k]), f"packed_len {int(lengths[k])}, "
-                                f"seq_offsets [{int(lo[k])}, {int(hi[k])})")
-        ids, masks = m["input_ids"][idx], m["loss_mask"][idx]
-        counts = hi - lo
-        ends = np.cumsum(counts)
-        gather = np.arange(int(ends[-1]) if ends.size else 0) + np.repeat(lo - (ends - counts),
-                                                                         counts)
-        starts = m["seq_starts"][gather].astype(np.int32)
+        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
+        m = self._arrays if self._arrays is not None else self._maps()
+        ids, mask, starts, _, _, length_of, offset_of, _, fds, bases, advice = m
+        p, count = self.pack_size, self.num_bins
         out = []
-        for k, (n, stop, count) in enumerate(zip(lengths.tolist(), ends.tolist(),
-                                                 counts.tolist(), strict=True)):
-            out.append(PackedBin(ids[k, :n], masks[k, :n], starts[stop - count:stop]))
+        for index in index_list(indices):
+            if not 0 <= index < count:
+                index = self.check_index(index)
+            n = length_of[index]
+            lo = offset_of[index]
+            hi = offset_of[index + 1]
+            at = index * p
+            if advice.first(bases[0] + 4 * at, 4 * n):
+                advise(fds[1], bases[1] + at, n)
+                advise(fds[2], bases[2] + 4 * lo, 4 * (hi - lo))
+            out.append(_new(PackedBin, (ids[at:at + n], mask[at:at + n], starts[lo:hi])))
         return out
 
+    def iter_bins(self) -> Iterator[PackedBin]:
+        """Every bin in order, advising a window of rows ahead (the maps have no readahead)."""
+        self._maps()  # a damaged shard fails here, not at the first next()
+        rows = np.arange(self.num_bins + 1, dtype=np.int64) * self.pack_size
+        return scan(scan_windows(rows, 5), self._advise_rows, self._row)
+
+    def _row(self, index: int) -> PackedBin:
+        m = self._maps()
+        n, lo, hi = m.length_of[index], m.offset_of[index], m.offset_of[index + 1]
+        at = index * self.pack_size
+        return PackedBin(m.ids[at:at + n], m.mask[at:at + n], m.starts[lo:hi])
+
+    def _advise_rows(self, first: int, stop: int) -> None:
+        """MADV_WILLNEED over the rows of bins ``first..stop`` (and their starts)."""
+        m = self._maps()
+        p = self.pack_size
+        lo, hi = int(m.offsets[first]), int(m.offsets[stop])
+        advise(m.fds[0], m.bases[0] + 4 * first * p, 4 * (stop - first) * p)
+        advise(m.fds[1], m.bases[1] + first * p, (stop - first) * p)
+        advise(m.fds[2], m.bases[2] + 4 * lo, 4 * (hi - lo))
+
     def packed_lengths(self) -> np.ndarray:
-        return self._maps()["packed_len"].astype(np.int64)
+        return self._maps().lengths.astype(np.int64)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "num_seqs": self.num_seqs}
@@ -334,10 +386,9 @@ class Reader(ShardReader):
     def validate(self) -> dict[str, Any]:
         """Sizes and checksums, headers, every invariant (vectorized), zero padding."""
         verify_files(self.path, self.manifest["files"], checksums=True)
-        self._check_headers()
-        m = self._maps()
-        lengths = m["packed_len"].astype(np.int64)
-        offsets = m["seq_offsets"].astype(np.int64)
+        m = self._maps()  # checks the headers and the index
+        lengths = m.lengths.astype(np.int64)
+        offsets = m.offsets.astype(np.int64)
         source = str(self.path)
         steps = np.diff(offsets)
         if offsets[0] != 0 or offsets[-1] != self.num_seqs or (steps <= 0).any():
@@ -354,7 +405,9 @@ class Reader(ShardReader):
                 "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
                 "pack_size": self.pack_size, "checksums": True}
 
-    def _check_headers(self) -> None:
+    def _check_headers(self) -> dict[str, int]:
+        """Every file's .npy header against the manifest; where each file's data starts."""
+        data_at = {}
         for name, shape in self.shapes().items():
             file = self.path / FILES[name]
             with open(file, "rb") as fp:
@@ -366,8 +419,10 @@ class Reader(ShardReader):
             if file.stat().st_size != size:
                 raise FormatError(f"{file}: {file.stat().st_size} bytes, header and manifest "
                                   f"need {size}")
+            data_at[name] = header.data_offset
+        return data_at
 
-    def _validate_chunk(self, m: dict[str, np.ndarray], lengths: np.ndarray,
+    def _validate_chunk(self, m: _Mapped, lengths: np.ndarray,
                         offsets: np.ndarray, a: int, b: int, source: str) -> None:
         """Bins a..b: check_csr on the unpadded masks, tokens non-negative, padding zero."""
         n = lengths[a:b]
@@ -377,11 +432,14 @@ class Reader(ShardReader):
             raise FormatError(f"{source}: bin {k}: packed_len {int(lengths[k])} not in "
                               f"(0, {self.pack_size}] (corrupted)")
         valid = np.arange(self.pack_size) < n[:, None]
-        ids, mask = m["input_ids"][a:b], m["loss_mask"][a:b]
+        self._advise_rows(a, b)  # one read for the chunk (the maps have no readahead)
+        p = self.pack_size
+        ids = m.ids[a * p:b * p].reshape(b - a, p)
+        mask = m.mask[a * p:b * p].reshape(b - a, p)
         token_offsets = np.zeros(b - a + 1, dtype=np.int64)
         np.cumsum(n, out=token_offsets[1:])
         check_csr(token_offsets, offsets[a:b + 1] - offsets[a],
-                  m["seq_starts"][offsets[a]:offsets[b]], mask[valid],
+                  m.starts[offsets[a]:offsets[b]], mask[valid],
                   pack_size=self.pack_size, source=source, first_bin=a)
         negative = (ids < 0).any(axis=1)
         if negative.any():

@@ -34,17 +34,19 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry, sha256_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.invariants import check_csr
+from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
+from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader, read_spool_manifest
 
@@ -55,6 +57,7 @@ MANIFEST = "manifest.json"
 OFFSETS = "bin_offsets.npy"
 INDICES = "seq_indices.npy"
 NEEDS_SPOOL = True
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 def detect(path: Path) -> bool:
@@ -222,9 +225,10 @@ class Reader(ShardReader):
         self._assignment: BinAssignment | None = None
         self._spool: SpoolReader | None = None
         self._materializer: BinMaterializer | None = None
+        self._gather: _Gather | None = None
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_assignment", "_spool", "_materializer")
+        return ("_assignment", "_spool", "_materializer", "_gather")
 
     def _find_spool(self, override: Path | None) -> Path:
         recorded = self.manifest["spool"]
@@ -285,10 +289,25 @@ class Reader(ShardReader):
         assert self._assignment is not None
         return self._assignment
 
+    def _gatherer(self) -> _Gather:
+        """The spool mapped for random access and, in RAM, where every sequence of every bin
+        is (16 bytes per sequence): built once per process, on the first read."""
+        if self._gather is None:
+            self._gather = _build_gather(self, self._open_index())
+        return self._gather
+
     def read_bin(self, index: int) -> PackedBin:
         """A freshly gathered bin (its own arrays: int32 tokens, uint8 loss mask, int32 starts)."""
-        i = self.check_index(index)
-        return self._open_index().materialize(i).copy()
+        g = self._gather if self._gather is not None else self._gatherer()
+        if not 0 <= index < self.num_bins:
+            index = self.check_index(index)
+        return _gather_bin(g, index)
+
+    def read_bins(self, indices: Any) -> list[PackedBin]:
+        g = self._gather if self._gather is not None else self._gatherer()
+        count = self.num_bins
+        return [_gather_bin(g, i if 0 <= i < count else self.check_index(i))
+                for i in index_list(indices)]
 
     def packed_lengths(self) -> np.ndarray:
         materializer = self._open_index()
@@ -318,6 +337,78 @@ class Reader(ShardReader):
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "spool": str(self.spool_path), "bytes_on_disk": self.bytes_on_disk()}
+
+
+class _Gather(NamedTuple):
+    """What a read gathers from: the spool's data mapped, the bins' sequences in RAM."""
+
+    tokens: np.ndarray  # the spool's tokens.bin (int32), mapped
+    masks: np.ndarray  # its masks.bin (uint8, unshifted)
+    bin_of: memoryview  # int64[num_bins + 1]: bin b holds sequences bin_of[b]:bin_of[b + 1]
+    start_of: memoryview  # int64 per sequence (layout order): its first token in the spool
+    kept_of: memoryview  # int64 per sequence: its tokens in the bin (truncated to pack_size)
+    packed_of: memoryview  # int64[num_bins]: each bin's packed length
+    token_fd: int
+    mask_fd: int
+    advice: ReadAdvice  # when to advise a bin's sequences before a read
+    files: tuple[MappedFile, MappedFile]
+
+
+def _build_gather(reader: Reader, materializer: BinMaterializer) -> _Gather:
+    """Gather tables from the assignment and the spool, checked as the materializer checks."""
+    spool, part = materializer.spool, materializer.assignment
+    offsets = np.array(part.bin_offsets, dtype=np.int64)
+    indices = np.asarray(part.seq_indices)
+    lengths = spool.lengths[indices].astype(np.int64)
+    long = lengths > part.pack_size
+    if part.overlong != "truncate" and long.any():
+        b = int(np.searchsorted(offsets, int(np.argmax(long)), side="right") - 1)
+        raise FormatError(f"{reader.path}: bin {b}: a sequence longer than pack_size "
+                          f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
+    kept = np.minimum(lengths, part.pack_size)
+    starts = spool.offsets[indices].astype(np.int64)
+    ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
+    np.cumsum(kept, out=ends[1:])
+    packed = ends[offsets[1:]] - ends[offsets[:-1]]
+    bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
+    if bad.any() or (starts + kept > spool.num_tokens).any():
+        b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
+            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
+        raise FormatError(f"{reader.path}: bin {b} does not fit its spool {spool.path} "
+                          "(empty, over pack_size or past the spool's tokens; run validate)")
+    files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
+             MappedFile(spool.path / SPOOL_FILES["masks"]))
+    return _Gather(files[0].view("<i4", 0, spool.num_tokens),
+                   files[1].view("|u1", 0, spool.num_tokens), memoryview(offsets),
+                   memoryview(starts), memoryview(kept), memoryview(packed), files[0].fd,
+                   files[1].fd, ReadAdvice(files[0].fd), files)
+
+
+def _gather_bin(g: _Gather, b: int) -> PackedBin:
+    """Bin ``b`` copied out of the spool, its loss mask aligned per sub-sequence as it goes
+    (``loss[j] = mask[j + 1]`` inside a sequence, 0 at its last token)."""
+    tokens, masks, bin_of, start_of, kept_of, packed_of = g[:6]
+    lo = bin_of[b]
+    hi = bin_of[b + 1]
+    if g.advice.first(4 * start_of[lo], 4 * kept_of[lo]):  # cold: every sequence at once
+        for k in range(lo, hi):
+            advise(g.token_fd, 4 * start_of[k], 4 * kept_of[k])
+            advise(g.mask_fd, start_of[k], kept_of[k])
+    n = packed_of[b]
+    ids = np.empty(n, dtype=np.int32)
+    loss = np.empty(n, dtype=np.uint8)
+    starts = []
+    pos = 0
+    for k in range(lo, hi):
+        s = start_of[k]
+        c = kept_of[k]
+        end = pos + c
+        ids[pos:end] = tokens[s:s + c]
+        loss[pos:end - 1] = masks[s + 1:s + c]
+        loss[end - 1] = 0
+        starts.append(pos)
+        pos = end
+    return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
 
 
 def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarray, *,

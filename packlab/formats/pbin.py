@@ -46,16 +46,17 @@ import pickle
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar
+from typing import Any, BinaryIO, ClassVar, NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import publish, remove, temporary_sibling
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.formats.binidx import ScratchArray
 from packlab.invariants import check_csr
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
 from packlab.safe_pickle import UnsafePickleError
 from packlab.spool import SpoolReader
 
@@ -70,6 +71,7 @@ TAIL = struct.Struct("<Q8s")  # footer JSON length, magic
 _CHECK_CHUNK = 1 << 16
 _COPY_CHUNK = 1 << 22
 _INT32_MAX = (1 << 31) - 1
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 # Pickle opcodes the index writer emits (protocol 2, no memo): the file stays readable by any
 # Python's pickle.loads, and the writer never builds a Python list per document.
@@ -461,8 +463,30 @@ def write_pbin(
             "bytes": final.stat().st_size}
 
 
+class _Mapped(NamedTuple):
+    """One process's view of a pbin: the file mapped, the bins' offsets in RAM (16 bytes/bin)."""
+
+    tokens: np.ndarray
+    loss: np.ndarray | None  # None: a plain pbin (no trailer)
+    starts: np.ndarray | None
+    token_offsets: memoryview  # int64[num_bins + 1]: a Python int per lookup
+    seq_offsets: memoryview | None
+    fd: int  # for read advice
+    advice: ReadAdvice  # when to advise a bin's tokens before a read
+    token_offsets_array: np.ndarray
+    seq_offsets_array: np.ndarray | None
+    doc_starts: np.ndarray | None  # a plain pbin's documents: where each starts (tokens)
+    loss_at: int  # byte offsets of the trailer's loss mask and starts in the file
+    starts_at: int
+    file: MappedFile
+
+
 class Reader(ShardReader):
     """Bins of a packlab pbin from its trailer (views, valid after close).
+
+    On first read (in each process) the file is mapped for random access and the trailer's
+    offsets are read into RAM and checked, so a cold read waits for the bin's own bytes only
+    (see :mod:`packlab.mapping`).
 
     A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
@@ -477,7 +501,7 @@ class Reader(ShardReader):
         self.footer = self.file.footer
         self.lossy = self.footer is None
         self.token_dtype = self.file.token_dtype
-        self._maps: dict[str, np.ndarray] | None = None
+        self._maps: _Mapped | None = None
         if self.footer is None:
             if not lossy:
                 raise FormatError(
@@ -523,49 +547,114 @@ class Reader(ShardReader):
     def _handles(self) -> tuple[str, ...]:
         return ("_maps",)
 
-    def _map(self) -> dict[str, np.ndarray]:
+    def _map(self) -> _Mapped:
+        """Map the file, load the bins' offsets into RAM and check them (once per process)."""
         if self._maps is None:
-            maps = {"tokens": self.file.tokens()}
-            if self.footer is not None:
-                base = self.file.index_offset
-                sections = self.footer["sections"]
-                for name, dtype, count in (
-                    ("loss_mask", "|u1", self.num_tokens),
-                    ("token_offsets", "<i8", self.num_bins + 1),
-                    ("seq_offsets", "<i8", self.num_bins + 1),
-                    ("seq_starts", "<i4", self.num_seqs),
-                ):
-                    maps[name] = np.memmap(self.path, dtype, "r", base + sections[name][0],
-                                           (count,))
-            else:
+            mapped = MappedFile(self.path)
+            tokens = mapped.view(self.token_dtype, HEADER_SIZE, self.num_tokens)
+            if self.footer is None:  # a plain pbin: one document per bin, tokens only
                 index = self.file.index() // self.file.token_width
-                maps["token_offsets"] = np.concatenate(([0], np.cumsum(index[:, 1])))
-                maps["doc_starts"] = index[:, 0]
-            # plain ndarray views: faster slicing; each keeps its np.memmap alive via ``base``
-            self._maps = {name: m.view(np.ndarray) for name, m in maps.items()}
+                token_offsets = np.concatenate(([0], np.cumsum(index[:, 1])))
+                self._maps = _Mapped(tokens, None, None, memoryview(token_offsets), None,
+                                     mapped.fd, ReadAdvice(mapped.fd), token_offsets, None,
+                                     index[:, 0].copy(), 0, 0, mapped)
+                return self._maps
+            base = self.file.index_offset
+            at = {name: base + where[0] for name, where in self.footer["sections"].items()}
+            token_offsets = load_array(self.path, "<i8", at["token_offsets"], self.num_bins + 1)
+            seq_offsets = load_array(self.path, "<i8", at["seq_offsets"], self.num_bins + 1)
+            bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
+                   | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
+                   | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"
+                                  f"{int(token_offsets[i + 1])} / {int(seq_offsets[i])}:"
+                                  f"{int(seq_offsets[i + 1])} fall outside the data (corrupted)")
+            self._maps = _Mapped(
+                tokens, mapped.view("|u1", at["loss_mask"], self.num_tokens),
+                mapped.view("<i4", at["seq_starts"], self.num_seqs), memoryview(token_offsets),
+                memoryview(seq_offsets), mapped.fd, ReadAdvice(mapped.fd), token_offsets,
+                seq_offsets, None,
+                at["loss_mask"], at["seq_starts"], mapped)
         return self._maps
 
     def read_bin(self, index: int) -> PackedBin:
-        i = self.check_index(index)
+        m = self._maps if self._maps is not None else self._map()
+        if not 0 <= index < self.num_bins:  # the common case skips the general check
+            index = self.check_index(index)
+        if m.loss is None:
+            return self._document(m, index)
+        tokens, loss, starts, token_offsets, seq_offsets, fd, advice = m[:7]
+        t0 = token_offsets[index]
+        t1 = token_offsets[index + 1]
+        s0 = seq_offsets[index]
+        s1 = seq_offsets[index + 1]
+        width = self.file.token_width
+        if advice.first(HEADER_SIZE + width * t0, width * (t1 - t0)):  # cold: the rest too
+            advise(fd, m.loss_at + t0, t1 - t0)
+            advise(fd, m.starts_at + 4 * s0, 4 * (s1 - s0))
+        return _new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1]))
+
+    def _document(self, m: _Mapped, i: int) -> PackedBin:
+        """Document ``i`` of a plain pbin as a bin learning every next token."""
+        start = int(m.doc_starts[i])
+        n = m.token_offsets[i + 1] - m.token_offsets[i]
+        if n == 0:
+            raise FormatError(f"{self.path}: document {i} is empty: not a bin")
+        m.advice.first(HEADER_SIZE + self.file.token_width * start, self.file.token_width * n)
+        loss = np.ones(n, dtype=np.uint8)
+        loss[-1:] = 0
+        return PackedBin(m.tokens[start : start + n], loss, np.zeros(1, dtype=np.int32))
+
+    def read_bins(self, indices: Any) -> list[PackedBin]:
+        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
+        m = self._maps if self._maps is not None else self._map()
+        if m.loss is None:
+            return [self._document(m, self.check_index(i)) for i in index_list(indices)]
+        tokens, loss, starts, token_offsets, seq_offsets, fd, advice = m[:7]
+        width, loss_at, starts_at, count = (self.file.token_width, m.loss_at, m.starts_at,
+                                            self.num_bins)
+        out = []
+        for index in index_list(indices):
+            if not 0 <= index < count:
+                index = self.check_index(index)
+            t0 = token_offsets[index]
+            t1 = token_offsets[index + 1]
+            s0 = seq_offsets[index]
+            s1 = seq_offsets[index + 1]
+            if advice.first(HEADER_SIZE + width * t0, width * (t1 - t0)):
+                advise(fd, loss_at + t0, t1 - t0)
+                advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
+            out.append(_new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1])))
+        return out
+
+    def iter_bins(self) -> Iterator[PackedBin]:
+        """Every bin in order, advising a window of bins ahead (the map has no readahead)."""
         m = self._map()
-        if self.footer is None:
-            start = int(m["doc_starts"][i])
-            n = int(m["token_offsets"][i + 1] - m["token_offsets"][i])
-            if n == 0:
-                raise FormatError(f"{self.path}: document {i} is empty: not a bin")
-            loss = np.ones(n, dtype=np.uint8)
-            loss[-1:] = 0
-            return PackedBin(m["tokens"][start : start + n], loss,
-                             np.zeros(1, dtype=np.int32))
-        t0, t1 = int(m["token_offsets"][i]), int(m["token_offsets"][i + 1])
-        s0, s1 = int(m["seq_offsets"][i]), int(m["seq_offsets"][i + 1])
-        if not (0 <= t0 < t1 <= self.num_tokens and 0 <= s0 < s1 <= self.num_seqs):
-            raise FormatError(f"{self.path}: bin {i}: trailer offsets {t0}:{t1} / {s0}:{s1} fall "
-                              "outside the data (corrupted)")
-        return PackedBin(m["tokens"][t0:t1], m["loss_mask"][t0:t1], m["seq_starts"][s0:s1])
+        if m.loss is None:
+            return (self._document(m, i) for i in range(self.num_bins))
+        windows = scan_windows(m.token_offsets_array, self.file.token_width + 1)
+        return scan(windows, self._advise_bins, self._view_bin)
+
+    def _view_bin(self, i: int) -> PackedBin:
+        m = self._map()
+        t0, t1 = m.token_offsets[i], m.token_offsets[i + 1]
+        s0, s1 = m.seq_offsets[i], m.seq_offsets[i + 1]
+        return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
+
+    def _advise_bins(self, lo: int, hi: int) -> None:
+        """WILLNEED over bins ``lo..hi``: their tokens, loss mask and starts."""
+        m = self._map()
+        t0, t1 = m.token_offsets[lo], m.token_offsets[hi]
+        s0, s1 = m.seq_offsets[lo], m.seq_offsets[hi]
+        width = self.file.token_width
+        advise(m.fd, HEADER_SIZE + width * t0, width * (t1 - t0))
+        advise(m.fd, m.loss_at + t0, t1 - t0)
+        advise(m.fd, m.starts_at + 4 * s0, 4 * (s1 - s0))
 
     def packed_lengths(self) -> np.ndarray:
-        return np.diff(np.asarray(self._map()["token_offsets"], dtype=np.int64))
+        return np.diff(self._map().token_offsets_array)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "token_width": self.file.token_width, "lossy": self.lossy}
@@ -573,10 +662,11 @@ class Reader(ShardReader):
     def validate(self) -> dict[str, Any]:
         """Checksum, the pickled index against the trailer, token range, every bin invariant."""
         index = self.file.index()
-        m = self._map()
-        offsets = np.asarray(m["token_offsets"], dtype=np.int64)
         if self.footer is not None:
             self._verify_checksum()
+        m = self._map()
+        offsets = m.token_offsets_array
+        if self.footer is not None:
             width = self.file.token_width
             expected = np.stack([offsets[:-1] * width, np.diff(offsets) * width], axis=1)
             if index.shape != expected.shape or not np.array_equal(index, expected):
@@ -600,12 +690,13 @@ class Reader(ShardReader):
             check_csr(tok, ones, np.zeros(hi - lo, dtype=np.int64), None,
                       pack_size=self.pack_size, source=str(self.path), first_bin=lo)
             return
-        so = np.asarray(m["seq_offsets"][lo : hi + 1], dtype=np.int64)
+        self._advise_bins(lo, hi)
+        so = m.seq_offsets_array[lo : hi + 1]
         t0, t1 = int(offsets[lo]), int(offsets[hi])
-        check_csr(tok, so - so[0], m["seq_starts"][so[0] : so[-1]], m["loss_mask"][t0:t1],
+        check_csr(tok, so - so[0], m.starts[so[0] : so[-1]], m.loss[t0:t1],
                   pack_size=self.pack_size, source=str(self.path), first_bin=lo)
-        if self.vocab_size and t1 > t0 and int(m["tokens"][t0:t1].max()) >= self.vocab_size:
-            pos = int(np.argmax(m["tokens"][t0:t1] >= self.vocab_size))
+        if self.vocab_size and t1 > t0 and int(m.tokens[t0:t1].max()) >= self.vocab_size:
+            pos = int(np.argmax(m.tokens[t0:t1] >= self.vocab_size))
             b = lo + int(np.searchsorted(tok, pos, side="right") - 1)
             raise FormatError(f"{self.path}: bin {b}: token id outside the vocabulary "
                               f"[0, {self.vocab_size})")

@@ -1,6 +1,9 @@
 """Random-access latency of one bin, with its floors measured side by side in the same run.
 
-Seeded random indices; every access timed alone with ``perf_counter_ns``. Warm: after a full
+Seeded random indices; every access timed alone with ``perf_counter_ns``, and *delivered*:
+the arrays it returned are copied inside the timer (a view of a memory map costs nothing until
+its bytes are touched, so an undelivered cold read would stop the clock before the disk was
+read). Warm: after a full
 pass over the shard. Cold: before each access every file of the shard is evicted from the page
 cache (:func:`packlab.measure.pagecache.drop_shard`), and ``mincore`` confirms it for a sample
 of the accesses. Beside them, in a second pass over the same indices, two floors over the same
@@ -35,23 +38,49 @@ def percentiles(ns: np.ndarray, prefix: str = "") -> dict[str, float]:
             f"{prefix}p99_us": float(p99), f"{prefix}mean_us": float(us.mean())}
 
 
-def _access(items: Any, via: str, index: int) -> int:
-    """Read one bin; returns the bytes it delivered (what the floors copy)."""
+class _Delivery:
+    """A reusable byte buffer every timed read copies its arrays into, inside the timer.
+
+    Readers that return views of a memory map (``binidx``, ``arrow_ipc``, ``memmap_v1``...)
+    take their page faults only when the bytes are touched: without the copy a cold read
+    would stop the clock before the disk was read, and look nearly free.
+    """
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.buffer = np.empty(capacity, dtype=np.uint8)
+
+    def take(self, arrays: Any) -> int:
+        """Copy every array's bytes; returns how many."""
+        total = 0
+        for array in arrays:
+            raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+            end = total + raw.shape[0]
+            if end > self.buffer.shape[0]:
+                grown = np.empty(max(end, 2 * self.buffer.shape[0]), dtype=np.uint8)
+                grown[:total] = self.buffer[:total]
+                self.buffer = grown
+            self.buffer[total:end] = raw
+            total = end
+        return total
+
+
+def _item_arrays(item: Any) -> list[Any]:
+    return [v for v in item.values() if hasattr(v, "__len__")]
+
+
+def _access(items: Any, via: str, index: int, sink: _Delivery) -> int:
+    """Read one bin and deliver it (copy its bytes); returns the bytes (what the floors copy)."""
     if via == "dataset":
-        item = items[index]
-        return int(sum(np.asarray(v).nbytes for v in item.values() if hasattr(v, "__len__")))
-    packed = items.read_bin(index)
-    return int(packed.input_ids.nbytes + packed.loss_mask.nbytes + packed.seq_start_id.nbytes)
+        return sink.take(_item_arrays(items[index]))
+    return sink.take(items.read_bin(index))
 
 
-def _access_batch(items: Any, via: str, indices: np.ndarray) -> int:
+def _access_batch(items: Any, via: str, indices: np.ndarray, sink: _Delivery) -> int:
     if via == "dataset":
         getter = getattr(items, "__getitems__", None)
         batch = getter(indices.tolist()) if getter else [items[int(i)] for i in indices]
-        return int(sum(np.asarray(v).nbytes for item in batch for v in item.values()
-                       if hasattr(v, "__len__")))
-    bins = items.read_bins(indices)
-    return int(sum(b.input_ids.nbytes + b.loss_mask.nbytes + b.seq_start_id.nbytes for b in bins))
+        return sum(sink.take(_item_arrays(item)) for item in batch)
+    return sum(sink.take(b) for b in items.read_bins(indices))
 
 
 def latency(
@@ -84,12 +113,13 @@ def latency(
     rng = np.random.default_rng(seed)
     indices = rng.integers(0, count, size=(samples, batch_size))
     big = max(files, key=lambda f: f.stat().st_size)
+    sink = _Delivery()
     if cache == "warm":
         for i in range(count):
-            _access(items, via, i)
+            _access(items, via, i, sink)
         _read_all(big)
     else:
-        _access(items, via, 0)  # maps opened, headers parsed: what stays is the data path
+        _access(items, via, 0, sink)  # maps opened, headers parsed: what stays is the data path
     timings = np.empty(samples, dtype=np.int64)
     memcpy_ns = np.empty(samples, dtype=np.int64)
     pread_ns = np.empty(samples, dtype=np.int64)
@@ -105,9 +135,9 @@ def latency(
                     worst = max(worst, left, shard_resident_pages(files))
             began = time.perf_counter_ns()
             if batch_size == 1:
-                sizes[k] = _access(items, via, int(batch[0]))
+                sizes[k] = _access(items, via, int(batch[0]), sink)
             else:
-                sizes[k] = _access_batch(items, via, batch)
+                sizes[k] = _access_batch(items, via, batch, sink)
             timings[k] = (time.perf_counter_ns() - began) // batch_size
     finally:
         close = getattr(items, "close", None)
