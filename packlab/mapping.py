@@ -14,12 +14,12 @@ byte ranges of the bin it is about to return: ``WILLNEED`` advice over a range s
 reads at once, so a cold bin costs about one round trip, like a ``pread`` of the same bytes
 (notebook 05's probe: 336 us against 307 us for the ``pread``).
 
-The warm cost is kept to one system call per bin: ``POSIX_FADV_WILLNEED`` over pages already
-cached takes under a microsecond (a tenth of a warm read), one that has to start I/O 30-40
-microseconds (it allocates the pages and submits the reads). :func:`prefetch` advises the
-bin's largest range and says whether that call was slow; only then (the bin is cold) does the
-reader :func:`advise` the bin's other ranges. A wrong guess costs time, never data: a page
-nobody advised is read by its own fault.
+Advice costs a system call (under a microsecond over cached pages, a tenth of a warm read),
+so a reader asks for it only when it pays (:class:`ReadAdvice`): it first checks, without
+waiting, whether the bin's first page is cached (``preadv2(RWF_NOWAIT)``); only a cold bin gets
+advice, for all of its ranges at once. And once reads keep finding the shard cached (64 in a
+row), it checks one read in 16 only, so 15 warm reads in 16 cost no system call. A wrong
+guess costs time, never data: a page nobody advised is read by its own fault.
 
 Sequential scans (``iter_bins``, ``validate``) advise whole windows ahead (:func:`scan`), since
 a ``MADV_RANDOM`` map gives them no readahead of its own.
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -49,13 +48,12 @@ from packlab.errors import FormatError
 
 WILLNEED = os.POSIX_FADV_WILLNEED
 RANDOM = mmap.MADV_RANDOM
-# WILLNEED advice that started I/O took 30-40 us on this machine, over cached pages < 1 us.
-COLD_NS = 10_000
 STAY = 64  # reads advised after the last cold one
 SAMPLE = 16  # then one read in SAMPLE is advised, to notice cold bins again
 SCAN_BYTES = 4 << 20  # window a sequential scan advises ahead
-_now = time.perf_counter_ns
 _fadvise = os.posix_fadvise
+_preadv = os.preadv
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 T = TypeVar("T")
 
 # Bumped in every forked child: a reader (or dataset) remembers the value it opened its maps
@@ -140,28 +138,31 @@ class ReadAdvice:
     """When one reader advises the kernel before a read: the policy of the module docstring.
 
     ``first(start, length)`` is called with the largest byte range of every bin about to be
-    returned (in the file of ``fd``). It advises it when due and returns True when that call
-    was slow (the bin is cold): the caller then :func:`advise` s the bin's other ranges, so all
-    of them are read at once. Due: always while reads keep finding cold bins (for ``STAY``
-    reads after the last cold one, and from the start), else every ``SAMPLE``-th read, to
-    notice when they start to (a page cache that stopped holding the shard).
+    returned (in the file of ``fd``). When due, it asks the kernel for the range's first byte
+    without waiting (``preadv2`` with ``RWF_NOWAIT``: fails at once when the page is not in the
+    page cache). Cold: it advises the range and returns True, and the caller :func:`advise` s
+    the bin's other ranges, so all of them are read at once. Due: for ``STAY`` reads after the
+    last cold one (and from the start), then every ``SAMPLE``-th read, to notice when reads
+    start finding cold bins (a page cache that stopped holding the shard).
     """
 
-    __slots__ = ("fd", "credit", "tick")
+    __slots__ = ("fd", "credit", "tick", "_probe")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.credit = STAY
         self.tick = 0
+        self._probe = [bytearray(1)]
 
     def first(self, start: int, length: int) -> bool:
         if self.credit <= 0:
             self.tick += 1
             if self.tick % SAMPLE:
                 return False
-        began = _now()
-        _fadvise(self.fd, start, length, WILLNEED)
-        if _now() - began > COLD_NS:
+        _fadvise(self.fd, start, length, WILLNEED)  # its missing pages: one request
+        try:
+            _preadv(self.fd, self._probe, start, _NOWAIT)
+        except OSError:  # EAGAIN: was not cached, is being read (or no RWF_NOWAIT here)
             self.credit = STAY
             return True
         self.credit -= 1

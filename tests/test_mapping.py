@@ -1,0 +1,214 @@
+"""packlab.mapping and the memory-mapped readers built on it: a cold read fetches O(bin) pages,
+all of a cold bin's ranges are asked for at once, warm reads stop asking, arrays outlive maps."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import write_random_spool
+
+from packlab import mapping
+from packlab.bins import PackedBin, bins_equal
+from packlab.dataset import open_dataset
+from packlab.errors import FormatError
+from packlab.formats import open_shard
+from packlab.mapping import MappedFile, ReadAdvice, load_array, scan, scan_windows
+from packlab.materialize import iter_bins
+from packlab.measure.access import data_files, drop_until_cold
+from packlab.measure.latency import _Delivery
+from packlab.measure.pagecache import resident_pages
+from packlab.packing import BinAssignment, pack
+from packlab.pipeline import write_shards
+from packlab.spool import SpoolReader
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MAPPED_FORMATS = ["memmap_v1", "binidx", "pbin", "arrow_ipc", "packed_index"]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[SpoolReader, BinAssignment, Path]:
+    """About 1M tokens (4 MB of int32) packed into 2048-token bins, one shard per format."""
+    root = tmp_path_factory.mktemp("mapping")
+    spool = write_random_spool(root / "spool", num_sequences=3000, max_len=700, seed=5)
+    assignment, _ = pack(spool.lengths, 2048, seed=5)
+    for name in MAPPED_FORMATS:
+        write_shards(spool, assignment, root / name, format=name,
+                     bins_per_shard=assignment.num_bins, workers=1, **(
+                         {"batch_size": 100} if name == "arrow_ipc" else {}))
+    return spool, assignment, root
+
+
+def shard_of(root: Path, name: str) -> Path:
+    return next(p for p in (root / name).iterdir() if not p.name.endswith(".json"))
+
+
+def resident(files: list[Path]) -> int:
+    return sum(resident_pages(f)[0] for f in files)
+
+
+def deliver(packed: PackedBin) -> int:
+    return sum(np.array(a).nbytes for a in packed)
+
+
+# -- the maps ---------------------------------------------------------------------------------
+def test_mapped_file_views_outlive_the_file_object_and_errors_name_the_file(
+        tmp_path: Path) -> None:
+    path = tmp_path / "data.bin"
+    values = np.arange(5000, dtype="<i4")
+    path.write_bytes(b"HEAD" + values.tobytes())
+    mapped = MappedFile(path)
+    view = mapped.view("<i4", 4, 5000)
+    assert not view.flags.writeable and np.array_equal(view, values)
+    fd = mapped.fd
+    mapped.close()
+    del mapped
+    gc.collect()
+    with pytest.raises(OSError):
+        os.fstat(fd)  # the descriptor went with the object; the map stays with its views
+    assert int(view.sum()) == int(values.sum())
+    with pytest.raises(FormatError, match="data.bin: .* too short for 5001 values"):
+        MappedFile(path).view("<i4", 4, 5001)
+    (tmp_path / "empty.bin").write_bytes(b"")
+    with pytest.raises(FormatError, match="empty.bin: empty file"):
+        MappedFile(tmp_path / "empty.bin")
+    with pytest.raises(FormatError, match="missing.bin: cannot open"):
+        MappedFile(tmp_path / "missing.bin")
+    with pytest.raises(FormatError, match=r"data.bin: 20000 of the 40000 index bytes"):
+        load_array(path, "<i8", 4, 5000)
+    assert load_array(path, "<i4", 4, 3).tolist() == [0, 1, 2]
+
+
+def test_scan_windows_cover_every_bin_once_in_windows_of_about_the_size_asked() -> None:
+    lengths = np.random.default_rng(0).integers(1, 4096, size=5000)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    cuts = scan_windows(offsets, item_bytes=5, window=1 << 20)
+    assert cuts[0] == 0 and cuts[-1] == 5000 and (np.diff(cuts) > 0).all()
+    window_bytes = (offsets[cuts[1:]] - offsets[cuts[:-1]]) * 5
+    assert window_bytes[:-1].max() <= (1 << 20) + 5 * 4096  # one bin past the mark at most
+    advised: list[tuple[int, int]] = []
+    seen = list(scan(cuts, lambda a, b: advised.append((a, b)), lambda i: i))
+    assert seen == list(range(5000))
+    assert advised == list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+    assert scan_windows(np.zeros(1, dtype=np.int64), 5).tolist() == [0]
+
+
+def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(
+        tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    path.write_bytes(np.random.default_rng(1).integers(0, 255, 8 << 20, dtype=np.uint8))
+    mapped = MappedFile(path)
+    advice = ReadAdvice(mapped.fd)
+    assert drop_until_cold([path]) == 0
+    assert advice.first(3 * PAGE + 100, 5 * PAGE) is True  # cold: advised, I/O started
+    time.sleep(0.2)
+    assert 5 <= resident_pages(path)[0] <= 7  # the range, not a read-around window
+    for _ in range(mapping.STAY):
+        assert advice.first(3 * PAGE + 100, 5 * PAGE) is False  # warm
+    assert advice.credit <= 0
+    assert drop_until_cold([path]) == 0
+    far = 1000 * PAGE
+    for _ in range(mapping.SAMPLE - 1):  # warm for long: most reads are not checked at all
+        assert advice.first(far, 4 * PAGE) is False
+    assert resident_pages(path)[0] == 0
+    assert advice.first(far, 4 * PAGE) is True  # the sampled read notices
+    assert advice.credit == mapping.STAY
+
+
+# -- the readers ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", MAPPED_FORMATS)
+def test_a_cold_read_fetches_the_bins_pages_not_megabytes(name: str, packed) -> None:
+    spool, assignment, root = packed
+    expected = [b.copy() for b in iter_bins(spool, assignment)]
+    dataset = open_dataset(shard_of(root, name))
+    reader = dataset.readers()[0]
+    files = data_files(dataset)
+    total_pages = sum(-(-f.stat().st_size // PAGE) for f in files)
+    reader.read_bin(0)  # maps open, index in RAM
+    for b in (len(expected) // 2, len(expected) - 1, 7):
+        assert drop_until_cold(files) == 0
+        packed_bin = reader.read_bin(b)
+        nbytes = deliver(packed_bin)
+        assert bins_equal(packed_bin, expected[b])
+        ranges = 3 if name != "packed_index" else 2 * expected[b].num_seqs
+        bound = nbytes // PAGE + 2 * ranges + 2
+        pages = resident(files)
+        assert 0 < pages <= bound, (name, b, pages, bound)
+        assert total_pages > 20 * bound  # a read-around window would be seen
+
+
+@pytest.mark.parametrize("name", ["memmap_v1", "binidx"])
+def test_a_cold_read_asks_for_every_range_before_any_is_touched(name: str, packed) -> None:
+    """The loss mask and the starts live in other files: a cold read advises them too, at
+    once, so their pages arrive although nothing touched them yet."""
+    _, _, root = packed
+    reader = open_shard(shard_of(root, name))
+    reader.read_bin(0)
+    files = sorted(Path(reader.path).iterdir())
+    mask_file = next(f for f in files if f.name.startswith("loss_mask"))
+    assert drop_until_cold(files) == 0
+    packed_bin = reader.read_bin(reader.num_bins // 3)  # views: nothing touched
+    time.sleep(0.2)
+    assert resident_pages(mask_file)[0] >= 1
+    assert deliver(packed_bin) > 0
+
+
+@pytest.mark.parametrize("name", MAPPED_FORMATS)
+def test_batches_single_reads_and_scans_agree(name: str, packed) -> None:
+    spool, assignment, root = packed
+    expected = [b.copy() for b in iter_bins(spool, assignment)]
+    reader = open_shard(shard_of(root, name))
+    n = len(expected)
+    asked = [3, -1, n - 2, 0, 3, np.int64(5), -n]
+    batch = reader.read_bins(asked)
+    assert all(bins_equal(got, expected[int(i)]) for got, i in zip(batch, asked, strict=True))
+    assert all(bins_equal(got, expected[int(i)])
+               for got, i in zip(reader.read_bins(np.array(asked)), asked, strict=True))
+    assert reader.read_bins([]) == []
+    with pytest.raises(IndexError, match=f"bin {n} out of range"):
+        reader.read_bins([1, n])
+    with pytest.raises(IndexError, match=f"bin {-n - 1} out of range"):
+        reader.read_bin(-n - 1)
+    assert drop_until_cold(data_files(open_dataset(shard_of(root, name)))) == 0
+    assert all(bins_equal(a, b) for a, b in zip(reader.iter_bins(), expected, strict=True))
+
+
+@pytest.mark.parametrize("name", MAPPED_FORMATS)
+def test_arrays_stay_valid_after_close_and_a_forked_child_reopens(name: str, packed) -> None:
+    import multiprocessing
+
+    spool, assignment, root = packed
+    expected = [b.copy() for b in iter_bins(spool, assignment)]
+    dataset = open_dataset(shard_of(root, name))
+    kept = dataset.read_bins(range(0, len(expected), 5))
+    before = dataset.readers()
+    context = multiprocessing.get_context("fork")
+    queue = context.SimpleQueue()
+    child = context.Process(target=_child_reads, args=(dataset, queue))
+    child.start()
+    reopened, digest_ok = queue.get()
+    child.join(timeout=60)
+    assert child.exitcode == 0 and reopened and digest_ok
+    assert dataset.readers() is before  # the parent keeps its own
+    dataset.close()
+    del dataset, before
+    gc.collect()
+    assert all(bins_equal(a, expected[5 * k]) for k, a in enumerate(kept))
+
+
+def _child_reads(dataset, queue) -> None:  # noqa: ANN001 - runs in a forked child
+    parent = dataset._readers
+    item = dataset[1]
+    queue.put((dataset._readers is not parent, int(item["input_ids"].shape[0]) > 0))
+
+
+def test_latency_delivers_the_bytes_it_times() -> None:
+    sink = _Delivery(capacity=8)
+    arrays = [np.arange(10, dtype=np.int32), np.ones(3, dtype=np.uint8)]
+    assert sink.take(arrays) == 43
+    assert sink.buffer[:40].view(np.int32).tolist() == list(range(10))
+    assert sink.buffer[40:43].tolist() == [1, 1, 1]
