@@ -23,8 +23,13 @@ Where the metadata lives (IPC writes the schema first, so the schema cannot hold
 The IPC footer, written at close, is what makes the file openable: a truncated file or one
 from a killed writer (which never reaches the final name anyway) does not open.
 
-Arrays returned by the reader are read-only views into the map; they keep the mapped buffer
-alive through their ``.base``, so they stay valid after the reader is closed and collected.
+The file is mapped with Python's ``mmap`` (:mod:`packlab.mapping`: advised for random access,
+so a cold bin reads its own pages; pyarrow's ``memory_map`` takes no advice) and handed to
+``pa.ipc.open_file`` as a buffer, still zero-copy. Arrays returned by the reader are read-only
+views into the map; they keep the mapped buffer alive through their ``.base``, so they stay
+valid after the reader is closed and collected. On the first read an uncompressed packlab file
+decodes every record batch's list offsets into RAM (16 bytes per bin), so a read needs no
+decoding and a cold read waits for the bin's own bytes only.
 """
 
 from __future__ import annotations

@@ -27,10 +27,11 @@ Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every 
 int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
 fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 
-The reader memory-maps the files and returns views that stay valid after the reader is
-closed or collected: each view holds a reference to its ``np.memmap``, whose mapping is only
-released when the last view is gone. (megatron-core's ``IndexedDataset`` closes its mmap in
-``__del__``, so arrays it returned crash the process once it is collected.)
+The reader memory-maps the data files (:mod:`packlab.mapping`: advised for random access, a
+cold bin reads its own pages) and keeps the index in RAM (24 bytes per bin). It returns views
+that stay valid after the reader is closed or collected: each view holds a reference to its
+map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
+closes its mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
 """
 
 from __future__ import annotations

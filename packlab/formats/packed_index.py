@@ -2,9 +2,14 @@
 
 Tokenize once, repack with any pack size or algorithm in seconds: a shard stores which spool
 sequences go in which bin (the :class:`~packlab.packing.BinAssignment` CSR) and gathers the
-bins from the spool at read time with :class:`~packlab.materialize.BinMaterializer` (loss mask
-aligned per sub-sequence, over-long sequences truncated as the assignment says). A repack
+bins from the spool at read time, as :class:`~packlab.materialize.BinMaterializer` does (loss
+mask aligned per sub-sequence, over-long sequences truncated as the assignment says). A repack
 rewrites only the index: 8 bytes per sequence, whatever the token count.
+
+Reading: on the first read the spool's tokens and masks are mapped for random access
+(:mod:`packlab.mapping`) and where every sequence of every bin starts, and how much of it the
+bin keeps, is computed into RAM (16 bytes per sequence) and checked, so a read is a few slice
+copies and a cold read asks for all of its sequences at once.
 
 A shard is a directory, published atomically::
 
