@@ -31,9 +31,9 @@ from packlab.invariants import check_bin
 def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
     """Bin indices as a sequence of ints to loop over: a numpy array becomes a list in one C
     call (for the batches a DataLoader asks, a Python loop beats a dozen small numpy calls)."""
-    if isinstance(indices, np.ndarray):
-        return indices.reshape(-1).tolist()
-    return indices
+    if isinstance(indices, list | tuple | range):
+        return indices
+    return np.asarray(indices).reshape(-1).tolist()  # arrays, tensors, other sequences
 
 
 class ShardWriter(ABC):
