@@ -17,7 +17,7 @@ from packlab.bins import PackedBin, bins_equal
 from packlab.dataset import open_dataset
 from packlab.errors import FormatError
 from packlab.formats import open_shard
-from packlab.mapping import MappedFile, ReadAdvice, load_array, scan, scan_windows
+from packlab.mapping import MappedFile, ReadAdvice, load_array, scan
 from packlab.materialize import iter_bins
 from packlab.measure.access import data_files, drop_until_cold
 from packlab.measure.latency import _Delivery
@@ -83,18 +83,26 @@ def test_mapped_file_views_outlive_the_file_object_and_errors_name_the_file(
     assert load_array(path, "<i4", 4, 3).tolist() == [0, 1, 2]
 
 
-def test_scan_windows_cover_every_bin_once_in_windows_of_about_the_size_asked() -> None:
-    lengths = np.random.default_rng(0).integers(1, 4096, size=5000)
-    offsets = np.concatenate(([0], np.cumsum(lengths)))
-    cuts = scan_windows(offsets, item_bytes=5, window=1 << 20)
-    assert cuts[0] == 0 and cuts[-1] == 5000 and (np.diff(cuts) > 0).all()
-    window_bytes = (offsets[cuts[1:]] - offsets[cuts[:-1]]) * 5
-    assert window_bytes[:-1].max() <= (1 << 20) + 5 * 4096  # one bin past the mark at most
-    advised: list[tuple[int, int]] = []
-    seen = list(scan(cuts, lambda a, b: advised.append((a, b)), lambda i: i))
-    assert seen == list(range(5000))
-    assert advised == list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-    assert scan_windows(np.zeros(1, dtype=np.int64), 5).tolist() == [0]
+def test_a_scan_reads_ahead_while_it_lasts_then_maps_are_random_again(tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    path.write_bytes(np.random.default_rng(2).integers(0, 255, 8 << 20, dtype=np.uint8))
+    mapped = MappedFile(path)
+    view = mapped.view("|u1", 0, 8 << 20)
+    assert drop_until_cold([path]) == 0
+    seen = []
+    for i in scan(lambda i: int(view[i * PAGE]), 4, (mapped.map,)):
+        seen.append(i)
+    assert seen == view[: 4 * PAGE : PAGE].tolist()
+    assert resident_pages(path)[0] > 8  # sequential readahead, not one page per fault
+    time.sleep(0.3)  # readahead still in flight would land after the eviction
+    assert drop_until_cold([path]) == 0
+    int(view[4 << 20])  # random again: one page
+    assert resident_pages(path)[0] <= 2
+    with pytest.raises(RuntimeError), mapping.sequential(mapped.map):
+        raise RuntimeError("advice is restored on the way out")
+    assert drop_until_cold([path]) == 0
+    int(view[6 << 20])
+    assert resident_pages(path)[0] <= 2
 
 
 def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(

@@ -59,7 +59,7 @@ from packlab.formats.arrow_lists import (
     schema_with_metadata,
 )
 from packlab.formats.base import ShardReader, ShardWriter, index_list
-from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise
+from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise, sequential
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"
@@ -467,21 +467,13 @@ class Reader(ShardReader):
         return out  # type: ignore[return-value]
 
     def iter_bins(self) -> Iterator[PackedBin]:
-        views = self._zero_copy()
-        for k in range(self.num_batches):
-            cols = self._batch(k)
-            if views is not None and k + 1 < self.num_batches:
-                self._advise_batch(views[k + 1])  # one batch ahead: the map has no readahead
-            elif views is not None and k == 0:
-                self._advise_batch(views[0])
-            for j in range(cols.rows):
-                yield cols.bin(j, copy=False)
-
-    def _advise_batch(self, v: _BatchViews) -> None:
-        fd = self._source.fd  # type: ignore[union-attr]
-        advise(fd, v.ids_at, v.input_ids.nbytes)
-        advise(fd, v.mask_at, v.loss_mask.nbytes)
-        advise(fd, v.starts_at, v.seq_start_id.nbytes)
+        """Every bin in order, with the kernel's sequential readahead while it lasts."""
+        self._file()
+        with sequential(self._source.map):  # type: ignore[union-attr]
+            for k in range(self.num_batches):
+                cols = self._batch(k)
+                for j in range(cols.rows):
+                    yield cols.bin(j, copy=False)
 
     def packed_lengths(self) -> np.ndarray:
         return np.concatenate([self._batch(k).packed_lengths() for k in range(self.num_batches)])
@@ -490,15 +482,17 @@ class Reader(ShardReader):
         """Footer, metadata, every batch's position, counts and CRC, every bin's invariants."""
         source = str(self.path)
         first = tokens = seqs = 0
-        for k in range(self.num_batches):
-            batch, info = self._read_batch(k)
-            cols = decode(batch, source=source, first_bin=first)
-            cols.check(pack_size=self.pack_size, source=source, first_bin=first)
-            if self.packlab is not None:
-                self._check_batch(k, cols, info, first, tokens, seqs)
-            first += cols.rows
-            tokens += int(cols.token_offsets[-1])
-            seqs += int(cols.seq_offsets[-1])
+        self._file()
+        with sequential(self._source.map):  # type: ignore[union-attr]
+            for k in range(self.num_batches):
+                batch, info = self._read_batch(k)
+                cols = decode(batch, source=source, first_bin=first)
+                cols.check(pack_size=self.pack_size, source=source, first_bin=first)
+                if self.packlab is not None:
+                    self._check_batch(k, cols, info, first, tokens, seqs)
+                first += cols.rows
+                tokens += int(cols.token_offsets[-1])
+                seqs += int(cols.seq_offsets[-1])
         if (first, tokens, seqs) != (self.num_bins, self.num_tokens, self.num_seqs):
             raise FormatError(f"{self.path}: {first} bins, {tokens} tokens and {seqs} sequences "
                               f"found, the metadata says {self.num_bins}, {self.num_tokens} and "

@@ -50,7 +50,7 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, file_entry, verify_files
 from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -458,27 +458,15 @@ class Reader(ShardReader):
         return out
 
     def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, advising a window of bins ahead (the maps have no readahead)."""
+        """Every bin in order, with the kernel's sequential readahead while it lasts."""
         m = self._map()
-        offsets = np.append(m.first_array, m.stop_array[-1:])
-        windows = scan_windows(offsets, self.token_dtype.itemsize + 1)
-        return scan(windows, self._advise_bins, self._view_bin)
+        return scan(self._view_bin, self.num_bins, tuple(f.map for f in m.files))
 
     def _view_bin(self, index: int) -> PackedBin:
         m = self._map()
         t0, t1 = m.first[index], m.stop[index]
         s0, s1 = m.seq_offsets[index], m.seq_offsets[index + 1]
         return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
-
-    def _advise_bins(self, lo: int, hi: int) -> None:
-        """WILLNEED over bins ``lo..hi`` of every data file."""
-        m = self._map()
-        t0, t1 = int(m.first_array[lo:hi].min()), int(m.stop_array[lo:hi].max())
-        s0, s1 = m.seq_offsets[lo], m.seq_offsets[hi]
-        width = self.token_dtype.itemsize
-        advise(m.fds[0], width * t0, width * (t1 - t0))
-        advise(m.fds[1], _LossHeader.SIZE + t0, t1 - t0)
-        advise(m.fds[2], _starts_offset(self.num_bins) + 4 * s0, 4 * (s1 - s0))
 
     def packed_lengths(self) -> np.ndarray:
         m = self._map()
@@ -512,15 +500,15 @@ class Reader(ShardReader):
             raise FormatError(f"{self.path / INDEX}: bins cover {int(token_offsets[-1])} tokens, "
                               f"data.bin holds {self.num_tokens}")
         m = self._map()
-        for lo in range(0, n, _CHECK_CHUNK):
-            hi = min(lo + _CHECK_CHUNK, n)
-            self._advise_bins(lo, hi)
-            t0, t1 = int(token_offsets[lo]), int(token_offsets[hi])
-            so = seq_offsets[lo : hi + 1]
-            check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], m.starts[so[0] : so[-1]],
-                      m.loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
-                      first_bin=lo)
-            self._check_token_range(m.tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
+        with sequential(*(f.map for f in m.files)):
+            for lo in range(0, n, _CHECK_CHUNK):
+                hi = min(lo + _CHECK_CHUNK, n)
+                t0, t1 = int(token_offsets[lo]), int(token_offsets[hi])
+                so = seq_offsets[lo : hi + 1]
+                check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], m.starts[so[0] : so[-1]],
+                          m.loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
+                          first_bin=lo)
+                self._check_token_range(m.tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk()}

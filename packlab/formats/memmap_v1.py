@@ -42,7 +42,7 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
 from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 from packlab.safe_pickle import read_npy_header
 
 FORMAT = "memmap_v1"
@@ -357,25 +357,15 @@ class Reader(ShardReader):
         return out
 
     def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, advising a window of rows ahead (the maps have no readahead)."""
-        self._maps()  # a damaged shard fails here, not at the first next()
-        rows = np.arange(self.num_bins + 1, dtype=np.int64) * self.pack_size
-        return scan(scan_windows(rows, 5), self._advise_rows, self._row)
+        """Every bin in order, with the kernel's sequential readahead while it lasts."""
+        m = self._maps()  # a damaged shard fails here, not at the first next()
+        return scan(self._row, self.num_bins, tuple(f.map for f in m.files))
 
     def _row(self, index: int) -> PackedBin:
         m = self._maps()
         n, lo, hi = m.length_of[index], m.offset_of[index], m.offset_of[index + 1]
         at = index * self.pack_size
-        return PackedBin(m.ids[at:at + n], m.mask[at:at + n], m.starts[lo:hi])
-
-    def _advise_rows(self, first: int, stop: int) -> None:
-        """MADV_WILLNEED over the rows of bins ``first..stop`` (and their starts)."""
-        m = self._maps()
-        p = self.pack_size
-        lo, hi = int(m.offsets[first]), int(m.offsets[stop])
-        advise(m.fds[0], m.bases[0] + 4 * first * p, 4 * (stop - first) * p)
-        advise(m.fds[1], m.bases[1] + first * p, (stop - first) * p)
-        advise(m.fds[2], m.bases[2] + 4 * lo, 4 * (hi - lo))
+        return _new(PackedBin, (m.ids[at:at + n], m.mask[at:at + n], m.starts[lo:hi]))
 
     def packed_lengths(self) -> np.ndarray:
         return self._maps().lengths.astype(np.int64)
@@ -399,8 +389,9 @@ class Reader(ShardReader):
             raise FormatError(f"{self.path / FILES['packed_len']}: {int(lengths.sum())} tokens, "
                               f"the manifest says {self.num_tokens}")
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * self.pack_size))
-        for a in range(0, self.num_bins, step):
-            self._validate_chunk(m, lengths, offsets, a, min(a + step, self.num_bins), source)
+        with sequential(*(f.map for f in m.files)):
+            for a in range(0, self.num_bins, step):
+                self._validate_chunk(m, lengths, offsets, a, min(a + step, self.num_bins), source)
         return {"format": FORMAT, "path": source, "num_bins": self.num_bins,
                 "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
                 "pack_size": self.pack_size, "checksums": True}
@@ -432,7 +423,6 @@ class Reader(ShardReader):
             raise FormatError(f"{source}: bin {k}: packed_len {int(lengths[k])} not in "
                               f"(0, {self.pack_size}] (corrupted)")
         valid = np.arange(self.pack_size) < n[:, None]
-        self._advise_rows(a, b)  # one read for the chunk (the maps have no readahead)
         p = self.pack_size
         ids = m.ids[a * p:b * p].reshape(b - a, p)
         mask = m.mask[a * p:b * p].reshape(b - a, p)

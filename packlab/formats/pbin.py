@@ -56,7 +56,7 @@ from packlab.files import publish, remove, temporary_sibling
 from packlab.formats.base import ShardReader, ShardWriter, index_list
 from packlab.formats.binidx import ScratchArray
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, scan_windows
+from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 from packlab.safe_pickle import UnsafePickleError
 from packlab.spool import SpoolReader
 
@@ -630,28 +630,16 @@ class Reader(ShardReader):
         return out
 
     def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, advising a window of bins ahead (the map has no readahead)."""
+        """Every bin in order, with the kernel's sequential readahead while it lasts."""
         m = self._map()
-        if m.loss is None:
-            return (self._document(m, i) for i in range(self.num_bins))
-        windows = scan_windows(m.token_offsets_array, self.file.token_width + 1)
-        return scan(windows, self._advise_bins, self._view_bin)
+        read = (lambda i: self._document(m, i)) if m.loss is None else self._view_bin
+        return scan(read, self.num_bins, (m.file.map,))
 
     def _view_bin(self, i: int) -> PackedBin:
         m = self._map()
         t0, t1 = m.token_offsets[i], m.token_offsets[i + 1]
         s0, s1 = m.seq_offsets[i], m.seq_offsets[i + 1]
         return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
-
-    def _advise_bins(self, lo: int, hi: int) -> None:
-        """WILLNEED over bins ``lo..hi``: their tokens, loss mask and starts."""
-        m = self._map()
-        t0, t1 = m.token_offsets[lo], m.token_offsets[hi]
-        s0, s1 = m.seq_offsets[lo], m.seq_offsets[hi]
-        width = self.file.token_width
-        advise(m.fd, HEADER_SIZE + width * t0, width * (t1 - t0))
-        advise(m.fd, m.loss_at + t0, t1 - t0)
-        advise(m.fd, m.starts_at + 4 * s0, 4 * (s1 - s0))
 
     def packed_lengths(self) -> np.ndarray:
         return np.diff(self._map().token_offsets_array)
@@ -675,9 +663,10 @@ class Reader(ShardReader):
         elif offsets[-1] != self.num_tokens:
             raise FormatError(f"{self.path}: documents cover {offsets[-1]} tokens, not all "
                               f"{self.num_tokens}")
-        for lo in range(0, self.num_bins, _CHECK_CHUNK):
-            hi = min(lo + _CHECK_CHUNK, self.num_bins)
-            self._check_chunk(lo, hi, offsets)
+        with sequential(m.file.map):
+            for lo in range(0, self.num_bins, _CHECK_CHUNK):
+                hi = min(lo + _CHECK_CHUNK, self.num_bins)
+                self._check_chunk(lo, hi, offsets)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "pack_size": self.pack_size, "token_width": self.file.token_width,
                 "lossy": self.lossy, "bytes_on_disk": self.bytes_on_disk()}
@@ -690,7 +679,6 @@ class Reader(ShardReader):
             check_csr(tok, ones, np.zeros(hi - lo, dtype=np.int64), None,
                       pack_size=self.pack_size, source=str(self.path), first_bin=lo)
             return
-        self._advise_bins(lo, hi)
         so = m.seq_offsets_array[lo : hi + 1]
         t0, t1 = int(offsets[lo]), int(offsets[hi])
         check_csr(tok, so - so[0], m.starts[so[0] : so[-1]], m.loss[t0:t1],
