@@ -58,7 +58,7 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import ShardReader, ShardWriter, index_list, starts_with
 from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise, sequential
 
 FORMAT = "arrow_ipc"
@@ -86,10 +86,7 @@ class _BatchViews(NamedTuple):
 
 def detect(path: Path) -> bool:
     """A file that starts with the Arrow IPC file magic."""
-    if not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(6) == _MAGIC
+    return starts_with(path, _MAGIC)
 
 
 def normalize_codec(compression: str | None) -> str:

@@ -13,6 +13,7 @@ returns bins whose arrays stay valid after the reader is closed or collected, an
 
 from __future__ import annotations
 
+import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -34,6 +35,36 @@ def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
     if isinstance(indices, list | tuple | range):
         return indices
     return np.asarray(indices).reshape(-1).tolist()  # arrays, tensors, other sequences
+
+
+def starts_with(path: Path, magic: bytes) -> bool:
+    """A file whose first bytes are ``magic``: how single-file formats recognise themselves."""
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(len(magic)) == magic
+
+
+def read_directory_manifest(shard: Path, name: str, *, kind: str,
+                            expect: dict[str, Any]) -> dict[str, Any]:
+    """The JSON manifest of a directory shard, checked for the fields in ``expect`` (the first
+    names the format: ``{"format": "binidx", "layout": ...}``); every error names the file."""
+    file = shard / name
+    if not shard.is_dir():
+        raise FormatError(f"{shard}: a {kind} shard is a directory")
+    if not file.is_file():
+        raise FormatError(f"{file}: missing (an unfinished or damaged {kind} shard)")
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
+    (first, wanted), *rest = expect.items()
+    if not isinstance(manifest, dict) or manifest.get(first) != wanted:
+        raise FormatError(f"{file}: not a {wanted} manifest")
+    for key, value in rest:
+        if manifest.get(key) != value:
+            raise FormatError(f"{file}: {key} {manifest.get(key)!r}, this reader knows {value!r}")
+    return manifest
 
 
 class ShardWriter(ABC):

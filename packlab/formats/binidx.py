@@ -48,7 +48,13 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, file_entry, verify_files
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import (
+    ShardReader,
+    ShardWriter,
+    index_list,
+    read_directory_manifest,
+    starts_with,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 
@@ -98,11 +104,7 @@ class _SeqHeader:
 
 def detect(path: Path) -> bool:
     """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
-    idx = path / INDEX
-    if not (path.is_dir() and idx.is_file()):
-        return False
-    with open(idx, "rb") as f:
-        return f.read(len(_IdxHeader.MAGIC)) == _IdxHeader.MAGIC
+    return path.is_dir() and starts_with(path / INDEX, _IdxHeader.MAGIC)
 
 
 def megatron_prefix(path: str | os.PathLike[str]) -> str:
@@ -527,20 +529,8 @@ class Reader(ShardReader):
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
-    file = path / MANIFEST
-    if not path.is_dir():
-        raise FormatError(f"{path}: a binidx shard is a directory")
-    if not file.is_file():
-        raise FormatError(f"{file}: missing (an unfinished or damaged binidx shard)")
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise FormatError(f"{file}: not a {FORMAT} manifest")
-    if manifest.get("layout") != LAYOUT:
-        raise FormatError(f"{file}: layout {manifest.get('layout')!r}, this reader knows {LAYOUT}")
-    return manifest
+    return read_directory_manifest(path, MANIFEST, kind=FORMAT,
+                                   expect={"format": FORMAT, "layout": LAYOUT})
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:

@@ -40,7 +40,7 @@ from numpy.lib import format as npy_format
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import ShardReader, ShardWriter, index_list, read_directory_manifest
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 from packlab.safe_pickle import read_npy_header
@@ -214,17 +214,8 @@ class Writer(ShardWriter):
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked; every error names the file."""
     manifest_path = path / MANIFEST
-    if not manifest_path.is_file():
-        raise FormatError(f"{manifest_path}: missing (not a memmap shard, or an unfinished one)")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{manifest_path}: unreadable manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise FormatError(f"{manifest_path}: not a {MANIFEST_FORMAT} manifest")
-    if manifest.get("version") != VERSION:
-        raise FormatError(f"{manifest_path}: version {manifest.get('version')!r} not supported "
-                          f"(this packlab reads {VERSION})")
+    manifest = read_directory_manifest(path, MANIFEST, kind="memmap",
+                                       expect={"format": MANIFEST_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
         value = manifest.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:

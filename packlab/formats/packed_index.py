@@ -46,7 +46,7 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry, sha256_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import ShardReader, ShardWriter, index_list, read_directory_manifest
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
@@ -471,18 +471,8 @@ def _load_npy(path: Path) -> np.ndarray:
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format and fields; errors name the file."""
     file = path / MANIFEST
-    if not path.is_dir():
-        raise FormatError(f"{path}: a packed_index shard is a directory")
-    if not file.is_file():
-        raise FormatError(f"{file}: missing (an unfinished or damaged packed_index shard)")
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise FormatError(f"{file}: not a {FORMAT} manifest")
-    if manifest.get("layout") != LAYOUT:
-        raise FormatError(f"{file}: layout {manifest.get('layout')!r}, this reader knows {LAYOUT}")
+    manifest = read_directory_manifest(path, MANIFEST, kind=FORMAT,
+                                       expect={"format": FORMAT, "layout": LAYOUT})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
         value = manifest.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -57,7 +57,7 @@ from packlab.formats.arrow_lists import (
     parse_error,
     to_numpy,
 )
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import ShardReader, ShardWriter, index_list, starts_with
 
 FORMAT = "parquet"
 SUFFIX = ".parquet"
@@ -70,10 +70,7 @@ _MAGIC = b"PAR1"
 
 def detect(path: Path) -> bool:
     """A file that starts with the Parquet magic (the reader then checks the schema)."""
-    if not path.is_file():
-        return False
-    with open(path, "rb") as f:
-        return f.read(4) == _MAGIC
+    return starts_with(path, _MAGIC)
 
 
 def normalize_codec(compression: str | None) -> str:
