@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from packlab.bins import bin_digest
 from packlab.packing import BinAssignment, pack
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
 
@@ -80,4 +81,24 @@ def spool(tmp_path: Path) -> SpoolReader:
 @pytest.fixture
 def assignment(spool: SpoolReader) -> BinAssignment:
     result, _ = pack(spool.lengths, 1024, algorithm="next_fit", seed=0)
+    return result
+
+
+def _digests_in_child(reader: object, queue: object) -> None:
+    digests = [bin_digest(*reader.read_bin(i)) for i in range(len(reader))]  # type: ignore[attr-defined]
+    queue.put((digests, reader._pid == os.getpid()))  # type: ignore[attr-defined]
+
+
+def read_in_forked_child(reader: object) -> tuple[list[str], bool]:
+    """Every bin's digest as a forked child (a DataLoader worker) reads it through the parent's
+    open ``reader``, and whether the child reopened its own handle."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_digests_in_child, args=(reader, queue))
+    child.start()
+    result = queue.get(timeout=120)
+    child.join(timeout=60)
+    assert child.exitcode == 0
     return result

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
-import multiprocessing.queues
 import os
 import pickle
 import signal
@@ -17,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from conftest import read_in_forked_child
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_format_parquet import _CHILD, reference_bins, run_child
@@ -155,22 +154,12 @@ def test_arrays_stay_valid_after_the_reader_is_closed_and_collected(
     assert int(done.stdout) == expected
 
 
-def _read_in_child(reader: Reader, queue: multiprocessing.queues.Queue) -> None:
-    digests = [bin_digest(*reader.read_bin(i)) for i in range(len(reader))]
-    queue.put((digests, reader._pid == os.getpid()))
-
-
 def test_a_forked_worker_reopens_and_reads_the_same(shard: Path, bins: list[PackedBin]) -> None:
     """DataLoader workers fork with the parent's open reader: the child reopens its handle."""
     reader = Reader(shard)
     reader.read_bin(0)  # handles open (and a cache filled) in the parent
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_read_in_child, args=(reader, queue))
-    child.start()
-    digests, reopened = queue.get(timeout=120)
-    child.join(timeout=60)
-    assert child.exitcode == 0 and reopened
+    digests, reopened = read_in_forked_child(reader)
+    assert reopened
     assert digests == [bin_digest(*b) for b in bins]
 
 
