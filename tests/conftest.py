@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from packlab.bins import bin_digest
+from packlab.bins import PackedBin, bin_digest, bins_equal
+from packlab.formats import open_writer
+from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
 
@@ -102,3 +104,31 @@ def read_in_forked_child(reader: object) -> tuple[list[str], bool]:
     child.join(timeout=60)
     assert child.exitcode == 0
     return result
+
+
+def reference_bins(tmp: Path, *, seed: int = 0, num_sequences: int = 200, max_len: int = 700,
+                   pack_size: int = 1024) -> list[PackedBin]:
+    """Materialized bins (copies) of a random spool packed with next fit: what a shard must hold."""
+    spool = write_random_spool(tmp / f"spool-{seed}", num_sequences=num_sequences,
+                               max_len=max_len, seed=seed)
+    assignment, _ = pack(spool.lengths, pack_size, algorithm="next_fit", seed=seed)
+    return list(iter_bins(spool, assignment, copy=True))
+
+
+def write_bins(format: str, path: Path, bins: list[PackedBin], pack_size: int,
+               **options: object) -> dict:
+    """Write ``bins`` as one shard of ``format``; returns the writer's manifest."""
+    with open_writer(format, path, pack_size=pack_size, **options) as writer:
+        for packed in bins:
+            writer.write(packed)
+        return writer.finalize()
+
+
+def assert_reads_back(reader: object, bins: list[PackedBin]) -> None:
+    """``reader`` returns exactly ``bins``, as int32 tokens, uint8 masks and int32 starts."""
+    assert len(reader) == len(bins)  # type: ignore[arg-type]
+    for i, expected in enumerate(bins):
+        got = reader.read_bin(i)  # type: ignore[attr-defined]
+        assert bins_equal(got, expected), i
+        assert got.input_ids.dtype == np.int32 and got.loss_mask.dtype == np.uint8
+        assert got.seq_start_id.dtype == np.int32

@@ -15,10 +15,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import read_in_forked_child
+from conftest import assert_reads_back as assert_same
+from conftest import read_in_forked_child, reference_bins, write_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_format_parquet import _CHILD, reference_bins, run_child
+from test_format_parquet import _CHILD, run_child
 
 from packlab.bins import PackedBin, bin_digest, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
@@ -27,19 +28,7 @@ from packlab.formats.arrow_ipc import Reader, Writer
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, **options: object) -> dict:
-    with Writer(path, pack_size=pack_size, **options) as writer:
-        for packed in bins:
-            writer.write(packed)
-        return writer.finalize()
-
-
-def assert_same(reader: Reader, bins: list[PackedBin]) -> None:
-    assert len(reader) == len(bins)
-    for i, expected in enumerate(bins):
-        got = reader.read_bin(i)
-        assert bins_equal(got, expected), i
-        assert got.input_ids.dtype == np.int32 and got.loss_mask.dtype == np.uint8
-        assert got.seq_start_id.dtype == np.int32
+    return write_bins("arrow_ipc", path, bins, pack_size, **options)
 
 
 @pytest.fixture

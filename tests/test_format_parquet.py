@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import read_in_forked_child, write_random_spool
+from conftest import assert_reads_back as assert_same
+from conftest import read_in_forked_child, reference_bins, write_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,32 +26,10 @@ from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import dump_metadata
 from packlab.formats.parquet import OneRowGroupReader, Reader, Writer
-from packlab.materialize import iter_bins
-from packlab.packing import pack
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, **options: object) -> dict:
-    with Writer(path, pack_size=pack_size, **options) as writer:
-        for packed in bins:
-            writer.write(packed)
-        return writer.finalize()
-
-
-def reference_bins(tmp: Path, *, seed: int = 0, num_sequences: int = 200, max_len: int = 700,
-                   pack_size: int = 1024) -> list[PackedBin]:
-    spool = write_random_spool(tmp / f"spool-{seed}", num_sequences=num_sequences,
-                               max_len=max_len, seed=seed)
-    assignment, _ = pack(spool.lengths, pack_size, algorithm="next_fit", seed=seed)
-    return list(iter_bins(spool, assignment, copy=True))
-
-
-def assert_same(reader: Reader, bins: list[PackedBin]) -> None:
-    assert len(reader) == len(bins)
-    for i, expected in enumerate(bins):
-        got = reader.read_bin(i)
-        assert bins_equal(got, expected), i
-        assert got.input_ids.dtype == np.int32 and got.loss_mask.dtype == np.uint8
-        assert got.seq_start_id.dtype == np.int32
+    return write_bins("parquet", path, bins, pack_size, **options)
 
 
 @pytest.fixture
