@@ -1,20 +1,23 @@
 """packlab: a laboratory for packed SFT data.
 
-The reading entry point is :func:`open_dataset`; everything else lives in small modules
-(``spool``, ``packing``, ``materialize``, ``formats``, ``dataset``, ``measure``, ``query``).
+The entry points are :func:`open_dataset`, :func:`open_shard` and :func:`open_writer` (local
+paths and URIs alike, from :mod:`packlab.sources`); everything else lives in small modules,
+layered as ARCHITECTURE.md draws them. They are loaded on first use, so ``import packlab``
+(and any module below the facade) stays cheap.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
+from packlab.version import __version__
 
-__all__ = ["__version__", "open_dataset"]
+__all__ = ["__version__", "detect_format", "open_dataset", "open_shard", "open_writer"]
 
 
-def open_dataset(*args: Any, **kwargs: Any) -> Any:
-    """Open packed shards (a shard, directory, glob, list or layout) as a map-style dataset."""
-    from packlab.dataset import open_dataset as _open_dataset
+def __getattr__(name: str) -> Any:
+    if name in ("detect_format", "open_dataset", "open_shard", "open_writer"):
+        from packlab import sources
 
-    return _open_dataset(*args, **kwargs)
+        return getattr(sources, name)
+    raise AttributeError(f"module 'packlab' has no attribute {name!r}")

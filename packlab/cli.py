@@ -14,8 +14,9 @@ import pkgutil
 import sys
 from collections.abc import Sequence
 
-from packlab import __version__, commands
+from packlab import commands
 from packlab.errors import PacklabError
+from packlab.version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,19 +13,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.dataset import find_shards
+from packlab.bins import bin_digest
+from packlab.dataset import PackedDataset
+from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import get_format, open_shard, open_writer
-from packlab.pipeline import needs_spool, shard_bytes
+from packlab.pipeline.receipts import shard_bytes
 
 
 def converted_name(source: Path, source_format: str, target_format: str) -> str:
     """``shard_000000.parquet`` (parquet) -> ``shard_000000.arrow`` (arrow_ipc), say."""
     name = source.name
-    old = get_format(source_format).SUFFIX
+    old = get_format(source_format).Writer.SUFFIX
     if old and name.endswith(old):
         name = name[: -len(old)]
-    return name + get_format(target_format).SUFFIX
+    return name + get_format(target_format).Writer.SUFFIX
 
 
 def source_vocab_size(reader: Any) -> int | None:
@@ -47,7 +49,7 @@ def convert_shard(
     **format_options: Any,
 ) -> dict[str, Any]:
     """Convert one shard; returns a summary with sizes before and after."""
-    if needs_spool(format):
+    if get_format(format).Writer.NEEDS_SPOOL:
         raise PacklabError(f"{dst}: format {format!r} stores a reference to the spool, not "
                            "tokens; it cannot be converted into (use `packlab pack` instead)")
     began = time.perf_counter()
@@ -117,10 +119,7 @@ def bin_digests(source: Any) -> list[str]:
     Hashes ignore storage dtypes (:func:`packlab.bins.bin_digest`), so formats that store
     uint16 or int32 tokens compare equal when their bins do.
     """
-    from packlab.bins import bin_digest
-    from packlab.dataset import PackedDataset, open_dataset
-
-    dataset = source if isinstance(source, PackedDataset) else open_dataset(source)
+    dataset = source if isinstance(source, PackedDataset) else PackedDataset(find_shards(source))
     return [bin_digest(*packed) for reader in dataset.readers() for packed in reader.iter_bins()]
 
 

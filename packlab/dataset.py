@@ -1,7 +1,8 @@
-"""The map-style dataset over packed shards: one shard, a directory, a glob, a list, a split.
+"""The map-style dataset over packed shards.
 
-``open_dataset(path)`` finds the shards (detecting each one's format), counts their bins, and
-serves bin ``i`` of the concatenation as what Megatron-Bridge's packed datasets return::
+:class:`PackedDataset` takes the shards (found by :mod:`packlab.discovery`, or on object
+storage by :mod:`packlab.cloud`; :func:`packlab.open_dataset` does both), counts their bins,
+and serves bin ``i`` of the concatenation as what Megatron-Bridge's packed datasets return::
 
     {"input_ids": int[packed_len], "loss_mask": uint8[packed_len],
      "seq_boundaries": int32[num_seqs + 1]}   # seq_start_id + [packed_len]
@@ -13,7 +14,6 @@ map is ever shared between processes.
 
 from __future__ import annotations
 
-import glob as globlib
 import os
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
@@ -24,16 +24,9 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.errors import FormatError, PacklabError
-from packlab.files import is_temporary
-from packlab.formats import detect_format, get_format, open_shard
+from packlab.errors import PacklabError
+from packlab.formats import open_shard
 from packlab.mapping import FORKS as _FORKS
-from packlab.spool import read_spool_manifest
-
-PathLike = str | os.PathLike[str]
-# Entries of a shard directory that are never shards: layout folders, receipts, notes.
-IGNORED_NAMES = {"splits", "runs", "receipts", "README", "README.md", "_SUCCESS"}
-IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
 
 
 def item_from_bin(packed: PackedBin) -> dict[str, np.ndarray]:
@@ -169,159 +162,3 @@ class PackedDataset:
         kinds = sorted(set(self.formats))
         return (f"PackedDataset({len(self)} bins, {len(self.shards)} shards, "
                 f"formats={kinds}, pack_size={self.pack_size})")
-
-
-# -- finding the shards -----------------------------------------------------------------------
-def _ignored(path: Path) -> bool:
-    name = path.name
-    return (
-        name.startswith(".")
-        or is_temporary(path)
-        or name in IGNORED_NAMES
-        or name.endswith(IGNORED_SUFFIXES)
-    )
-
-
-def _detect(path: Path) -> str | None:
-    try:
-        return detect_format(path)
-    except FormatError:
-        return None
-
-
-def _is_main_entry(path: Path, name: str) -> bool:
-    """Whether ``path`` is the shard itself, not a companion file its format also claims."""
-    suffix = get_format(name).SUFFIX
-    return path.name.endswith(suffix) if suffix else path.is_dir()
-
-
-def _expect(path: Path, detected: str, wanted: str | None) -> str:
-    """The detected format, refusing a shard of another format than the one asked for."""
-    if wanted is not None and wanted != detected:
-        get_format(wanted)  # an unknown name is its own error
-        raise FormatError(f"{path}: a {detected} shard, not {wanted}")
-    return detected
-
-
-def _is_spool(path: Path) -> bool:
-    try:
-        read_spool_manifest(path)
-    except FormatError:
-        return False
-    return True
-
-
-def _stem(name: str) -> str:
-    return name.split(".", 1)[0]
-
-
-def shards_in_directory(directory: Path, *, format: str | None = None) -> list[tuple[Path, str]]:
-    """The shards directly inside ``directory``, sorted by name, each with its format.
-
-    Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
-    that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
-    anything else unrecognised is an error, so a damaged shard is never silently left out.
-    """
-    found: list[tuple[Path, str]] = []
-    unknown: list[Path] = []
-    for child in sorted(directory.iterdir()):
-        if _ignored(child):
-            continue
-        if child.is_symlink() and not child.exists():
-            raise FormatError(f"{child}: broken link to {os.readlink(child)} (its shard is "
-                              "missing; rerun `packlab pack` to rewrite it)")
-        name = _detect(child)
-        if name is None:
-            unknown.append(child)
-            continue
-        if not _is_main_entry(child, name):
-            continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
-        found.append((child, _expect(child, name, format)))
-    stems = {_stem(p.name) for p, _ in found}
-    strays = [p for p in unknown if _stem(p.name) not in stems]
-    if strays:
-        raise FormatError(f"{strays[0]}: not a shard of any known format (in a shard directory)")
-    return found
-
-
-def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = None
-                ) -> list[tuple[Path, str]]:
-    """Resolve a shard, a directory of shards, a glob, or a list of those into (path, format)."""
-    if isinstance(path, list | tuple):
-        out: list[tuple[Path, str]] = []
-        for item in path:
-            out.extend(find_shards(item, format=format))
-        return out
-    text = os.fspath(path)
-    p = Path(text)
-    if not p.exists() and globlib.has_magic(text):
-        matches = sorted(globlib.glob(text))
-        if not matches:
-            raise FormatError(f"{text}: the pattern matches nothing")
-        picked: list[tuple[Path, str]] = []
-        for match in matches:
-            m = Path(match)
-            if _ignored(m):
-                continue
-            name = detect_format(m)
-            if _is_main_entry(m, name):
-                picked.append((m, _expect(m, name, format)))
-        if not picked:
-            raise FormatError(f"{text}: the pattern matches no shard")
-        return picked
-    if not p.exists():
-        raise FormatError(f"{p}: no such file or directory")
-    if p.is_dir():
-        own = _detect(p)
-        if own is not None and _is_main_entry(p, own):
-            return [(p, _expect(p, own, format))]
-        if _is_spool(p):
-            raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
-                              "(`packlab pack`)")
-        shards = shards_in_directory(p, format=format)
-        if not shards:
-            from packlab.layout.blend import is_layout, known_splits
-
-            if is_layout(p):
-                raise FormatError(f"{p}: an output layout: open one split (split=...; splits "
-                                  f"here: {', '.join(known_splits(p)) or 'none'})")
-            raise FormatError(f"{p}: no shards in this directory")
-        return shards
-    return [(p, format or detect_format(p))]
-
-
-def resolve_split(path: PathLike, split: str) -> Path | list[Path]:
-    """``PATH/splits/<split>/`` (the Nemotron output layout, as ``nano3_packed_sft_dir``
-    resolves it); without ``splits/``, the split's shards listed in ``PATH/blend.json`` (a copy
-    without symlinks, e.g. on object storage). An unknown split lists the known ones."""
-    from packlab.layout.blend import split_source
-
-    return split_source(path, split)
-
-
-def open_dataset(
-    path: PathLike | Sequence[PathLike],
-    *,
-    split: str | None = None,
-    format: str | None = None,
-    **reader_options: Any,
-) -> PackedDataset:
-    """Open packed shards as one map-style dataset.
-
-    ``path``: a shard, a directory of shards, a glob, or a list of those. ``split`` picks
-    ``PATH/splits/<split>/`` of an output layout (or the split's shards in ``PATH/blend.json``
-    when the links are absent). ``format`` skips detection. ``reader_options`` go to each reader.
-    URIs (``s3://bucket/out``) are opened by :func:`packlab.cloud.open_dataset` (``split`` then
-    through the remote ``blend.json``; ``filesystem=``, ``cache_dir=`` accepted there).
-    """
-    from packlab.formats import is_remote_path
-
-    if any(is_remote_path(p) for p in (path if isinstance(path, list | tuple) else [path])):
-        from packlab.cloud import open_dataset as open_remote_dataset
-
-        return open_remote_dataset(path, split=split, format=format, **reader_options)
-    if split is not None:
-        if isinstance(path, list | tuple):
-            raise PacklabError("split= needs one output directory, not a list of paths")
-        path = resolve_split(path, split)
-    return PackedDataset(find_shards(path, format=format), reader_options=reader_options)

@@ -26,10 +26,27 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Callable
 
 import numpy as np
 
-from packlab.packing import register
+ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
+    """Register a packing algorithm.
+
+    An algorithm takes ``(lengths int64[n], pack_size, rng)`` with every length in
+    ``[1, pack_size]`` and returns ``bin_of int64[n]``, the bin of each sequence, bins numbered
+    from 0 in the order they should be written. Within a bin, sequences keep ascending index
+    order unless the algorithm says otherwise through the order it returns from :func:`pack`.
+    """
+
+    def decorate(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+        ALGORITHMS[name] = fn
+        return fn
+
+    return decorate
 
 _BLOCK = 512  # bins per block in grouped first fit (block maxima prune the search)
 _CHUNK = 1 << 16  # sequences converted to Python ints at a time in the per-item walk

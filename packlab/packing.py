@@ -10,7 +10,6 @@ then fills a bin alone) or dropped; both are counted in the :class:`PackingRepor
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -18,9 +17,9 @@ from typing import Any, Literal
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
+from packlab.packers import ALGORITHMS
 
 Overlong = Literal["truncate", "drop"]
-ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {}
 DEFAULT_ALGORITHM = "first_fit_shuffle"
 
 
@@ -116,22 +115,6 @@ class PackingReport:
         return asdict(self)
 
 
-def register(name: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., np.ndarray]]:
-    """Register a packing algorithm.
-
-    An algorithm takes ``(lengths int64[n], pack_size, rng)`` with every length in
-    ``[1, pack_size]`` and returns ``bin_of int64[n]``, the bin of each sequence, bins numbered
-    from 0 in the order they should be written. Within a bin, sequences keep ascending index
-    order unless the algorithm says otherwise through the order it returns from :func:`pack`.
-    """
-
-    def decorate(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
-        ALGORITHMS[name] = fn
-        return fn
-
-    return decorate
-
-
 def check_pack_size(pack_size: int) -> int:
     if isinstance(pack_size, bool) or not isinstance(pack_size, int | np.integer) or pack_size <= 0:
         raise PacklabError(f"pack_size must be a positive integer, got {pack_size!r}")
@@ -140,8 +123,6 @@ def check_pack_size(pack_size: int) -> int:
 
 def check_algorithm(algorithm: str) -> str:
     """The name of a registered algorithm, or a one-line error listing them."""
-    from packlab import packers  # noqa: F401  (registers the algorithms)
-
     if algorithm not in ALGORITHMS:
         raise PacklabError(
             f"unknown packing algorithm {algorithm!r}; choose from {sorted(ALGORITHMS)}"
@@ -163,8 +144,6 @@ def pack(
     out in ascending spool index. Memory: a few int64 arrays of the sequence count (13M
     sequences pack in well under 2 GB).
     """
-    from packlab import packers  # noqa: F401  (registers the algorithms)
-
     pack_size = check_pack_size(pack_size)
     check_algorithm(algorithm)
     if overlong not in ("truncate", "drop"):
@@ -291,8 +270,3 @@ def compare_algorithms(
         assignment, report = runs[-1]
         out[name] = (assignment, replace(report, seconds=seconds))
     return out
-
-
-# The algorithms register themselves on import; importing them here fills ALGORITHMS for anyone
-# who imports this module (packers imports ``register`` from here, which is defined by now).
-from packlab import packers as _packers  # noqa: E402, F401

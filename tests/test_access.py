@@ -17,7 +17,7 @@ from packlab.errors import PacklabError
 from packlab.measure import access
 from packlab.measure.pagecache import resident_pages, shard_files
 from packlab.packing import BinAssignment, pack
-from packlab.pipeline import write_shards
+from packlab.pipeline.shards import write_shards
 
 ROW_GROUP = 8
 

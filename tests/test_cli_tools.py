@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from conftest import one_error_line, run_cli, write_random_spool
 
+from packlab import open_dataset
 from packlab.cli import main
-from packlab.dataset import find_shards, open_dataset
-from packlab.formats import format_names
-from packlab.pipeline import RECEIPT_SUFFIX, needs_spool
+from packlab.discovery import find_shards
+from packlab.formats import format_names, get_format
+from packlab.pipeline.receipts import RECEIPT_SUFFIX
 
 FORMATS = format_names()
-TARGETS = [name for name in FORMATS if not needs_spool(name)]
+TARGETS = [name for name in FORMATS if not get_format(name).Writer.NEEDS_SPOOL]
 
 
 @pytest.fixture(scope="module")

@@ -20,16 +20,15 @@ import pyarrow.fs as pafs
 import pytest
 from conftest import write_random_spool
 
-from packlab import cloud, storage
-from packlab.cloud import parquet as remote_parquet
-from packlab.cloud import sql
-from packlab.dataset import open_dataset as open_local_dataset
+from packlab import cloud, open_dataset, open_shard, open_writer
+from packlab import open_dataset as open_local_dataset
+from packlab.cloud import sql, storage
+from packlab.cloud.s3server import HOST, S3Server
 from packlab.errors import FormatError, PacklabError
-from packlab.formats import format_names, get_format
+from packlab.formats import format_names, get_format, parquet
 from packlab.materialize import iter_bins
 from packlab.packing import pack
-from packlab.pipeline import write_shards
-from packlab.s3server import HOST, S3Server
+from packlab.pipeline.shards import write_shards
 
 BUCKET = "lab"
 
@@ -126,12 +125,13 @@ def test_any_fsspec_filesystem(data) -> None:
 
     _, _, _, bins = data
     mem = fsspec.filesystem("memory")
-    write(cloud.open_writer("parquet", "memory://shards/a.parquet", filesystem=mem,
+    write(open_writer("parquet", "memory://shards/a.parquet", filesystem=mem,
                             pack_size=512, row_group_size=16), bins)
-    reader = remote_parquet.Reader("shards/a.parquet", filesystem=mem)
+    reader = open_shard("shards/a.parquet", filesystem=mem)
+    assert isinstance(reader, parquet.Reader) and reader.remote
     assert str(reader.path) == "memory://shards/a.parquet"
     assert [i.base_name for i in storage.resolve("shards", mem).walk_files()] == ["a.parquet"]
-    same_bins(cloud.open_dataset("memory://shards", filesystem=mem), bins)
+    same_bins(open_dataset("memory://shards", filesystem=mem), bins)
 
 
 # -- every format through s3:// ----------------------------------------------------------------
@@ -141,17 +141,17 @@ def test_every_format_round_trips(server, data, tmp_path: Path, name: str) -> No
     suffix = get_format(name).SUFFIX
     uri = f"s3://{BUCKET}/rt/{name}/shard_000000{suffix}"
     options = {"vocab_size": spool.vocab_size} if name in ("binidx", "pbin") else {}
-    writer = write(cloud.open_writer(name, uri, pack_size=512, num_bins=len(bins), **options),
+    writer = write(open_writer(name, uri, pack_size=512, num_bins=len(bins), **options),
                    bins)
     direct = name == "parquet"
-    assert isinstance(writer, remote_parquet.Writer if direct else cloud.UploadingWriter)
+    assert isinstance(writer, parquet.Writer if direct else cloud.UploadingWriter)
     assert direct or not Path(writer.staging).exists()  # the local staging copy is gone
-    ds = cloud.open_dataset(f"s3://{BUCKET}/rt/{name}", cache_dir=tmp_path / "cache")
+    ds = open_dataset(f"s3://{BUCKET}/rt/{name}", cache_dir=tmp_path / "cache")
     assert ds.formats == [name]
     same_bins(ds, bins)
     reader = ds.readers()[0]
     if direct:  # read in place, nothing cached
-        assert isinstance(reader, remote_parquet.Reader)
+        assert isinstance(reader, parquet.Reader) and reader.remote
         assert not (tmp_path / "cache").exists()
     else:
         assert Path(reader.path).is_relative_to(tmp_path / "cache")
@@ -169,9 +169,9 @@ def test_packed_index_travels_with_its_spool(server, data, tmp_path: Path) -> No
     write_shards(local_spool, assignment, tree / "out", format="packed_index",
                  bins_per_shard=10**6)
     with pytest.raises(PacklabError, match="upload_tree"):
-        cloud.open_writer("packed_index", f"s3://{BUCKET}/pi/x", pack_size=512)
+        open_writer("packed_index", f"s3://{BUCKET}/pi/x", pack_size=512)
     cloud.upload_tree(tree, f"s3://{BUCKET}/pi")
-    ds = cloud.open_dataset(f"s3://{BUCKET}/pi/out", cache_dir=tmp_path / "cache")
+    ds = open_dataset(f"s3://{BUCKET}/pi/out", cache_dir=tmp_path / "cache")
     assert ds.formats == ["packed_index"]
     same_bins(ds, bins)
     assert Path(ds.readers()[0].spool_path).is_relative_to(tmp_path / "cache")
@@ -194,7 +194,7 @@ def test_writer_failing_leaves_nothing(server, data, direct: bool) -> None:
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/fail/{direct}/shard.parquet"
     with pytest.raises(RuntimeError, match="boom"), \
-            cloud.open_writer("parquet", uri, pack_size=512, row_group_size=4,
+            open_writer("parquet", uri, pack_size=512, row_group_size=4,
                               direct=direct) as writer:
         for b in bins[:20]:
             writer.write(b)
@@ -202,12 +202,12 @@ def test_writer_failing_leaves_nothing(server, data, direct: bool) -> None:
     assert keys(server, f"fail/{direct}") == []
     bad = bins[0]._replace(loss_mask=bins[0].loss_mask * 2)  # breaks an invariant
     with pytest.raises(PacklabError, match="bin 1"), \
-            cloud.open_writer("parquet", uri, pack_size=512, direct=direct) as writer:
+            open_writer("parquet", uri, pack_size=512, direct=direct) as writer:
         writer.write(bins[0])
         writer.write(bad)
     assert keys(server, f"fail/{direct}") == []
     with pytest.raises(PacklabError, match="only 1 of 3 bins"):
-        write(cloud.open_writer("parquet", uri, pack_size=512, num_bins=3, direct=direct),
+        write(open_writer("parquet", uri, pack_size=512, num_bins=3, direct=direct),
               bins[:1])
     assert keys(server, f"fail/{direct}") == []
 
@@ -215,7 +215,8 @@ def test_writer_failing_leaves_nothing(server, data, direct: bool) -> None:
 KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
-    from packlab import cloud, storage
+    import packlab
+    from packlab.cloud import storage
     from packlab.bins import PackedBin
     storage.configure("s3", **{endpoint!r})
     rng = np.random.default_rng(0)
@@ -224,7 +225,7 @@ KILLED_WRITER = textwrap.dedent("""
             yield PackedBin(rng.integers(0, 2**31 - 1, 4096, dtype=np.int32),
                             np.zeros(4096, np.uint8), np.array([0], np.int32))
     if sys.argv[1] == "parquet":
-        w = cloud.open_writer("parquet", sys.argv[2], pack_size=4096, row_group_size=64,
+        w = packlab.open_writer("parquet", sys.argv[2], pack_size=4096, row_group_size=64,
                               compression="none")
         for i, b in enumerate(bins()):
             w.write(b)
@@ -239,7 +240,7 @@ KILLED_WRITER = textwrap.dedent("""
                 os.kill(os.getpid(), signal.SIGKILL)
             return out
         transfer.upload_file = upload_file
-        w = cloud.open_writer("memmap_v1", sys.argv[2], pack_size=4096, staging_dir=sys.argv[3])
+        w = packlab.open_writer("memmap_v1", sys.argv[2], pack_size=4096, staging_dir=sys.argv[3])
         for i, b in zip(range(300), bins()):
             w.write(b)
         w.finalize()
@@ -264,13 +265,13 @@ def test_writer_killed_mid_upload_leaves_nothing_readable(server, tmp_path: Path
         assert any("uploadId" in e["query"] and e["method"] == "PUT" for e in log)  # parts
         assert keys(server, f"killed/{name}") == []  # not even the temporary is visible
         with pytest.raises(FormatError):
-            cloud.open_dataset(uri)
+            open_dataset(uri)
     else:
         assert f"{BUCKET}/killed/{name}/shard/seq_starts.npy" in keys(server, "killed")
         with pytest.raises(FormatError, match="but no manifest.json: .* did not finish"):
-            cloud.open_dataset(uri, cache_dir=tmp_path)
+            open_dataset(uri, cache_dir=tmp_path)
         with pytest.raises(FormatError, match="no manifest.json"):
-            cloud.open_dataset(f"s3://{BUCKET}/killed/{name}", cache_dir=tmp_path)
+            open_dataset(f"s3://{BUCKET}/killed/{name}", cache_dir=tmp_path)
 
 
 # -- bad checksums -----------------------------------------------------------------------------
@@ -293,29 +294,29 @@ def test_directory_shard_with_bad_checksum_is_refused(server, data, tmp_path: Pa
     _, spool, _, bins = data
     uri = f"s3://{BUCKET}/bad/{name}{truncate}/shard"
     options = {"vocab_size": spool.vocab_size} if name == "binidx" else {}
-    write(cloud.open_writer(name, uri, pack_size=512, **options), bins)
+    write(open_writer(name, uri, pack_size=512, **options), bins)
     data_file = {"memmap_v1": "input_ids.npy", "binidx": "data.bin"}[name]
     _corrupt(server, f"bad/{name}{truncate}/shard/{data_file}", truncate=truncate)
     cache = tmp_path / "cache"
     message = "truncated" if truncate else "checksum mismatch"
     with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
-        cloud.open_dataset(uri, cache_dir=cache)
+        open_dataset(uri, cache_dir=cache)
     assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing cached
 
 
 def test_one_file_shards_with_damage_are_refused(server, data, tmp_path: Path) -> None:
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/bad/arrow/shard.arrow"
-    write(cloud.open_writer("arrow_ipc", uri, pack_size=512, batch_size=8), bins)
+    write(open_writer("arrow_ipc", uri, pack_size=512, batch_size=8), bins)
     _corrupt(server, "bad/arrow/shard.arrow")
     with pytest.raises(FormatError, match=uri):
-        cloud.open_dataset(uri, cache_dir=tmp_path)
+        open_dataset(uri, cache_dir=tmp_path)
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
     uri = f"s3://{BUCKET}/bad/parquet/shard.parquet"  # read in place: page checksums
-    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8,
+    write(open_writer("parquet", uri, pack_size=512, row_group_size=8,
                             compression="none"), bins)
     _corrupt(server, "bad/parquet/shard.parquet")
-    reader = cloud.open_shard(uri)
+    reader = open_shard(uri)
     with pytest.raises(FormatError, match=uri):
         reader.validate()
 
@@ -326,11 +327,11 @@ def test_random_parquet_access_costs_one_row_group_plus_footer(server, data,
                                                                row_group_size: int) -> None:
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/cost/rg{row_group_size}.parquet"
-    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=row_group_size,
+    write(open_writer("parquet", uri, pack_size=512, row_group_size=row_group_size,
                             overwrite=True), bins)
-    for tail in (8, remote_parquet.TAIL_BYTES):
+    for tail in (8, parquet.TAIL_BYTES):
         server.reset_counts()
-        reader = remote_parquet.Reader(uri, tail_bytes=tail, cache_row_groups=1)
+        reader = open_shard(uri, tail_bytes=tail, cache_row_groups=1)
         opened = server.stats()
         footer = reader.footer_bytes
         assert opened["requests"] == 1 + (2 if footer > tail else 1)  # HEAD + the tail (+ rest)
@@ -373,15 +374,15 @@ def test_layout_split_resolves_through_blend_json(server, tmp_path: Path) -> Non
     assert not [k for k in keys(server, "layout") if "/splits/" in k]
     for split in ("train", "valid"):
         local = open_local_dataset(out, split=split)
-        remote = cloud.open_dataset(uri, split=split)
+        remote = open_dataset(uri, split=split)
         assert len(remote.shards) == len(local.shards)
         same_bins(remote, local.read_bins(np.arange(len(local))))
     with pytest.raises(FormatError, match="no split 'test'; splits here: train, valid"):
-        cloud.open_dataset(uri, split="test")
+        open_dataset(uri, split="test")
     with pytest.raises(PacklabError, match="pass split="):
-        cloud.open_dataset(uri)
+        open_dataset(uri)
     with pytest.raises(FormatError, match="no blend.json"):
-        cloud.open_dataset(f"s3://{BUCKET}/rt/parquet", split="train")
+        open_dataset(f"s3://{BUCKET}/rt/parquet", split="train")
     with pytest.raises(PacklabError, match="already exists"):
         cloud.upload_layout(out, uri)
 
@@ -392,7 +393,7 @@ def test_duckdb_queries_s3_shards_without_httpfs(server, data) -> None:
     prefix = f"s3://{BUCKET}/sql"
     for k in range(2):
         part = bins[k::2]
-        write(cloud.open_writer("parquet", f"{prefix}/shard_{k:06d}.parquet", pack_size=512,
+        write(open_writer("parquet", f"{prefix}/shard_{k:06d}.parquet", pack_size=512,
                                 row_group_size=16, overwrite=True), part)
     con = sql.connect()
     uris = sql.create_view(con, "bins", prefix)
@@ -413,11 +414,11 @@ def test_duckdb_queries_s3_shards_without_httpfs(server, data) -> None:
 def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/ow/a.parquet"
-    write(cloud.open_writer("parquet", uri, pack_size=512), bins[:5])
+    write(open_writer("parquet", uri, pack_size=512), bins[:5])
     with pytest.raises(PacklabError, match="already exists"):
-        cloud.open_writer("parquet", uri, pack_size=512)
-    write(cloud.open_writer("parquet", uri, pack_size=512, overwrite=True), bins[:7])
-    assert len(cloud.open_shard(uri)) == 7
+        open_writer("parquet", uri, pack_size=512)
+    write(open_writer("parquet", uri, pack_size=512, overwrite=True), bins[:7])
+    assert len(open_shard(uri)) == 7
     stale = storage.resolve(f"s3://{BUCKET}/ow/.b.parquet.tmp-1-deadbeef")
     storage.put_object(b"left by a killed writer", stale)
     assert cloud.sweep_temporaries(f"s3://{BUCKET}/ow", older_than_s=3600) == []
@@ -431,16 +432,16 @@ def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
 
 
 # -- the registry, forked readers, the notebook's measurements ---------------------------------
-def test_registry_hands_uris_to_packlab_cloud(server, data) -> None:
-    from packlab import formats
+def test_the_facade_hands_uris_to_packlab_cloud(server, data) -> None:
+    import packlab
 
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/registry/shard.parquet"
-    write(formats.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
-    assert formats.detect_format(uri) == "parquet"
-    reader = formats.open_shard(uri)
-    assert isinstance(reader, remote_parquet.Reader) and len(reader) == len(bins)
-    assert formats.detect_format(f"s3://{BUCKET}/registry") == "parquet"
+    write(packlab.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    assert packlab.detect_format(uri) == "parquet"
+    reader = packlab.open_shard(uri)
+    assert isinstance(reader, parquet.Reader) and reader.remote and len(reader) == len(bins)
+    assert packlab.detect_format(f"s3://{BUCKET}/registry") == "parquet"
 
 
 def test_remote_dataset_in_forked_workers(server, data) -> None:
@@ -448,8 +449,8 @@ def test_remote_dataset_in_forked_workers(server, data) -> None:
 
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/fork/shard.parquet"
-    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
-    ds = cloud.open_dataset(uri)
+    write(open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    ds = open_dataset(uri)
     ds.read_bin(0)  # the parent's reader is open: a child must not reuse its handle
     with multiprocessing.get_context("fork").Pool(2) as pool:
         lengths = pool.map(_packed_len, [(ds, i) for i in range(0, len(bins), 7)])
@@ -462,7 +463,7 @@ def _packed_len(job) -> int:
 
 
 def test_bench_counts_bound_and_compares(server, data) -> None:
-    from packlab.cloud import bench
+    from packlab.measure import object_store as bench
 
     root, spool, assignment, _ = data
     written = bench.write_shards(server, spool, assignment, f"s3://{BUCKET}/bench/rg",
@@ -490,7 +491,7 @@ def test_packlab_open_dataset_takes_uris(server, data) -> None:
 
     _, _, _, bins = data
     uri = f"s3://{BUCKET}/entry/shard.parquet"
-    write(cloud.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
+    write(open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
     ds = packlab.open_dataset(f"s3://{BUCKET}/entry")
     assert isinstance(ds, cloud.RemoteDataset) and ds.formats == ["parquet"]
     same_bins(ds, bins)

@@ -1,4 +1,4 @@
-"""packlab.compression: entropy, Parquet layouts (round trips, sizes, traps), verdicts, formats."""
+"""packlab.measure.compression: entropy, Parquet layouts (round trips, sizes, traps), verdicts, formats."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packlab import compression as C
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import BinColumns
 from packlab.materialize import iter_bins
+from packlab.measure import compression as C
 from packlab.packing import BinAssignment
-from packlab.pipeline import RECEIPT_SUFFIX
+from packlab.pipeline.shards import RECEIPT_SUFFIX
 from packlab.spool import SpoolReader
 
 PACK = 1024

@@ -13,12 +13,13 @@ from conftest import write_random_spool
 from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.collate import Collator
-from packlab.dataset import PackedDataset, find_shards
+from packlab.dataset import PackedDataset
+from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
-from packlab.pipeline import write_shards
+from packlab.pipeline.shards import write_shards
 from packlab.samplers import BlockShuffleSampler, ShuffleSampler, dataset_blocks
 from packlab.spool import SpoolReader
 

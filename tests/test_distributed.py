@@ -19,10 +19,10 @@ from conftest import write_random_spool
 from packlab.errors import PacklabError
 from packlab.materialize import iter_bins
 from packlab.packing import pack
-from packlab.sharded import ChunkLayout, ChunkProducer, coverage, spool_source
+from packlab.sharded import ChunkPlan, ChunkProducer, coverage, spool_source
 from packlab.sharded.coverage import seed_epoch
 from packlab.sharded.launch import consume, launch, run_phases
-from packlab.sharded.layout import chunk_path, marker_path
+from packlab.sharded.plan import chunk_path, marker_path
 
 pytest.importorskip("torch.distributed")
 
@@ -40,10 +40,10 @@ def data(tmp_path_factory: pytest.TempPathFactory):
     assignment, _ = pack(spool.lengths, PACK, algorithm="next_fit")
     sums = np.array([int(b.input_ids.sum(dtype=np.int64)) for b in iter_bins(spool, assignment)])
     source = spool_source(spool, assignment)
-    layout = ChunkLayout(num_samples=assignment.num_bins, samples_per_chunk=SPC,
+    plan = ChunkPlan(num_samples=assignment.num_bins, samples_per_chunk=SPC,
                          format="parquet", pack_size=PACK)
-    ChunkProducer(root / "chunks", layout).produce(source)
-    return {"root": root, "source": source, "layout": layout, "sums": sums,
+    ChunkProducer(root / "chunks", plan).produce(source)
+    return {"root": root, "source": source, "plan": plan, "sums": sums,
             "chunks": root / "chunks"}
 
 
@@ -68,9 +68,9 @@ def world1(data):
 def world3(data):
     """Epoch 1 at world size 3, then a directory whose chunk 2 never comes."""
     missing = data["root"] / "missing"
-    layout = ChunkLayout(num_samples=4 * SPC, samples_per_chunk=SPC, format="jsonl",
+    plan = ChunkPlan(num_samples=4 * SPC, samples_per_chunk=SPC, format="jsonl",
                          pack_size=PACK)
-    ChunkProducer(missing, layout).produce(data["source"], chunks=[0, 1, 3])
+    ChunkProducer(missing, plan).produce(data["source"], chunks=[0, 1, 3])
     began = time.monotonic()
     results = run(data, 3, "w3", [phase(data["chunks"], epoch=1),
                                   phase(missing, timeout=1.0)])
@@ -82,11 +82,11 @@ def world4(data):
     return run(data, 4, "w4", [phase(data["chunks"], epoch=2)])
 
 
-def seed_layout(data) -> ChunkLayout:
+def seed_plan(data) -> ChunkPlan:
     """Chunks of two global batches (8 = 2 x MBS x 2 ranks): where seed 003's design loses half.
     (With 6 per chunk it happens to serve each sample once: the damage depends on the ratio,
     notebook 08 sweeps it.)"""
-    return ChunkLayout(num_samples=data["layout"].num_samples, samples_per_chunk=8,
+    return ChunkPlan(num_samples=data["plan"].num_samples, samples_per_chunk=8,
                        format="jsonl", pack_size=PACK)
 
 
@@ -96,15 +96,15 @@ def world2(data):
     resume; then seed 003's design under Megatron's sampler on the complete chunks."""
     slow = data["root"] / "slow"
     ready = data["root"] / "ready"
-    layout = data["layout"]
-    producer = ChunkProducer(slow, layout)
+    plan = data["plan"]
+    producer = ChunkProducer(slow, plan)
     published: dict[int, float] = {}
 
     def produce(stop: threading.Event) -> None:
         while len(list(ready.glob("rank*"))) < 2:  # no chunk until both ranks are reading
             if stop.wait(0.05):
                 return
-        for chunk in range(layout.num_chunks):
+        for chunk in range(plan.num_chunks):
             if stop.wait(0.2):
                 return
             producer.collect()
@@ -112,7 +112,7 @@ def world2(data):
             published[chunk] = time.time()
 
     seed_dir = data["root"] / "seed_design"
-    ChunkProducer(seed_dir, seed_layout(data)).produce(data["source"])
+    ChunkProducer(seed_dir, seed_plan(data)).produce(data["source"])
     results = run(data, 2, "w2", [phase(slow, epoch=0, stop_after=2, ready_dir=str(ready)),
                                   phase(seed_dir, design="seed")], background=produce)
     deadline = time.monotonic() + 10
@@ -137,7 +137,7 @@ def served(results: list[dict], k: int = 0) -> list[np.ndarray]:
 
 def check_exactly_once(data, results: list[dict], k: int = 0) -> None:
     ids = served(results, k)
-    assert coverage(ids, data["layout"].num_samples).exactly_once
+    assert coverage(ids, data["plan"].num_samples).exactly_once
     for rank, r in enumerate(results):
         p = r["phases"][k]
         assert np.all((np.array(p["sample_ids"]) // SPC) % len(results) == rank)  # own chunks
@@ -164,8 +164,8 @@ def test_world_size_changes_between_epochs(data, world1, world3, world4) -> None
         check_exactly_once(data, results)
         orders.append(np.concatenate(served(results)))
     assert len({tuple(o.tolist()) for o in orders}) == 3
-    for chunk in range(data["layout"].num_chunks):
-        marker = marker_path(chunk_path(data["chunks"], data["layout"], chunk))
+    for chunk in range(data["plan"].num_chunks):
+        marker = marker_path(chunk_path(data["chunks"], data["plan"], chunk))
         assert '"epoch": 2' in marker.read_text() and '"world_size": 4' in marker.read_text()
 
 
@@ -184,8 +184,8 @@ def test_resume_after_a_crash_loses_and_repeats_nothing(data, world2) -> None:
 def test_a_producer_slower_than_the_ranks(data, world2) -> None:
     results, producer, published, ready_at = world2
     check_exactly_once(data, results)
-    layout = data["layout"]
-    assert len(published) == layout.num_chunks
+    plan = data["plan"]
+    assert len(published) == plan.num_chunks
     # both ranks were reading before the first chunk existed, so each waited for every one
     # of its chunks: it finished only after the last of them was published
     assert max(ready_at) < min(published.values())
@@ -194,7 +194,7 @@ def test_a_producer_slower_than_the_ranks(data, world2) -> None:
         assert p["finished_at"] > max(published[c] for c in p["chunks"])
     # every chunk was marked by its rank and then deleted by the producer
     assert producer.published() == [] and sorted(producer.deleted) == list(
-        range(layout.num_chunks))
+        range(plan.num_chunks))
 
 
 def test_a_missing_chunk_is_a_clear_timeout_not_a_hang(world3) -> None:
@@ -209,12 +209,12 @@ def test_a_missing_chunk_is_a_clear_timeout_not_a_hang(world3) -> None:
 def test_seed_design_in_real_ranks_duplicates_and_loses_as_predicted(data, world2) -> None:
     results = world2[0]
     real = served(results, 1)
-    asked, predicted = seed_epoch(seed_layout(data), 2, MBS)
+    asked, predicted = seed_epoch(seed_plan(data), 2, MBS)
     for rank in range(2):
         assert real[rank].tolist() == predicted[rank].tolist()
         assert results[rank]["phases"][1]["asked"] == asked[rank].tolist()
-    cov = coverage(real, data["layout"].num_samples)
-    assert cov.extra > 0 and cov.lost > data["layout"].num_samples // 4
+    cov = coverage(real, data["plan"].num_samples)
+    assert cov.extra > 0 and cov.lost > data["plan"].num_samples // 4
     assert cov.errors > 0  # the last, short chunk's requests on rank 1 raise IndexError
 
 

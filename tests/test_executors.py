@@ -12,9 +12,9 @@ from conftest import write_random_spool
 
 from packlab.cli import main
 from packlab.errors import PacklabError
-from packlab.executors import ray_session
 from packlab.packing import pack
-from packlab.pipeline import run_shard_jobs, write_shards
+from packlab.pipeline.executors import ray_session, run_jobs
+from packlab.pipeline.shards import write_shard, write_shards
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -63,4 +63,4 @@ def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) 
 
 def test_an_unknown_executor_is_a_clear_error() -> None:
     with pytest.raises(PacklabError, match="unknown executor 'dask'"):
-        run_shard_jobs([("spool", None, 0, "x", "parquet", False, {})], 2, executor="dask")
+        run_jobs(write_shard, [("spool", None, 0, "x", "parquet", False, {})], 2, executor="dask")

@@ -100,7 +100,7 @@ def test_shards_of_one_assignment_via_first_bin(tmp_path: Path, spool: SpoolRead
     reader = packed_index.Reader(tmp_path / "s1")
     assert reader.num_bins == 3
     assert_reads_like(reader, spool, assignment.select(2, 5))
-    assert packed_index.Writer.needs_spool is True
+    assert packed_index.Writer.NEEDS_SPOOL is True and packed_index.Reader.NEEDS_SPOOL is True
 
 
 def test_writer_needs_the_spool_and_the_assignment(tmp_path: Path, spool: SpoolReader,

@@ -12,17 +12,19 @@ from conftest import write_random_spool
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.convert import bin_digests, convert, convert_shard, markdown_table
-from packlab.dataset import find_shards, open_dataset
+from packlab.discovery import find_shards
 from packlab.errors import PacklabError
-from packlab.formats import format_names, open_shard
+from packlab.formats import format_names, get_format, open_shard
+from packlab.layout.validate import validate_path
 from packlab.materialize import iter_bins
 from packlab.packing import ALGORITHMS, pack
-from packlab.pipeline import needs_spool, validate_path, write_shards
+from packlab.pipeline.shards import write_shards
 
 FORMATS = format_names()
-TARGETS = [name for name in FORMATS if not needs_spool(name)]
+TARGETS = [name for name in FORMATS if not get_format(name).Writer.NEEDS_SPOOL]
 
 
 def digests(reader) -> list[str]:
@@ -115,7 +117,7 @@ def test_directory_conversion_keeps_one_shard_per_input(tmp_path) -> None:
 
 @pytest.mark.skipif(len(TARGETS) == len(FORMATS), reason="every format can be converted into")
 def test_converting_into_a_spool_reference_format_is_refused(source_shards, tmp_path) -> None:
-    by_reference = [name for name in FORMATS if needs_spool(name)][0]
+    by_reference = [name for name in FORMATS if get_format(name).Writer.NEEDS_SPOOL][0]
     with pytest.raises(PacklabError, match="cannot be converted into"):
         convert_shard(source_shards[TARGETS[0]], tmp_path / "x", format=by_reference)
     assert not (tmp_path / "x").exists()

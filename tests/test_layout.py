@@ -30,7 +30,8 @@ from packlab.layout import (
     split_sequences,
     weighted_indices,
 )
-from packlab.pipeline import RECEIPT_SUFFIX, validate_path
+from packlab.layout.validate import validate_path
+from packlab.pipeline.receipts import RECEIPT_SUFFIX
 from packlab.spool import SpoolReader, SpoolWriter
 
 SPLITS = "train=0.8,valid=0.1,test=0.1"

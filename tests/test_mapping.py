@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 from conftest import write_random_spool
 
-from packlab import mapping
+from packlab import mapping, open_dataset
 from packlab.bins import PackedBin, bins_equal
-from packlab.dataset import open_dataset
 from packlab.errors import FormatError
 from packlab.formats import open_shard
 from packlab.mapping import MappedFile, ReadAdvice, load_array, scan
@@ -23,7 +22,7 @@ from packlab.measure.access import data_files, drop_until_cold
 from packlab.measure.latency import _Delivery
 from packlab.measure.pagecache import resident_pages
 from packlab.packing import BinAssignment, pack
-from packlab.pipeline import write_shards
+from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

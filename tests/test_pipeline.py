@@ -9,21 +9,16 @@ import numpy as np
 import pytest
 from conftest import write_random_spool
 
+from packlab import open_dataset
 from packlab.bins import bin_digest
-from packlab.dataset import open_dataset
 from packlab.errors import PacklabError
 from packlab.files import sha256_file
 from packlab.formats import format_names
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
-from packlab.pipeline import (
-    RECEIPT_SUFFIX,
-    shard_bytes,
-    shard_checksum,
-    shard_ranges,
-    validate_path,
-    write_shards,
-)
+from packlab.layout.validate import validate_path
+from packlab.pipeline.receipts import RECEIPT_SUFFIX, shard_bytes, shard_checksum
+from packlab.pipeline.shards import shard_ranges, write_shards
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()
@@ -101,7 +96,7 @@ def test_existing_shards_need_overwrite_and_stale_ones_are_removed(packed, tmp_p
     with pytest.raises(PacklabError, match="already holds shards"):
         write_shards(spool, assignment, out, format=name, bins_per_shard=4)
     few = write_shards(spool, assignment, out, format=name, bins_per_shard=1000, workers=2,
-                       overwrite=True)
+                       existing="overwrite")
     assert len(many) > 1 and len(few) == 1
     left = sorted(p.name for p in out.iterdir())
     assert left == [few[0]["shard"], f"{few[0]['shard']}{RECEIPT_SUFFIX}"]

@@ -18,10 +18,11 @@ from packlab import open_dataset
 from packlab.cli import main
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.layout import build_layout, known_splits
+from packlab.layout.validate import validate_path
+from packlab.measure.queries import measure
 from packlab.packing import pack
-from packlab.pipeline import validate_path, write_shards
+from packlab.pipeline.shards import write_shards
 from packlab.query import connect, execute, query
-from packlab.query.jobs import measure
 from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
 from packlab.query.tamper import RULES, break_bin

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from packlab.cloud.discovery import find_shards, split_shards
+from packlab.cloud.storage import Location, as_arrow_filesystem, filesystem_for, resolve
 from packlab.errors import PacklabError
-from packlab.storage import Location, as_arrow_filesystem, filesystem_for, resolve
+from packlab.formats import get_format
 
 
 def _duckdb() -> Any:
@@ -44,12 +46,9 @@ def connect(filesystem: Any = None, *, con: Any = None) -> Any:
 def parquet_shards(uri: str | Location, *, split: str | None = None,
                    filesystem: Any = None) -> list[Location]:
     """The Parquet shards of a remote prefix, or of a layout's split; other formats refused."""
-    from packlab.cloud.datasets import find_shards
-    from packlab.cloud.layout import split_shards
-
     location = resolve(uri, filesystem)
     shards = split_shards(location, split) if split else find_shards(location)
-    other = [loc for loc, name in shards if name != "parquet"]
+    other = [loc for loc, name in shards if not get_format(name).Reader.SQL_READABLE]
     if other:
         raise PacklabError(f"{other[0]}: not Parquet; SQL reads Parquet shards only")
     return [loc for loc, _ in shards]

@@ -33,15 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, publish, remove, temporary_sibling, verify_files
-from packlab.storage import (
+from packlab.cloud.storage import (
     Location,
     download_file,
     put_object,
     resolve,
     upload_file,
 )
+from packlab.errors import FormatError, PacklabError
+from packlab.files import TMP_MARKER, publish, remove, temporary_sibling, verify_files
 
 MANIFEST = "manifest.json"
 

@@ -1,18 +1,21 @@
-"""Writers whose destination is a URI: Parquet streams there, every other format is staged.
+"""Writers whose destination is a URI: formats that stream go there directly, others are staged.
 
-:func:`open_writer` picks, for ``format`` and ``uri``:
+:func:`remote_writer` picks, by the format contract
+(:class:`~packlab.formats.base.FormatFacts`):
 
-- ``parquet`` (``direct=True``, the default): :class:`packlab.cloud.parquet.Writer`, straight
-  through ``pyarrow.fs`` (no local disk; memory one row group plus an upload part);
-- any format (``parquet`` with ``direct=False``): :class:`UploadingWriter`, the format's own
-  writer on a local staging folder, uploaded when finalized (:func:`upload_shard`: a directory
-  shard's manifest last, a file through a temporary key). Local disk: one shard.
+- a format whose writer ``STREAMS`` (Parquet), with ``direct=True`` (the default): its own
+  writer, given the remote location: the file streams to a temporary key through
+  ``pyarrow.fs`` and a server-side copy publishes it (no local disk; memory one row group
+  plus an upload part; why a temporary key: :mod:`packlab.cloud.storage`);
+- any other format (or ``direct=False``): :class:`UploadingWriter`, the format's own writer on
+  a local staging folder, uploaded when finalized (:func:`upload_shard`: a directory shard's
+  manifest last, a file through a temporary key). Local disk: one shard.
 
-``packed_index`` is the exception: its shard is only an index into a spool, found by the
-relative path recorded at write time, which a staging folder would get wrong. Write it beside
-its spool locally and upload the tree holding both (:func:`packlab.cloud.upload_tree`, or
-:func:`packlab.cloud.upload_layout` for a layout): the relative path then holds on the store,
-and readers download both and check the spool against the shard's record of it.
+A format that ``NEEDS_SPOOL`` is the exception: its shard is only an index into a spool, found
+by the relative path recorded at write time, which a staging folder would get wrong. Write it
+beside its spool locally and upload the tree holding both (:func:`packlab.cloud.upload_tree`,
+or :func:`packlab.cloud.upload_layout` for a layout): the relative path then holds on the
+store, and readers download both and check the spool against the shard's record of it.
 """
 
 from __future__ import annotations
@@ -22,12 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from packlab.cloud.storage import Location, resolve
 from packlab.cloud.transfer import upload_shard
 from packlab.errors import PacklabError
 from packlab.files import remove
 from packlab.formats import get_format
-from packlab.formats import open_writer as open_local_writer
-from packlab.storage import Location, is_remote, resolve
 
 
 class UploadingWriter:
@@ -44,8 +46,8 @@ class UploadingWriter:
                  staging_dir: str | os.PathLike[str] | None = None, overwrite: bool = False,
                  **options: Any) -> None:
         self.location = resolve(uri, filesystem)
-        if format == "packed_index":
-            raise PacklabError(f"{self.location}: a packed_index shard points at its spool by a "
+        if get_format(format).Writer.NEEDS_SPOOL:
+            raise PacklabError(f"{self.location}: a {format} shard points at its spool by a "
                                "relative path: write it beside its spool locally, then upload "
                                "both with packlab.cloud.upload_tree (or upload_layout)")
         self.format = format
@@ -104,20 +106,14 @@ class UploadingWriter:
             self.finalize()
 
 
-def open_writer(format: str, path: str | os.PathLike[str] | Location, *, filesystem: Any = None,
-                direct: bool | None = None, **options: Any) -> Any:
-    """A writer of ``format`` at ``path``: local paths as :func:`packlab.formats.open_writer`;
-    URIs (or a ``filesystem``) as described in the module docstring."""
-    if filesystem is None and not is_remote(path):
-        if direct:
-            raise PacklabError(f"{path}: direct= applies to object storage only")
-        return open_local_writer(format, path, **options)
-    get_format(format)  # an unknown name is its own error
-    if format == "parquet" and direct in (None, True):
-        from packlab.cloud.parquet import Writer
-
-        return Writer(path, filesystem=filesystem, **options)
+def remote_writer(format: str, path: str | os.PathLike[str] | Location, *,
+                  filesystem: Any = None, direct: bool | None = None, **options: Any) -> Any:
+    """A writer of ``format`` at the URI ``path`` (or a path in ``filesystem``), as described in
+    the module docstring."""
+    writer = get_format(format).Writer  # an unknown name is its own error
+    if writer.STREAMS and direct in (None, True):
+        return writer(resolve(path, filesystem), **options)
     if direct:
-        raise PacklabError(f"{path}: only parquet is written directly to object storage; "
-                           f"{format} is written locally and uploaded (direct=False)")
+        raise PacklabError(f"{path}: {format} is written locally and uploaded (direct=False); "
+                           "only formats that stream are written to object storage directly")
     return UploadingWriter(format, path, filesystem=filesystem, **options)

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
 def run_flat(args: argparse.Namespace) -> int:
     from packlab.packing import pack
-    from packlab.pipeline import write_shards
+    from packlab.pipeline.shards import write_shards
     from packlab.spool import SpoolReader
 
     spool = SpoolReader(args.spool[0])
@@ -77,7 +77,8 @@ def run_flat(args: argparse.Namespace) -> int:
                               seed=args.seed, overlong=args.overlong)
     receipts = write_shards(spool, assignment, args.out, format=args.format,
                             bins_per_shard=args.bins_per_shard, workers=args.workers,
-                            overwrite=args.overwrite, executor=args.executor,
+                            existing="overwrite" if args.overwrite else "refuse",
+                            executor=args.executor,
                             address=args.ray_address)
     plan = report.to_dict()
     written = {

@@ -22,7 +22,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.pipeline import validate_path
+    from packlab.layout.validate import validate_path
 
     result = validate_path(args.path)
     if args.json:

@@ -1,12 +1,30 @@
 """The shard formats: one module each, a writer and a reader, registered here.
 
 Each module under ``packlab/formats/`` defines ``FORMAT`` (its name), ``Writer`` (a
-:class:`~packlab.formats.base.ShardWriter`), ``Reader`` (a
-:class:`~packlab.formats.base.ShardReader`), ``SUFFIX`` (what a shard's name ends with: a
-file extension, or ``""`` for a directory shard) and ``detect(path) -> bool``.
+:class:`~packlab.formats.base.ShardWriter`) and ``Reader`` (a
+:class:`~packlab.formats.base.ShardReader`). What the format *is* lives on those two classes,
+as the attributes of :class:`~packlab.formats.base.FormatFacts` they share (``SUFFIX``,
+``MANIFEST``, ``MANIFEST_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``ZERO_COPY``,
+``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``detect``); everything else in packlab reads them
+through this registry and never tests a format's name.
 
-Registering a format is one line in ``_MODULES``. Modules are imported on first use, so
-``import packlab`` stays cheap.
+Adding a format (the whole checklist):
+
+1. ``packlab/formats/<name>.py``: a docstring that shows the layout on disk field by field with
+   a literal example (manifest or footer); a magic/version in the header or manifest; a
+   ``<Name>Facts(FormatFacts)`` class with ``FORMAT``, ``SUFFIX``, ``detect`` and whichever
+   facts hold; ``Writer(<Name>Facts, ShardWriter)`` implementing ``_open``, ``_write``,
+   ``_close`` (manifest or footer last; the base class checks invariants and order, works
+   under a temporary name and publishes with one rename); ``Reader(<Name>Facts,
+   ShardReader)`` implementing ``read_bin`` and ``validate`` (every error a
+   :class:`~packlab.errors.FormatError` naming the file and bin), lazy and picklable.
+2. One line in ``_MODULES`` below.
+3. Nothing else: ``tests/test_format_contract.py`` runs the contract over every registered
+   format (round trip, killed writer, flat writer memory, order refusal, forked worker, lazy
+   pickling, arrays valid after close, truncation caught), and ``packlab pack``, ``convert``,
+   ``validate``, object storage, the benchmarks and the notebooks pick the format up from here.
+
+Modules are imported on first use, so ``import packlab`` stays cheap.
 """
 
 from __future__ import annotations
@@ -48,50 +66,52 @@ def _load(name: str, *, required: bool = True) -> ModuleType | None:
 
 
 def get_format(name: str) -> ModuleType:
-    """The module of format ``name`` (``FORMAT``, ``Writer``, ``Reader``, ``SUFFIX``, ``detect``)."""
+    """The module of format ``name`` (``FORMAT``, ``Writer``, ``Reader``, ``SUFFIX``)."""
     module = _load(name)
     assert module is not None
     return module
 
 
-def is_remote_path(path: Any) -> bool:
-    """A URI other than file:// (or a packlab.storage.Location): handled by packlab.cloud."""
-    if getattr(path, "is_remote", False):
-        return True
-    return isinstance(path, str) and "://" in path and not path.startswith("file://")
+def formats_where(fact: str) -> list[str]:
+    """The formats for which a :class:`~packlab.formats.base.FormatFacts` attribute is true."""
+    return [n for n in format_names() if getattr(get_format(n).Reader, fact)]
+
+
+def suffix_formats() -> dict[str, str]:
+    """File suffix -> format, for the one-file formats (how a remote object is recognised)."""
+    return {get_format(n).Reader.SUFFIX: n for n in format_names() if get_format(n).Reader.SUFFIX}
+
+
+def manifest_formats() -> dict[str, str]:
+    """A directory shard manifest's ``format`` value -> format name."""
+    return {get_format(n).Reader.MANIFEST_FORMAT: n for n in format_names()
+            if get_format(n).Reader.MANIFEST_FORMAT}
+
+
+def directory_shard_files() -> set[str]:
+    """Names of the files inside directory shards (never shards themselves)."""
+    return {f for n in format_names() for f in get_format(n).Reader.shard_files()}
 
 
 def detect_format(path: str | os.PathLike[str]) -> str:
-    """The name of the format of the shard at ``path``; a clear error if none claims it."""
-    if is_remote_path(path):
-        from packlab.cloud import find_shards
-
-        return find_shards(path)[0][1]
+    """The name of the format of the local shard at ``path``; a clear error if none claims it."""
     p = Path(path)
     if not p.exists():
         raise FormatError(f"{p}: no such file or directory")
     for name in format_names():
-        if get_format(name).detect(p):
+        if get_format(name).Reader.detect(p):
             return name
     raise FormatError(f"{p}: not a shard of any known format ({', '.join(format_names())})")
 
 
 def open_shard(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> Any:
-    """A reader for the shard at ``path`` (format detected unless given); a URI
-    (``s3://...``) goes through :func:`packlab.cloud.open_shard`."""
-    if is_remote_path(path):
-        from packlab.cloud import open_shard as open_remote_shard
-
-        return open_remote_shard(path, format, **options)
+    """A reader for the local shard at ``path`` (format detected unless given). URIs:
+    :func:`packlab.open_shard`."""
     name = format or detect_format(path)
     return get_format(name).Reader(path, **options)
 
 
 def open_writer(format: str, path: str | os.PathLike[str], **options: Any) -> Any:
-    """A writer of format ``format`` at ``path`` (keyword options as the format takes them);
-    a URI (``s3://...``) goes through :func:`packlab.cloud.open_writer`."""
-    if is_remote_path(path):
-        from packlab.cloud import open_writer as open_remote_writer
-
-        return open_remote_writer(format, path, **options)
+    """A writer of format ``format`` at the local ``path`` (keyword options as the format takes
+    them). URIs: :func:`packlab.open_writer`."""
     return get_format(format).Writer(path, **options)

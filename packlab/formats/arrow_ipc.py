@@ -58,7 +58,7 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import ShardReader, ShardWriter, index_list, starts_with
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list, starts_with
 from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise, sequential
 
 FORMAT = "arrow_ipc"
@@ -89,6 +89,17 @@ def detect(path: Path) -> bool:
     return starts_with(path, _MAGIC)
 
 
+
+
+class ArrowIpcFacts(FormatFacts):
+    """What ``arrow_ipc`` is: one Arrow IPC file, memory-mapped."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    ZERO_COPY = True
+    detect = staticmethod(detect)
+
+
 def normalize_codec(compression: str | None) -> str:
     codec = "none" if compression in (None, "uncompressed") else str(compression).lower()
     if codec == "lz4_frame":
@@ -98,13 +109,11 @@ def normalize_codec(compression: str | None) -> str:
     return codec
 
 
-class Writer(ShardWriter):
+class Writer(ArrowIpcFacts, ShardWriter):
     """Streaming Arrow IPC file writer; memory bounded by one record batch.
 
     Keyword options: ``batch_size`` (bins per record batch), ``compression`` (none, lz4, zstd).
     """
-
-    FORMAT = FORMAT
 
     def __init__(
         self,
@@ -196,7 +205,7 @@ class Writer(ShardWriter):
                     pass
 
 
-class Reader(ShardReader):
+class Reader(ArrowIpcFacts, ShardReader):
     """Memory-mapped Arrow IPC reader; bins are zero-copy numpy views (read-only).
 
     Options: ``pack_size`` (for files without packlab metadata; otherwise must agree),
@@ -204,8 +213,6 @@ class Reader(ShardReader):
     ``verify_checksums`` (check each batch's CRC when it is first decoded; default: when
     the file is compressed. Zero-copy reads are proven by :meth:`validate` instead).
     """
-
-    FORMAT = FORMAT
 
     def __init__(
         self,

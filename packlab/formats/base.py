@@ -9,6 +9,11 @@ appears under the final name.
 A reader opens lazily (cheap to construct and to pickle, so a DataLoader worker reopens it),
 returns bins whose arrays stay valid after the reader is closed or collected, and can
 ``validate`` a shard whole (sizes, checksums, every invariant).
+
+What a format *is* (a directory or a file, its manifest, whether it needs its spool, loads
+everything, returns views, pads) is :class:`FormatFacts`: class attributes that the writer
+and reader of a format share, and that every consumer (pipeline, dataset discovery, object
+storage, measurement) reads instead of testing format names.
 """
 
 from __future__ import annotations
@@ -22,11 +27,82 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from packlab import __version__
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, remove, temporary_sibling
+from packlab.files import fsync_path, publish, remove, temporary_sibling
 from packlab.invariants import check_bin
+from packlab.version import __version__
+
+
+def is_remote(path: Any) -> bool:
+    """A place on object storage (``packlab.cloud.storage.Location``: it says ``is_remote``);
+    a shard there is written and read through the location's own methods, never ``open``."""
+    return bool(getattr(path, "is_remote", False))
+
+
+def close_stream(stream: Any, where: object) -> None:
+    """Close an output stream to object storage (which completes its upload); a failure is one
+    line naming ``where``."""
+    try:
+        stream.close()
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError or ArrowException
+        raise PacklabError(f"{where}: upload failed: {str(exc).splitlines()[0][:300]}") from None
+
+
+class FormatFacts:
+    """The format contract: what a format is, as class attributes its Writer and Reader share.
+
+    Each format module declares them once, on a small class both its ``Writer`` and its
+    ``Reader`` inherit (``class Writer(MemmapFacts, ShardWriter)``). Consumers read them from
+    the registry (``get_format(name).Reader.NEEDS_SPOOL``); no code outside ``formats/``
+    decides anything by a format's name.
+    """
+
+    #: the registry name (``packlab pack --format``)
+    FORMAT: ClassVar[str]
+    #: what a one-file shard's name ends with (``".parquet"``); ``""``: a directory shard
+    SUFFIX: ClassVar[str] = ""
+    #: a directory shard's manifest, written last (its commit point); None for one-file shards
+    MANIFEST: ClassVar[str | None] = None
+    #: the manifest's ``"format"`` value that names this format (how object storage knows a
+    #: directory shard without downloading it)
+    MANIFEST_FORMAT: ClassVar[str | None] = None
+    #: the other files of a directory shard (an upload holding them but no manifest is unfinished)
+    FILES: ClassVar[tuple[str, ...]] = ()
+    #: stores a reference to its spool instead of tokens: the writer takes ``spool=`` and
+    #: ``assignment=`` and offers ``write_assignment()``; the reader takes ``spool=`` and says
+    #: where the shard expects it (:meth:`ShardReader.spool_reference`)
+    NEEDS_SPOOL: ClassVar[bool] = False
+    #: the reader loads every bin when it opens (no cold read; memory grows with the shard)
+    IN_RAM: ClassVar[bool] = False
+    #: bins are views of memory-mapped files (no decode): the reads held to the memcpy floor
+    ZERO_COPY: ClassVar[bool] = False
+    #: every bin occupies ``pack_size`` positions on disk (padding is part of its size)
+    PADDED: ClassVar[bool] = False
+    #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can
+    #: stream straight to object storage (a temporary key, published by a server-side copy)
+    STREAMS: ClassVar[bool] = False
+    #: the reader reads a remote file in place with ranged requests (else it is downloaded
+    #: into a verified local cache first)
+    READS_IN_PLACE: ClassVar[bool] = False
+    #: a shard is one Parquet file that SQL engines scan as it is (DuckDB ``read_parquet``,
+    #: polars ``scan_parquet``), so ``packlab query`` reads it
+    SQL_READABLE: ClassVar[bool] = False
+
+    @classmethod
+    def is_directory(cls) -> bool:
+        return not cls.SUFFIX
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        """Whether ``path`` is (or looks like: let the reader explain what is wrong) a shard of
+        this format; cheap, never raises."""
+        raise NotImplementedError(f"{cls.__name__}.detect")
+
+    @classmethod
+    def shard_files(cls) -> tuple[str, ...]:
+        """Every file name inside a directory shard, its manifest included."""
+        return (*cls.FILES, *((cls.MANIFEST,) if cls.MANIFEST else ()))
 
 
 def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
@@ -67,10 +143,12 @@ def read_directory_manifest(shard: Path, name: str, *, kind: str,
     return manifest
 
 
-class ShardWriter(ABC):
-    """Streaming writer of one shard. Subclasses implement ``_open``, ``_write``, ``_close``."""
+class ShardWriter(FormatFacts, ABC):
+    """Streaming writer of one shard. Subclasses implement ``_open``, ``_write``, ``_close``.
 
-    FORMAT: ClassVar[str]
+    ``path`` is a local path, or (for formats that ``STREAMS``) a remote location: the file is
+    streamed to a temporary key there and published by the location (see ``packlab.cloud``).
+    """
 
     def __init__(
         self,
@@ -92,6 +170,7 @@ class ShardWriter(ABC):
         self.check = check
         if self._target_exists() and not overwrite:
             raise PacklabError(f"{self.path}: already exists (pass overwrite=True to replace it)")
+        self._stream: Any = None  # a streaming writer's output to object storage
         self.tmp_path = self._make_temporary()
         self.bins_written = 0
         self.tokens_written = 0
@@ -176,22 +255,64 @@ class ShardWriter(ABC):
             "metadata": self.metadata,
         }
 
-    # -- where the shard goes (a writer to object storage overrides these, see packlab.cloud) --
+    # -- where the shard goes: a local path, or a remote location for formats that STREAMS ----
     def _target(self, path: str | os.PathLike[str]) -> Path:
+        if is_remote(path):
+            if not self.STREAMS:
+                raise PacklabError(f"{path}: a {self.FORMAT} shard is written locally and uploaded "
+                                   "(only formats that stream go to object storage directly)")
+            return path  # type: ignore[return-value]
         return Path(path)
 
     def _target_exists(self) -> bool:
+        if is_remote(self.path):
+            return bool(self.path.exists())
         return self.path.exists() or self.path.is_symlink()
 
     def _make_temporary(self) -> Path:
+        if is_remote(self.path):
+            return self.path.temporary()  # type: ignore[no-any-return]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return temporary_sibling(self.path)
 
+    def _sink(self) -> Any:
+        """Where a streaming format writes its one file: the local temporary's name, or an
+        output stream to the remote temporary key (closed by :meth:`_finish_file`)."""
+        if is_remote(self.tmp_path):
+            self._stream = self.tmp_path.open_output()
+            return self._stream
+        return str(self.tmp_path)
+
+    def _finish_file(self) -> int:
+        """Make the written temporary durable (fsync, or complete the upload); its bytes."""
+        if not is_remote(self.tmp_path):
+            fsync_path(self.tmp_path)
+            return self.tmp_path.stat().st_size
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            close_stream(stream, self.path)
+        return int(self.tmp_path.size())
+
     def _publish(self) -> None:
-        publish(self.tmp_path, self.path, overwrite=self.overwrite)
+        if is_remote(self.path):
+            self.path.publish_from(self.tmp_path, overwrite=self.overwrite)
+        else:
+            publish(self.tmp_path, self.path, overwrite=self.overwrite)
 
     def _remove_temporary(self) -> None:
-        remove(self.tmp_path)
+        if not is_remote(getattr(self, "tmp_path", None)):
+            remove(self.tmp_path)
+            return
+        stream, self._stream = getattr(self, "_stream", None), None
+        if stream is not None:  # pyarrow cannot abort an upload: close it, then delete it
+            try:
+                stream.close()
+            except Exception:  # noqa: BLE001 - the shard is being abandoned anyway
+                pass
+        try:
+            self.tmp_path.delete()
+        except PacklabError:
+            pass
 
     # -- for subclasses -----------------------------------------------------------------------
     @abstractmethod
@@ -210,20 +331,18 @@ class ShardWriter(ABC):
         """Release open handles before the temporary is removed (override when needed)."""
 
 
-class ShardReader(ABC):
+class ShardReader(FormatFacts, ABC):
     """Lazy, picklable reader of one shard.
 
     Construction reads only the manifest/footer/header. ``read_bin`` returns arrays that stay
     valid after the reader is closed or collected (copies, or views that keep their buffer).
     """
 
-    FORMAT: ClassVar[str]
-
     def __init__(self, path: str | os.PathLike[str]) -> None:
         # A remote location (packlab.storage.Location: ``is_remote``) is kept as it is, so
         # messages name its URI; its reader opens it through its filesystem.
-        self.path = path if getattr(path, "is_remote", False) else Path(path)  # type: ignore[assignment]
-        if not (getattr(path, "is_remote", False) or self.path.exists()
+        self.path = path if is_remote(path) else Path(path)  # type: ignore[assignment]
+        if not (is_remote(path) or self.path.exists()
                 or str(path).startswith(("s3://", "gs://", "file://"))):
             raise FormatError(f"{self.path}: no such file or directory")
         self.pack_size: int = 0
@@ -272,6 +391,12 @@ class ShardReader(ABC):
         Returns a summary (``format``, ``num_bins``, ``num_tokens``, ...); raises
         :class:`packlab.errors.FormatError` or :class:`packlab.errors.InvariantError`.
         """
+
+    @classmethod
+    def spool_reference(cls, shard: Path) -> dict[str, str]:
+        """A shard of a format that ``NEEDS_SPOOL``: its record of where its spool is,
+        ``relative`` (to the shard) and ``path`` (absolute, when written)."""
+        raise FormatError(f"{shard}: a {cls.FORMAT} shard references no spool")
 
     def bytes_on_disk(self) -> int:
         """All bytes this shard occupies (every file of a directory shard)."""

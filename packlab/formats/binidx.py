@@ -41,7 +41,7 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,6 +49,7 @@ from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, file_entry, verify_files
 from packlab.formats.base import (
+    FormatFacts,
     ShardReader,
     ShardWriter,
     index_list,
@@ -107,6 +108,20 @@ def detect(path: Path) -> bool:
     return path.is_dir() and starts_with(path / INDEX, _IdxHeader.MAGIC)
 
 
+
+
+class BinidxFacts(FormatFacts):
+    """What ``binidx`` is: a Megatron bin/idx shard with sidecars (RFC Option C)."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    MANIFEST = MANIFEST
+    MANIFEST_FORMAT = FORMAT
+    FILES = (DATA, INDEX, LOSS, SEQS)
+    ZERO_COPY = True
+    detect = staticmethod(detect)
+
+
 def megatron_prefix(path: str | os.PathLike[str]) -> str:
     """The ``path_prefix`` megatron-core's ``IndexedDataset`` takes for this shard."""
     return str(Path(path) / PREFIX)
@@ -157,14 +172,12 @@ class ScratchArray:
         self.path.unlink(missing_ok=True)
 
 
-class Writer(ShardWriter):
+class Writer(BinidxFacts, ShardWriter):
     """Streams tokens and loss masks to disk; the index and sidecars are assembled at finalize.
 
     Extra keywords: ``dtype`` (``"auto"``, ``"uint16"``, ``"int32"``) and ``vocab_size`` (for
     ``auto``; also read from ``metadata["vocab_size"]`` when not given).
     """
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(
         self,
@@ -310,15 +323,13 @@ def _starts_offset(num_bins: int) -> int:
     return _SeqHeader.SIZE + 8 * (num_bins + 1)
 
 
-class Reader(ShardReader):
+class Reader(BinidxFacts, ShardReader):
     """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1).
 
     On first read (in each process) the data files are mapped for random access and the index
     (where each bin's tokens and starts are) is read into RAM and checked, so a cold read
     waits for the bin's own bytes only (see :mod:`packlab.mapping`).
     """
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError
 from packlab.files import fsync_file
-from packlab.formats.base import ShardReader, ShardWriter
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
 from packlab.invariants import check_bin
 from packlab.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
 
@@ -45,10 +45,19 @@ def detect(path: Path) -> bool:
     return path.is_file() and (path.suffix == SUFFIX or npy_is_pickled(path))
 
 
-class Writer(ShardWriter):
-    """Accumulates every bin as Python lists, pickles them all at finalize (as Nemotron does)."""
 
-    FORMAT: ClassVar[str] = FORMAT
+
+class LegacyFacts(FormatFacts):
+    """What ``legacy_npy_pickle`` is: today's pickled .npy (loaded whole)."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    IN_RAM = True
+    detect = staticmethod(detect)
+
+
+class Writer(LegacyFacts, ShardWriter):
+    """Accumulates every bin as Python lists, pickles them all at finalize (as Nemotron does)."""
 
     def _open(self) -> None:
         self.packed_data: list[dict[str, list[int]]] = []
@@ -91,10 +100,8 @@ def _as_array(value: Any, key: str, where: str) -> np.ndarray:
     return arr.astype(dtype)  # always a copy: the caller may write into it, the cache stays
 
 
-class Reader(ShardReader):
+class Reader(LegacyFacts, ShardReader):
     """Loads the whole pickled file on first access, safely; bins come back as numpy arrays."""
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(self, path: str | os.PathLike[str], *, pack_size: int | None = None) -> None:
         super().__init__(path)

@@ -32,7 +32,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from numpy.lib import format as npy_format
@@ -40,7 +40,13 @@ from numpy.lib import format as npy_format
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter, index_list, read_directory_manifest
+from packlab.formats.base import (
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    index_list,
+    read_directory_manifest,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
 from packlab.safe_pickle import read_npy_header
@@ -73,6 +79,21 @@ def detect(path: Path) -> bool:
         return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
     except (OSError, ValueError):
         return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
+
+
+
+
+class MemmapFacts(FormatFacts):
+    """What ``memmap_v1`` is: a padded memmap shard (RFC Option A)."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    MANIFEST = MANIFEST
+    MANIFEST_FORMAT = MANIFEST_FORMAT
+    FILES = tuple(FILES.values())
+    ZERO_COPY = True
+    PADDED = True
+    detect = staticmethod(detect)
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
@@ -130,10 +151,8 @@ class NpyStream:
         self.file.discard()
 
 
-class Writer(ShardWriter):
+class Writer(MemmapFacts, ShardWriter):
     """Streams padded rows into the five ``.npy`` files; memory is one bin of scratch."""
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def _open(self) -> None:
         self.tmp_path.mkdir()
@@ -248,7 +267,7 @@ class _Mapped(NamedTuple):
     advice: ReadAdvice  # when to advise input_ids.npy before a read
 
 
-class Reader(ShardReader):
+class Reader(MemmapFacts, ShardReader):
     """Lazy, picklable reader; O(1) access to any bin through the memory maps.
 
     Bins are read-only views of the maps (valid after the reader is closed: each keeps its
@@ -256,8 +275,6 @@ class Reader(ShardReader):
     and checked on first use, so a cold read waits for the bin's bytes only; see
     :mod:`packlab.mapping` for how those are fetched.
     """
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)

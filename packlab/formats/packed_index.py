@@ -26,7 +26,7 @@ absolute one (or where ``Reader(path, spool=...)`` says), and accepts it only if
 still matches what the shard recorded; ``validate`` also re-hashes the spool files. A changed
 or missing spool is a :class:`~packlab.errors.FormatError`, never silently different bins.
 
-The writer needs the spool and the assignment (``needs_spool = True`` tells the pipeline):
+The writer needs the spool and the assignment (``NEEDS_SPOOL`` tells the pipeline):
 ``Writer(path, *, pack_size, spool=..., assignment=..., first_bin=0)``. Bins passed through
 ``write_bin`` are compared with the bins gathered from the spool (``verify=True``; with
 ``verify=False`` only their lengths and starts), so what the reader returns is what was written.
@@ -39,14 +39,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry, sha256_file, verify_files
-from packlab.formats.base import ShardReader, ShardWriter, index_list, read_directory_manifest
+from packlab.formats.base import (
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    index_list,
+    read_directory_manifest,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
@@ -68,6 +74,20 @@ _new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot
 def detect(path: Path) -> bool:
     """A directory holding the two index files (its reader explains anything missing)."""
     return path.is_dir() and (path / OFFSETS).is_file() and (path / INDICES).is_file()
+
+
+
+
+class PackedIndexFacts(FormatFacts):
+    """What ``packed_index`` is: a bin assignment over a spool (no token copy)."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    MANIFEST = MANIFEST
+    MANIFEST_FORMAT = FORMAT
+    FILES = (OFFSETS, INDICES)
+    NEEDS_SPOOL = True
+    detect = staticmethod(detect)
 
 
 def spool_identity(spool: SpoolReader) -> dict[str, Any]:
@@ -95,11 +115,8 @@ def _as_assignment(assignment: BinAssignment | str | os.PathLike[str] | None,
     return assignment if isinstance(assignment, BinAssignment) else BinAssignment.load(assignment)
 
 
-class Writer(ShardWriter):
+class Writer(PackedIndexFacts, ShardWriter):
     """Writes the assignment and the spool reference; tokens stay in the spool."""
-
-    FORMAT: ClassVar[str] = FORMAT
-    needs_spool: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -210,10 +227,8 @@ def write_packed_index(
     return writer.finalize()
 
 
-class Reader(ShardReader):
+class Reader(PackedIndexFacts, ShardReader):
     """Gathers bins from the referenced spool; opening reads the manifests, not the index."""
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(self, path: str | os.PathLike[str], *,
                  spool: str | os.PathLike[str] | None = None) -> None:
@@ -231,6 +246,11 @@ class Reader(ShardReader):
         self._spool: SpoolReader | None = None
         self._materializer: BinMaterializer | None = None
         self._gather: _Gather | None = None
+
+    @classmethod
+    def spool_reference(cls, shard: Path) -> dict[str, str]:
+        spool = read_manifest(Path(shard))["spool"]
+        return {"relative": spool["relative"], "path": spool["path"]}
 
     def _handles(self) -> tuple[str, ...]:
         return ("_assignment", "_spool", "_materializer", "_gather")

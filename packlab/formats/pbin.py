@@ -46,14 +46,14 @@ import pickle
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, ClassVar, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import publish, remove, temporary_sibling
-from packlab.formats.base import ShardReader, ShardWriter, index_list
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list
 from packlab.formats.binidx import ScratchArray
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
@@ -97,6 +97,17 @@ def detect(path: Path) -> bool:
             return f.read() == TRAILER_MAGIC
     except OSError:
         return False
+
+
+
+
+class PbinFacts(FormatFacts):
+    """What ``pbin`` is: a Modalities packed data file with packlab's trailer."""
+
+    FORMAT = FORMAT
+    SUFFIX = SUFFIX
+    ZERO_COPY = True
+    detect = staticmethod(detect)
 
 
 def token_width_for(vocab_size: int | None) -> int:
@@ -320,14 +331,12 @@ class _Output:
             self.file.close()
 
 
-class Writer(ShardWriter):
+class Writer(PbinFacts, ShardWriter):
     """One Modalities document per bin, plus packlab's trailer (loss mask, starts, footer).
 
     Extra keywords: ``token_width`` (1, 2, 4 or ``"auto"``) and ``vocab_size`` (for ``auto``;
     also read from ``metadata["vocab_size"]``; unknown means 4 bytes).
     """
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(
         self,
@@ -481,7 +490,7 @@ class _Mapped(NamedTuple):
     file: MappedFile
 
 
-class Reader(ShardReader):
+class Reader(PbinFacts, ShardReader):
     """Bins of a packlab pbin from its trailer (views, valid after close).
 
     On first read (in each process) the file is mapped for random access and the trailer's
@@ -491,8 +500,6 @@ class Reader(ShardReader):
     A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
     """
-
-    FORMAT: ClassVar[str] = FORMAT
 
     def __init__(self, path: str | os.PathLike[str], *, lossy: bool = False,
                  pack_size: int | None = None) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_versioned_json, read_versioned_json
 
@@ -64,6 +65,11 @@ def check_blend(blend: dict[str, Any], where: object) -> dict[str, Any]:
     if not isinstance(blend.get("splits"), dict):
         raise FormatError(f"{where}: no 'splits' object")
     return blend
+
+
+def blend_format(blend: dict[str, Any]) -> str | None:
+    """The format every shard of a blend has, when it says (None: find out per shard)."""
+    return blend.get("format") or blend.get("packing", {}).get("format")
 
 
 def is_layout(root: str | os.PathLike[str]) -> bool:
@@ -113,8 +119,6 @@ def split_source(root: str | os.PathLike[str], split: str) -> Path | list[Path]:
 def layout_shards(root: str | os.PathLike[str]) -> dict[str, list[tuple[str, Path]]]:
     """Every split's shards as ``(name, path)``: link names under ``splits/<split>/`` (or the
     blend's ``links`` without the folder), sorted as :func:`packlab.open_dataset` reads them."""
-    from packlab.dataset import find_shards
-
     p = Path(root)
     blend = read_blend(p)
     out: dict[str, list[tuple[str, Path]]] = {}

@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 
-from packlab import __version__
 from packlab.errors import PacklabError
 from packlab.files import json_default, publish, temporary_sibling
 from packlab.formats import get_format
@@ -48,8 +47,10 @@ from packlab.layout.blend import (
 from packlab.layout.hashes import short_hash, spool_identity
 from packlab.layout.splits import parse_fractions, parse_weights, split_sequences
 from packlab.packing import DEFAULT_ALGORITHM, BinAssignment, pack
-from packlab.pipeline import RECEIPT_SUFFIX, ShardPlan, finish_resume, plan_resume
+from packlab.pipeline.receipts import RECEIPT_SUFFIX
+from packlab.pipeline.shards import ShardPlan, plan_shards, write_planned
 from packlab.spool import SpoolReader
+from packlab.version import __version__
 
 CONFIG_FILE = "config.json"
 SPLIT_RULE = "seeded 64-bit content hash of tokens, mask and positions"
@@ -131,10 +132,11 @@ def build_layout(
             assignment, report = _pack_part(reader, indices, packing, f"{label}/{split}")
             part["plan"] = report.to_dict()
             _write_config(part["dir"], {**config, "config_hash": config_hash})
-            plans.append(plan_resume(reader, assignment, part["dir"], format=format,
-                                     bins_per_shard=bins_per_shard, reuse=reuse, verify=verify,
+            plans.append(plan_shards(reader, assignment, part["dir"], format=format,
+                                     bins_per_shard=bins_per_shard,
+                                     existing="reuse" if reuse else "overwrite", verify=verify,
                                      **packing["format_options"]))
-    receipts = iter(finish_resume(plans, workers, desc=f"write {format}", executor=executor,
+    receipts = iter(write_planned(plans, workers, desc=f"write {format}", executor=executor,
                                   address=address))
     for part in parts:
         part["receipts"] = next(receipts) if part["plan"] is not None else []

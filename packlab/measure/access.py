@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.dataset import PackedDataset, item_from_bin, open_dataset
+from packlab.dataset import PackedDataset, item_from_bin
 from packlab.errors import PacklabError
 from packlab.measure.claims import human_bytes, times
 from packlab.measure.claims import verdict as claim_verdict
@@ -40,6 +40,7 @@ from packlab.measure.latency import CACHES, _read_all, percentiles
 from packlab.measure.pagecache import drop_shard, resident_pages, shard_files
 from packlab.results import finding
 from packlab.samplers import BlockShuffleSampler, ShuffleSampler, dataset_blocks
+from packlab.sources import open_dataset
 
 SAMPLERS = ("shuffle", "block")
 # Readers that load every bin at open: once open, nothing is read from disk, so no cold read.

@@ -61,7 +61,7 @@ def _uses_arrow(module: ModuleType) -> bool:
 def open_items(path: str, via: str) -> Any:
     """A reader (``read_bin``) or a dataset (``ds[i]``) over ``path``."""
     if via == "dataset":
-        from packlab import open_dataset
+        from packlab.sources import open_dataset
 
         return open_dataset(path)
     from packlab.formats import open_shard
@@ -117,7 +117,7 @@ def write_shard(
     materializer = BinMaterializer(reader, plan)
     spool_files = shard_files(spool)
     options = dict(options or {})
-    if getattr(get_format(format).Writer, "needs_spool", False):  # packed_index: a reference
+    if get_format(format).Writer.NEEDS_SPOOL:  # a reference to the spool, no tokens
         options.setdefault("spool", spool)
         options.setdefault("assignment", assignment)
     yield "prepare"

@@ -13,7 +13,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from packlab.discovery import find_shards
 from packlab.errors import FormatError
+from packlab.formats import detect_format, formats_where, get_format
+from packlab.layout.blend import (
+    LINK_SEPARATOR,
+    is_layout,
+    layout_shards,
+    read_blend,
+    split_source,
+)
 
 PathLike = str | os.PathLike[str]
 
@@ -35,23 +44,15 @@ class Shard:
 def resolve_sources(data: PathLike | Sequence[PathLike], *, split: str | None = None
                     ) -> list[Shard]:
     """The Parquet shards under ``data``, in the order :func:`packlab.open_dataset` reads them."""
-    from packlab.layout.blend import is_layout
-
     if not isinstance(data, list | tuple) and is_layout(data):
         return _layout_sources(Path(data), split)
     if split is not None:
-        from packlab.layout.blend import split_source
-
         split_source(data if not isinstance(data, list | tuple) else data[0], split)  # raises
-    from packlab.dataset import find_shards
-
     found = find_shards(data)
     return [_shard(None, None, p.name, p, name) for p, name in found]
 
 
 def _layout_sources(root: Path, split: str | None) -> list[Shard]:
-    from packlab.layout.blend import LINK_SEPARATOR, layout_shards, read_blend, split_source
-
     if split is not None:
         split_source(root, split)  # an unknown or empty split is a clear error
     blend = read_blend(root) or {}
@@ -71,14 +72,12 @@ def _layout_sources(root: Path, split: str | None) -> list[Shard]:
 
 def _shard(split: str | None, dataset: str | None, name: str, path: Path, fmt: str | None
            ) -> Shard:
-    from packlab.formats import detect_format
-    from packlab.formats.parquet import Reader
-
     fmt = fmt or detect_format(path)
-    if fmt != "parquet":
+    reader_class = get_format(fmt).Reader
+    if not reader_class.SQL_READABLE:
         raise FormatError(f"{path}: a {fmt} shard; SQL reads Parquet shards (convert first: "
-                          f"packlab convert SRC DST --format parquet)")
-    reader = Reader(path)
+                          f"packlab convert SRC DST --format {formats_where('SQL_READABLE')[0]})")
+    reader = reader_class(path)
     try:
         return Shard(split, dataset, name, str(path), int(reader.pack_size),
                      int(reader.num_bins), int(reader.num_tokens))

@@ -3,9 +3,9 @@
 Each data-parallel rank reads only its own chunk files (``chunk % world_size == rank``) while
 a producer is still writing them, and every sample is served exactly once per epoch:
 
-- :mod:`~packlab.sharded.layout`: the chunk layout producer and consumers agree on first;
+- :mod:`~packlab.sharded.plan`: the chunk plan producer and consumers agree on first;
 - :mod:`~packlab.sharded.chunks`: JSONL / packed Parquet chunk files, atomic, awaited, checked;
-- :mod:`~packlab.sharded.producer`: publishes the layout, then chunks; deletes consumed ones;
+- :mod:`~packlab.sharded.producer`: publishes the plan, then chunks; deletes consumed ones;
 - :mod:`~packlab.sharded.dataset`: the rank-aware map-style dataset and completion markers;
 - :mod:`~packlab.sharded.sampler`: the rank-local index space and its sampler (the fix);
 - :mod:`~packlab.sharded.seed_design`: seed 003's dataset as written, to measure it;
@@ -23,12 +23,12 @@ from packlab.sharded.dataset import (
     collate_ids,
     data_parallel_info,
 )
-from packlab.sharded.layout import ChunkLayout, read_layout, write_layout
+from packlab.sharded.plan import ChunkPlan, read_plan, write_plan
 from packlab.sharded.producer import ChunkProducer, spool_source
 from packlab.sharded.sampler import RankLocalIndex, RankLocalSampler, steps_per_epoch
 
 __all__ = [
-    "ChunkLayout",
+    "ChunkPlan",
     "ChunkProducer",
     "ConsumptionTracker",
     "Coverage",
@@ -40,10 +40,10 @@ __all__ = [
     "data_parallel_info",
     "epoch_table",
     "load_chunk",
-    "read_layout",
+    "read_plan",
     "spool_source",
     "steps_per_epoch",
     "wait_for_chunk",
     "write_chunk",
-    "write_layout",
+    "write_plan",
 ]

@@ -10,7 +10,7 @@ Two chunk formats, one sample (packed bin) per record:
 
 Either file appears under its final name only when whole (temporary name, then rename), so a
 consumer that sees the name may read it at once: no settling delay, as seed 003 needs.
-Every load checks that the chunk holds exactly the samples the layout gives it (a short or
+Every load checks that the chunk holds exactly the samples the plan gives it (a short or
 stale chunk is an error naming the file, never an offset wrapped with ``%``).
 """
 
@@ -29,9 +29,9 @@ from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import publish, remove, temporary_sibling
 from packlab.invariants import check_bin
-from packlab.sharded.layout import ChunkLayout, chunk_path, marker_path
+from packlab.sharded.plan import ChunkPlan, chunk_path, marker_path
 
-LAYOUT_TAG = "packlab_chunk"
+PLAN_TAG = "packlab_chunk"
 
 
 class LoadedChunk(Protocol):
@@ -47,18 +47,18 @@ class LoadedChunk(Protocol):
 
 
 # -- writing ----------------------------------------------------------------------------------
-def write_chunk(directory: str | os.PathLike[str], layout: ChunkLayout, chunk: int,
+def write_chunk(directory: str | os.PathLike[str], plan: ChunkPlan, chunk: int,
                 bins: Iterable[PackedBin], *, overwrite: bool = False) -> Path:
-    """Write chunk ``chunk`` from its bins (exactly as many as the layout gives it) and
+    """Write chunk ``chunk`` from its bins (exactly as many as the plan gives it) and
     publish it atomically; returns its path. A wrong count aborts, leaving nothing behind."""
-    final = chunk_path(directory, layout, chunk)
-    start, stop = layout.chunk_range(chunk)
-    if layout.format == "parquet":
-        return _write_parquet(final, layout, chunk, start, stop, bins, overwrite)
-    return _write_jsonl(final, layout, start, stop, bins, overwrite)
+    final = chunk_path(directory, plan, chunk)
+    start, stop = plan.chunk_range(chunk)
+    if plan.format == "parquet":
+        return _write_parquet(final, plan, chunk, start, stop, bins, overwrite)
+    return _write_jsonl(final, plan, start, stop, bins, overwrite)
 
 
-def _write_jsonl(final: Path, layout: ChunkLayout, start: int, stop: int,
+def _write_jsonl(final: Path, plan: ChunkPlan, start: int, stop: int,
                  bins: Iterable[PackedBin], overwrite: bool) -> Path:
     if final.exists() and not overwrite:
         raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
@@ -69,9 +69,9 @@ def _write_jsonl(final: Path, layout: ChunkLayout, start: int, stop: int,
             for count, packed in enumerate(bins, start=1):
                 if start + count > stop:
                     raise PacklabError(f"{final}: more than the {stop - start} samples the "
-                                       "layout gives this chunk")
-                if layout.pack_size:
-                    check_bin(*packed, pack_size=layout.pack_size, source=str(final),
+                                       "plan gives this chunk")
+                if plan.pack_size:
+                    check_bin(*packed, pack_size=plan.pack_size, source=str(final),
                               bin_id=count - 1)
                 f.write(json.dumps({
                     "sample_id": start + count - 1,
@@ -83,7 +83,7 @@ def _write_jsonl(final: Path, layout: ChunkLayout, start: int, stop: int,
             f.flush()
             os.fsync(f.fileno())
         if count != stop - start:
-            raise PacklabError(f"{final}: {count} samples given, the layout needs {stop - start}")
+            raise PacklabError(f"{final}: {count} samples given, the plan needs {stop - start}")
         publish(tmp, final, overwrite=overwrite)
     except BaseException:
         remove(tmp)
@@ -91,14 +91,14 @@ def _write_jsonl(final: Path, layout: ChunkLayout, start: int, stop: int,
     return final
 
 
-def _write_parquet(final: Path, layout: ChunkLayout, chunk: int, start: int, stop: int,
+def _write_parquet(final: Path, plan: ChunkPlan, chunk: int, start: int, stop: int,
                    bins: Iterable[PackedBin], overwrite: bool) -> Path:
     from packlab.formats import open_writer
 
-    if not layout.pack_size:
-        raise PacklabError(f"{final}: a parquet chunk layout needs pack_size")
-    metadata = {LAYOUT_TAG: {"chunk": chunk, "first_sample": start, "num_samples": stop - start}}
-    with open_writer("parquet", final, pack_size=layout.pack_size, num_bins=stop - start,
+    if not plan.pack_size:
+        raise PacklabError(f"{final}: a parquet chunk plan needs pack_size")
+    metadata = {PLAN_TAG: {"chunk": chunk, "first_sample": start, "num_samples": stop - start}}
+    with open_writer("parquet", final, pack_size=plan.pack_size, num_bins=stop - start,
                      overwrite=overwrite, metadata=metadata) as writer:
         for packed in bins:
             writer.write(packed)  # the writer refuses a bin beyond num_bins
@@ -142,18 +142,18 @@ def preload(format: str) -> None:
         import packlab.formats.arrow_lists  # noqa: F401
 
 
-def load_chunk(path: Path, layout: ChunkLayout, chunk: int) -> LoadedChunk:
+def load_chunk(path: Path, plan: ChunkPlan, chunk: int) -> LoadedChunk:
     """Open a published chunk and check it holds exactly its samples."""
-    start, stop = layout.chunk_range(chunk)
-    if layout.format == "parquet":
-        return ParquetChunk(path, layout, chunk, start, stop)
-    return JsonlChunk(path, layout, chunk, start, stop)
+    start, stop = plan.chunk_range(chunk)
+    if plan.format == "parquet":
+        return ParquetChunk(path, plan, chunk, start, stop)
+    return JsonlChunk(path, plan, chunk, start, stop)
 
 
 class JsonlChunk:
     """A JSONL chunk decoded into flat columns (CSR), held in memory until evicted."""
 
-    def __init__(self, path: Path, layout: ChunkLayout, chunk: int, start: int, stop: int
+    def __init__(self, path: Path, plan: ChunkPlan, chunk: int, start: int, stop: int
                  ) -> None:
         import pyarrow as pa
         import pyarrow.json as pj
@@ -173,11 +173,11 @@ class JsonlChunk:
         if ids.shape[0] != self.num_samples or not np.array_equal(
                 ids, np.arange(start, stop, dtype=ids.dtype)):
             raise FormatError(f"{path}: chunk {chunk}: holds {ids.shape[0]} samples "
-                              f"(ids {_span(ids)}), the layout says {stop - start} (ids "
+                              f"(ids {_span(ids)}), the plan says {stop - start} (ids "
                               f"{start}..{stop - 1}); a short or stale chunk")
         self.columns = decode(table, source=str(path), first_bin=0)
-        if layout.pack_size:
-            self.columns.check(pack_size=layout.pack_size, source=str(path), first_bin=0)
+        if plan.pack_size:
+            self.columns.check(pack_size=plan.pack_size, source=str(path), first_bin=0)
 
     def bin(self, j: int) -> PackedBin:
         return self.columns.bin(j, copy=True)
@@ -189,24 +189,24 @@ class JsonlChunk:
 class ParquetChunk:
     """A packed Parquet chunk, read lazily through packlab's Parquet reader."""
 
-    def __init__(self, path: Path, layout: ChunkLayout, chunk: int, start: int, stop: int
+    def __init__(self, path: Path, plan: ChunkPlan, chunk: int, start: int, stop: int
                  ) -> None:
         from packlab.formats import open_shard
 
         self.chunk, self.first_sample, self.num_samples = chunk, start, stop - start
         self.reader: Any = open_shard(path, format="parquet")
-        info = ((self.reader.packlab or {}).get("metadata") or {}).get(LAYOUT_TAG) or {}
+        info = ((self.reader.packlab or {}).get("metadata") or {}).get(PLAN_TAG) or {}
         if (info.get("chunk"), info.get("first_sample"), self.reader.num_bins) != (
                 chunk, start, stop - start):
             self.reader.close()
             raise FormatError(f"{path}: chunk {chunk}: holds {self.reader.num_bins} bins from "
                               f"sample {info.get('first_sample')} (chunk {info.get('chunk')}), "
-                              f"the layout says {stop - start} from sample {start}; a short or "
+                              f"the plan says {stop - start} from sample {start}; a short or "
                               "stale chunk")
-        if layout.pack_size and self.reader.pack_size != layout.pack_size:
+        if plan.pack_size and self.reader.pack_size != plan.pack_size:
             self.reader.close()
             raise FormatError(f"{path}: chunk {chunk}: pack_size {self.reader.pack_size}, the "
-                              f"layout says {layout.pack_size}")
+                              f"plan says {plan.pack_size}")
 
     def bin(self, j: int) -> PackedBin:
         return self.reader.read_bin(j)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from packlab.megatron_sampler import rank_indices
-from packlab.sharded.layout import ChunkLayout
+from packlab.sharded.megatron_sampler import rank_indices
+from packlab.sharded.plan import ChunkPlan
 from packlab.sharded.sampler import RankLocalSampler
 from packlab.sharded.seed_design import NOT_SERVED, served_ids
 
@@ -80,54 +80,54 @@ def coverage(served: Sequence[np.ndarray], num_samples: int, *,
     )
 
 
-def lost_by_owner(served: Sequence[np.ndarray], layout: ChunkLayout, world_size: int
+def lost_by_owner(served: Sequence[np.ndarray], plan: ChunkPlan, world_size: int
                   ) -> list[int]:
     """Samples never served, by the rank that owns their chunk."""
     flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in served])
-    counts = np.bincount(flat[flat != NOT_SERVED], minlength=layout.num_samples)
+    counts = np.bincount(flat[flat != NOT_SERVED], minlength=plan.num_samples)
     never = np.flatnonzero(counts == 0)
-    owner = (never // layout.samples_per_chunk) % world_size
+    owner = (never // plan.samples_per_chunk) % world_size
     return np.bincount(owner, minlength=world_size).astype(int).tolist()
 
 
-def seed_epoch(layout: ChunkLayout, world_size: int, micro_batch_size: int, *,
+def seed_epoch(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
                sampler: str = "single", epoch: int = 0,
                available: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """(asked, served) global ids per rank: seed 003's dataset under a Megatron sampler over
     ``len = num_samples`` (the kindest ``max_total_samples``)."""
     asked, served = [], []
     for rank in range(world_size):
-        idx = rank_indices(sampler, layout.num_samples, micro_batch_size, rank, world_size,
+        idx = rank_indices(sampler, plan.num_samples, micro_batch_size, rank, world_size,
                            epoch=epoch)
         asked.append(idx)
-        served.append(served_ids(idx, layout, rank, world_size, available=available))
+        served.append(served_ids(idx, plan, rank, world_size, available=available))
     return asked, served
 
 
-def fixed_epoch(layout: ChunkLayout, world_size: int, micro_batch_size: int, *,
+def fixed_epoch(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
                 seed: int = 0, epoch: int = 0, window: int = 1) -> list[np.ndarray]:
     """Global ids per rank served by the rank-local fix in one epoch."""
     served = []
     for rank in range(world_size):
-        sampler = RankLocalSampler(layout, rank=rank, world_size=world_size,
+        sampler = RankLocalSampler(plan, rank=rank, world_size=world_size,
                                    micro_batch_size=micro_batch_size, seed=seed, epoch=epoch,
                                    window=window)
         served.append(sampler.index.global_ids(sampler.order()))
     return served
 
 
-def epoch_table(layout: ChunkLayout, world_size: int, micro_batch_size: int, *,
+def epoch_table(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
                 sampler: str = "single", epoch: int = 0) -> dict[str, Any]:
     """Seed design vs fix for one epoch: totals and per-rank counts (for the notebook)."""
-    asked, seed_served = seed_epoch(layout, world_size, micro_batch_size, sampler=sampler,
+    asked, seed_served = seed_epoch(plan, world_size, micro_batch_size, sampler=sampler,
                                     epoch=epoch)
-    seed_cov = coverage(seed_served, layout.num_samples, asked=asked)
-    seed_cov.per_rank["lost_owned"] = lost_by_owner(seed_served, layout, world_size)
-    fixed = fixed_epoch(layout, world_size, micro_batch_size, epoch=epoch)
-    fixed_cov = coverage(fixed, layout.num_samples)
-    fixed_cov.per_rank["lost_owned"] = lost_by_owner(fixed, layout, world_size)
-    plain = coverage(asked, layout.num_samples)  # the sampler over an unsharded global dataset
+    seed_cov = coverage(seed_served, plan.num_samples, asked=asked)
+    seed_cov.per_rank["lost_owned"] = lost_by_owner(seed_served, plan, world_size)
+    fixed = fixed_epoch(plan, world_size, micro_batch_size, epoch=epoch)
+    fixed_cov = coverage(fixed, plan.num_samples)
+    fixed_cov.per_rank["lost_owned"] = lost_by_owner(fixed, plan, world_size)
+    plain = coverage(asked, plan.num_samples)  # the sampler over an unsharded global dataset
     return {"sampler": sampler, "world_size": world_size,
-            "sampler_dropped": layout.num_samples - sum(int(a.shape[0]) for a in asked),
+            "sampler_dropped": plan.num_samples - sum(int(a.shape[0]) for a in asked),
             "global_dataset": plain.to_dict(), "seed_design": seed_cov.to_dict(),
             "rank_local": fixed_cov.to_dict()}

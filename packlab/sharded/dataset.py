@@ -35,7 +35,7 @@ from packlab.dataset import item_from_bin
 from packlab.errors import InvariantError, PacklabError
 from packlab.files import publish, temporary_sibling
 from packlab.sharded.chunks import LoadedChunk, load_chunk, preload, wait_for_chunk
-from packlab.sharded.layout import ChunkLayout, chunk_path, layout_path, marker_path, read_layout
+from packlab.sharded.plan import ChunkPlan, chunk_path, marker_path, plan_path, read_plan
 from packlab.sharded.sampler import RankLocalIndex
 
 
@@ -51,15 +51,15 @@ def data_parallel_info() -> tuple[int, int]:
     return 0, 1
 
 
-def wait_for_layout(directory: Path, *, poll_interval: float, timeout: float) -> ChunkLayout:
-    """The layout, once the producer has published it (finite wait)."""
+def wait_for_plan(directory: Path, *, poll_interval: float, timeout: float) -> ChunkPlan:
+    """The plan, once the producer has published it (finite wait)."""
     deadline = time.monotonic() + timeout
-    while not layout_path(directory).exists():
+    while not plan_path(directory).exists():
         if time.monotonic() >= deadline:
-            raise PacklabError(f"{layout_path(directory)}: no chunk layout after {timeout:g} s; "
+            raise PacklabError(f"{plan_path(directory)}: no chunk plan after {timeout:g} s; "
                                "is the producer running?")
         time.sleep(poll_interval)
-    return read_layout(directory)
+    return read_plan(directory)
 
 
 class RankShardedDataset:
@@ -86,10 +86,10 @@ class RankShardedDataset:
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
         self.cache_chunks = int(cache_chunks)
-        self.layout = wait_for_layout(self.directory, poll_interval=self.poll_interval,
+        self.plan = wait_for_plan(self.directory, poll_interval=self.poll_interval,
                                       timeout=self.timeout)
-        self.index = RankLocalIndex(self.layout, rank, world_size)
-        preload(self.layout.format)
+        self.index = RankLocalIndex(self.plan, rank, world_size)
+        preload(self.plan.format)
         self._cache: OrderedDict[int, LoadedChunk] = OrderedDict()
         self._pid = os.getpid()
         self.loads = 0
@@ -120,10 +120,10 @@ class RankShardedDataset:
         if loaded is not None:
             self._cache.move_to_end(chunk)
             return loaded
-        path = wait_for_chunk(chunk_path(self.directory, self.layout, chunk), chunk=chunk,
+        path = wait_for_chunk(chunk_path(self.directory, self.plan, chunk), chunk=chunk,
                               rank=self.rank, poll_interval=self.poll_interval,
                               timeout=self.timeout)
-        loaded = load_chunk(path, self.layout, chunk)
+        loaded = load_chunk(path, self.plan, chunk)
         self.loads += 1
         self._cache[chunk] = loaded
         while len(self._cache) > self.cache_chunks:
@@ -152,7 +152,7 @@ class RankShardedDataset:
     def __getitem__(self, local: int) -> dict[str, Any]:
         chunk, offset = self.index.locate(local)
         packed = self._chunk(chunk).bin(offset)
-        return {**item_from_bin(packed), "sample_id": chunk * self.layout.samples_per_chunk + offset,
+        return {**item_from_bin(packed), "sample_id": chunk * self.plan.samples_per_chunk + offset,
                 "chunk": chunk}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
@@ -160,7 +160,7 @@ class RankShardedDataset:
 
     def tracker(self, *, epoch: int = 0) -> ConsumptionTracker:
         """A tracker for this rank that also evicts each chunk here once it is consumed."""
-        return ConsumptionTracker(self.directory, self.layout, self.index, epoch=epoch,
+        return ConsumptionTracker(self.directory, self.plan, self.index, epoch=epoch,
                                   on_complete=self.evict)
 
     def __repr__(self) -> str:
@@ -175,10 +175,10 @@ class ConsumptionTracker:
     (a duplicate), so exactly-once is checked as training runs, not only in tests.
     """
 
-    def __init__(self, directory: Path, layout: ChunkLayout, index: RankLocalIndex, *,
+    def __init__(self, directory: Path, plan: ChunkPlan, index: RankLocalIndex, *,
                  epoch: int = 0, on_complete: Callable[[int], Any] | None = None) -> None:
         self.directory = Path(directory)
-        self.layout = layout
+        self.plan = plan
         self.index = index
         self.epoch = int(epoch)
         self.remaining = dict(zip(index.chunks.tolist(), index.sizes.tolist(), strict=True))
@@ -199,7 +199,7 @@ class ConsumptionTracker:
                                      f"sample of chunk {chunk}, which is not its own")
             left = self.remaining[chunk] - count
             if left < 0:
-                raise InvariantError(f"{chunk_path(self.directory, self.layout, chunk)}: rank "
+                raise InvariantError(f"{chunk_path(self.directory, self.plan, chunk)}: rank "
                                      f"{self.index.rank} was delivered {-left} sample(s) of "
                                      f"chunk {chunk} twice in epoch {self.epoch}")
             self.remaining[chunk] = left
@@ -211,7 +211,7 @@ class ConsumptionTracker:
         return done
 
     def _mark(self, chunk: int) -> None:
-        final = marker_path(chunk_path(self.directory, self.layout, chunk))
+        final = marker_path(chunk_path(self.directory, self.plan, chunk))
         tmp = temporary_sibling(final)
         tmp.write_text(json.dumps({
             "chunk": chunk, "rank": self.index.rank, "world_size": self.index.world_size,

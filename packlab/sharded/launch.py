@@ -179,7 +179,7 @@ def _rank_local(rank: int, world_size: int, config: dict[str, Any], consumed: in
     if (dataset.rank, dataset.world_size) != (rank, world_size):
         raise PacklabError(f"dataset sees rank {dataset.rank}/{dataset.world_size}, "
                            f"torch.distributed {rank}/{world_size}")
-    sampler = RankLocalSampler(dataset.layout, rank=rank, world_size=world_size,
+    sampler = RankLocalSampler(dataset.plan, rank=rank, world_size=world_size,
                                micro_batch_size=config["micro_batch_size"],
                                seed=config.get("seed", 0), epoch=config.get("epoch", 0),
                                window=config.get("window", 1), consumed_samples=consumed)
@@ -270,14 +270,14 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
 
 def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     """Seed 003's dataset under ``MegatronPretrainingSampler`` (global indices)."""
-    from packlab.megatron_sampler import MegatronPretrainingSampler
-    from packlab.sharded.dataset import wait_for_layout
+    from packlab.sharded.dataset import wait_for_plan
+    from packlab.sharded.megatron_sampler import MegatronPretrainingSampler
     from packlab.sharded.seed_design import SeedLazyShardedDataset
 
     began = time.perf_counter()
-    layout = wait_for_layout(Path(config["directory"]), poll_interval=0.02,
+    plan = wait_for_plan(Path(config["directory"]), poll_interval=0.02,
                              timeout=config.get("timeout", 30.0))
-    dataset = SeedLazyShardedDataset(config["directory"], layout, rank=rank,
+    dataset = SeedLazyShardedDataset(config["directory"], plan, rank=rank,
                                      world_size=world_size, mark_completed=False,
                                      record_errors=True)
     sampler = MegatronPretrainingSampler(len(dataset), 0, config["micro_batch_size"], rank,

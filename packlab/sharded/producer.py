@@ -1,6 +1,6 @@
 """The producer side of the chunk protocol.
 
-1. Publish the layout (``chunks.json``) first: consumers size themselves from it.
+1. Publish the plan (``chunks.json``) first: consumers size themselves from it.
 2. Publish chunks in order, each atomically (temporary name, then rename).
 3. Optionally :meth:`ChunkProducer.collect`: delete the chunks whose completion marker a
    consumer wrote (a streaming, single-pass run; keep them for more epochs).
@@ -19,13 +19,13 @@ from packlab.files import remove
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment
 from packlab.sharded.chunks import write_chunk
-from packlab.sharded.layout import (
-    ChunkLayout,
+from packlab.sharded.plan import (
+    ChunkPlan,
     chunk_path,
-    layout_path,
     marker_path,
-    read_layout,
-    write_layout,
+    plan_path,
+    read_plan,
+    write_plan,
 )
 from packlab.spool import SpoolReader
 
@@ -40,50 +40,50 @@ def spool_source(spool: SpoolReader | str | os.PathLike[str], assignment: BinAss
 
 
 class ChunkProducer:
-    """Writes the layout, then chunk files, into ``directory``.
+    """Writes the plan, then chunk files, into ``directory``.
 
-    A directory that already holds a different layout is refused unless ``overwrite``; then
+    A directory that already holds a different plan is refused unless ``overwrite``; then
     every chunk and marker of the old run is removed first, so no stale chunk is ever served.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], layout: ChunkLayout, *,
+    def __init__(self, directory: str | os.PathLike[str], plan: ChunkPlan, *,
                  overwrite: bool = False) -> None:
         self.directory = Path(directory)
-        self.layout = layout
-        if layout_path(self.directory).exists():
-            old = read_layout(self.directory)
+        self.plan = plan
+        if plan_path(self.directory).exists():
+            old = read_plan(self.directory)
             if not overwrite:
-                raise PacklabError(f"{layout_path(self.directory)}: a chunk layout is already "
+                raise PacklabError(f"{plan_path(self.directory)}: a chunk plan is already "
                                    "here (pass overwrite=True to start a new run)")
             _clear(self.directory, old)
-        write_layout(self.directory, layout, overwrite=True)
+        write_plan(self.directory, plan, overwrite=True)
         self.deleted: list[int] = []
 
     def write_chunk(self, chunk: int, bins: Iterable[PackedBin]) -> Path:
-        return write_chunk(self.directory, self.layout, chunk, bins)
+        return write_chunk(self.directory, self.plan, chunk, bins)
 
     def produce(self, source: BinSource, *, chunks: Sequence[int] | None = None,
                 delay: float = 0.0, collect: bool = False) -> list[Path]:
         """Write ``chunks`` (all, in order, by default), sleeping ``delay`` s before each one
         (a producer slower than training), collecting consumed chunks as it goes if asked."""
         written = []
-        for chunk in range(self.layout.num_chunks) if chunks is None else chunks:
+        for chunk in range(self.plan.num_chunks) if chunks is None else chunks:
             if delay > 0:
                 time.sleep(delay)
             if collect:
                 self.collect()
-            written.append(self.write_chunk(chunk, source(*self.layout.chunk_range(chunk))))
+            written.append(self.write_chunk(chunk, source(*self.plan.chunk_range(chunk))))
         return written
 
     def published(self) -> list[int]:
-        return [c for c in range(self.layout.num_chunks)
-                if chunk_path(self.directory, self.layout, c).exists()]
+        return [c for c in range(self.plan.num_chunks)
+                if chunk_path(self.directory, self.plan, c).exists()]
 
     def collect(self) -> list[int]:
         """Delete every published chunk that a consumer has marked completed; returns them."""
         gone = []
         for chunk in self.published():
-            path = chunk_path(self.directory, self.layout, chunk)
+            path = chunk_path(self.directory, self.plan, chunk)
             if marker_path(path).exists():
                 remove(path)
                 gone.append(chunk)
@@ -91,8 +91,8 @@ class ChunkProducer:
         return gone
 
 
-def _clear(directory: Path, layout: ChunkLayout) -> None:
-    for chunk in range(layout.num_chunks):
-        path = chunk_path(directory, layout, chunk)
+def _clear(directory: Path, plan: ChunkPlan) -> None:
+    for chunk in range(plan.num_chunks):
+        path = chunk_path(directory, plan, chunk)
         remove(path)
         remove(marker_path(path))

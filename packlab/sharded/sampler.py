@@ -24,17 +24,17 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.sharded.layout import ChunkLayout, check_world
+from packlab.sharded.plan import ChunkPlan, check_world
 
 
 class RankLocalIndex:
     """Rank ``rank``'s samples numbered ``0 .. len - 1`` over its chunks in production order."""
 
-    def __init__(self, layout: ChunkLayout, rank: int, world_size: int) -> None:
-        self.layout = layout
+    def __init__(self, plan: ChunkPlan, rank: int, world_size: int) -> None:
+        self.plan = plan
         self.rank, self.world_size = check_world(rank, world_size)
-        self.chunks = layout.rank_chunks(self.rank, self.world_size)
-        self.sizes = layout.chunk_sizes()[self.chunks]
+        self.chunks = plan.rank_chunks(self.rank, self.world_size)
+        self.sizes = plan.chunk_sizes()[self.chunks]
         self.offsets = np.zeros(self.chunks.shape[0] + 1, dtype=np.int64)
         np.cumsum(self.sizes, out=self.offsets[1:])
 
@@ -62,7 +62,7 @@ class RankLocalIndex:
         if local.size and (local.min() < 0 or local.max() >= len(self)):
             raise IndexError(f"rank {self.rank}: local index out of range [0, {len(self)})")
         k = np.searchsorted(self.offsets, local, side="right") - 1
-        return self.chunks[k] * self.layout.samples_per_chunk + (local - self.offsets[k])
+        return self.chunks[k] * self.plan.samples_per_chunk + (local - self.offsets[k])
 
 
 class RankLocalSampler:
@@ -75,7 +75,7 @@ class RankLocalSampler:
 
     def __init__(
         self,
-        layout: ChunkLayout,
+        plan: ChunkPlan,
         *,
         rank: int,
         world_size: int,
@@ -92,7 +92,7 @@ class RankLocalSampler:
             raise PacklabError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         if int(window) < 1:
             raise PacklabError(f"window must be >= 1 chunk, got {window}")
-        self.index = RankLocalIndex(layout, rank, world_size)
+        self.index = RankLocalIndex(plan, rank, world_size)
         self.micro_batch_size = int(micro_batch_size)
         self.seed = int(seed)
         self.shuffle = shuffle
@@ -197,7 +197,7 @@ class RankLocalSampler:
         self.resume(consumed)
 
 
-def steps_per_epoch(layout: ChunkLayout, world_size: int, micro_batch_size: int) -> np.ndarray:
+def steps_per_epoch(plan: ChunkPlan, world_size: int, micro_batch_size: int) -> np.ndarray:
     """Micro-batches each rank serves in one epoch (int64[world_size]); unequal counts mean a
     data-parallel step loop must stop at the shortest rank (choose chunks per rank equal)."""
-    return -(-layout.rank_sizes(world_size) // int(micro_batch_size))
+    return -(-plan.rank_sizes(world_size) // int(micro_batch_size))

@@ -8,7 +8,7 @@ and wraps the offset with ``% len(samples)`` when a chunk is short. It marks a c
 as soon as it has *loaded* it, and its ``len`` is a configured ``max_total_samples``.
 
 Under Megatron's samplers every rank is handed indices from every region (see
-:mod:`packlab.megatron_sampler`), so most requests are substituted: samples are served
+:mod:`packlab.sharded.megatron_sampler`), so most requests are substituted: samples are served
 several times and others never, without a word. :func:`served_ids` computes what it serves
 without I/O; :class:`SeedLazyShardedDataset` does it for real on chunk files (the two agree,
 tests check it).
@@ -26,21 +26,21 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.dataset import item_from_bin
 from packlab.sharded.chunks import load_chunk
-from packlab.sharded.layout import ChunkLayout, check_world, chunk_path, marker_path
+from packlab.sharded.plan import ChunkPlan, check_world, chunk_path, marker_path
 
 NOT_SERVED = -1  # the request raised IndexError
 
 
-def served_ids(indices: np.ndarray, layout: ChunkLayout, rank: int, world_size: int, *,
+def served_ids(indices: np.ndarray, plan: ChunkPlan, rank: int, world_size: int, *,
                available: np.ndarray | None = None) -> np.ndarray:
     """Global sample id the seed's dataset serves for each requested global index on ``rank``
     (``NOT_SERVED`` where it raises). ``available[c]`` says whether chunk ``c`` can be loaded
     (default: all published, none deleted)."""
     rank, world_size = check_world(rank, world_size)
     idx = np.asarray(indices, dtype=np.int64)
-    spc, num_chunks = layout.samples_per_chunk, layout.num_chunks
+    spc, num_chunks = plan.samples_per_chunk, plan.num_chunks
     ok = np.ones(num_chunks, dtype=bool) if available is None else np.asarray(available, bool)
-    sizes = layout.chunk_sizes()
+    sizes = plan.chunk_sizes()
     chunk, offset = np.divmod(idx, spc)
     in_range = chunk < num_chunks
     safe = np.where(in_range, chunk, 0)
@@ -66,16 +66,16 @@ class SeedLazyShardedDataset:
     the epoch in a DataLoader) returns an empty item with ``sample_id = NOT_SERVED`` instead.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], layout: ChunkLayout, *, rank: int,
+    def __init__(self, directory: str | os.PathLike[str], plan: ChunkPlan, *, rank: int,
                  world_size: int, max_total_samples: int | None = None,
                  wait_poll_interval: float = 0.01, max_wait_time: float = 0.2,
                  mark_completed: bool = True, record_errors: bool = False) -> None:
         if not max_wait_time > 0:
             raise ValueError("max_wait_time must be positive here (0 waits forever: a hang)")
         self.directory = Path(directory)
-        self.layout = layout
+        self.plan = plan
         self.dp_rank, self.dp_world_size = check_world(rank, world_size)
-        self.max_total_samples = layout.num_samples if max_total_samples is None else int(
+        self.max_total_samples = plan.num_samples if max_total_samples is None else int(
             max_total_samples)
         self.wait_poll_interval = wait_poll_interval
         self.max_wait_time = max_wait_time
@@ -90,10 +90,10 @@ class SeedLazyShardedDataset:
         return chunk_idx % self.dp_world_size == self.dp_rank
 
     def _wait_for_chunk(self, chunk_idx: int) -> Path | None:
-        if chunk_idx >= self.layout.num_chunks:
+        if chunk_idx >= self.plan.num_chunks:
             path = self.directory / f"chunk_{chunk_idx:05d}.missing"
         else:
-            path = chunk_path(self.directory, self.layout, chunk_idx)
+            path = chunk_path(self.directory, self.plan, chunk_idx)
         start = time.monotonic()
         while True:
             if path.exists():
@@ -112,7 +112,7 @@ class SeedLazyShardedDataset:
         path = self._wait_for_chunk(chunk_idx)
         if path is None:
             return []
-        loaded = load_chunk(path, self.layout, chunk_idx)
+        loaded = load_chunk(path, self.plan, chunk_idx)
         samples = [loaded.bin(j) for j in range(loaded.num_samples)]
         loaded.close()
         if self.mark_completed and samples:
@@ -121,7 +121,7 @@ class SeedLazyShardedDataset:
         return samples
 
     def __getitem__(self, idx: int) -> dict[str, Any]:
-        chunk_idx, offset = divmod(int(idx), self.layout.samples_per_chunk)
+        chunk_idx, offset = divmod(int(idx), self.plan.samples_per_chunk)
         samples = self._load_chunk(chunk_idx)
         served_chunk = chunk_idx
         if not samples:
@@ -138,5 +138,5 @@ class SeedLazyShardedDataset:
         actual = offset % len(samples)
         packed = samples[actual]
         return {**item_from_bin(packed),
-                "sample_id": served_chunk * self.layout.samples_per_chunk + actual,
+                "sample_id": served_chunk * self.plan.samples_per_chunk + actual,
                 "chunk": served_chunk, "asked": int(idx)}

@@ -1,8 +1,8 @@
-"""The chunk layout that producer and consumers agree on before any chunk exists.
+"""The chunk plan that producer and consumers agree on before any chunk exists.
 
 A rank-sharded dataset must answer ``len()`` before the producer has written its chunks, and
 every rank must know which chunks are its own without listing a directory that is still
-filling. So the producer publishes the layout first, in ``chunks.json``::
+filling. So the producer publishes the plan first, in ``chunks.json``::
 
     {"version": "packlab_chunks_v1", "format": "parquet", "num_samples": 10000,
      "samples_per_chunk": 1000, "pack_size": 4096}
@@ -26,14 +26,14 @@ import numpy as np
 from packlab.errors import FormatError, PacklabError
 from packlab.files import publish, read_versioned_json, temporary_sibling
 
-LAYOUT_FILE = "chunks.json"
-LAYOUT_VERSION = "packlab_chunks_v1"
+PLAN_FILE = "chunks.json"
+PLAN_VERSION = "packlab_chunks_v1"
 CHUNK_FORMATS = {"jsonl": ".jsonl", "parquet": ".parquet"}
 MARKER_SUFFIX = ".completed"
 
 
 @dataclass(frozen=True)
-class ChunkLayout:
+class ChunkPlan:
     """How ``num_samples`` samples are cut into chunks, and which rank owns which chunk."""
 
     num_samples: int
@@ -46,7 +46,7 @@ class ChunkLayout:
             raise PacklabError(f"unknown chunk format {self.format!r}; choose from "
                                f"{sorted(CHUNK_FORMATS)}")
         if self.num_samples <= 0 or self.samples_per_chunk <= 0:
-            raise PacklabError(f"a chunk layout needs num_samples > 0 and samples_per_chunk > 0, "
+            raise PacklabError(f"a chunk plan needs num_samples > 0 and samples_per_chunk > 0, "
                                f"got {self.num_samples} and {self.samples_per_chunk}")
 
     @property
@@ -89,7 +89,7 @@ class ChunkLayout:
                            minlength=world_size).astype(np.int64)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": LAYOUT_VERSION, **asdict(self)}
+        return {"version": PLAN_VERSION, **asdict(self)}
 
 
 def check_world(rank: int, world_size: int) -> tuple[int, int]:
@@ -100,12 +100,12 @@ def check_world(rank: int, world_size: int) -> tuple[int, int]:
     return int(rank), int(world_size)
 
 
-def layout_path(directory: str | os.PathLike[str]) -> Path:
-    return Path(directory) / LAYOUT_FILE
+def plan_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / PLAN_FILE
 
 
-def chunk_path(directory: str | os.PathLike[str], layout: ChunkLayout, chunk: int) -> Path:
-    return Path(directory) / layout.chunk_name(layout.check_chunk(chunk))
+def chunk_path(directory: str | os.PathLike[str], plan: ChunkPlan, chunk: int) -> Path:
+    return Path(directory) / plan.chunk_name(plan.check_chunk(chunk))
 
 
 def marker_path(chunk_file: Path) -> Path:
@@ -113,27 +113,27 @@ def marker_path(chunk_file: Path) -> Path:
     return chunk_file.with_name(chunk_file.name + MARKER_SUFFIX)
 
 
-def write_layout(directory: str | os.PathLike[str], layout: ChunkLayout, *,
+def write_plan(directory: str | os.PathLike[str], plan: ChunkPlan, *,
                  overwrite: bool = False) -> Path:
     """Publish ``chunks.json`` atomically (consumers may be polling for it)."""
-    final = layout_path(directory)
+    final = plan_path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(final)
-    tmp.write_text(json.dumps(layout.to_dict(), indent=2) + "\n")
+    tmp.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     publish(tmp, final, overwrite=overwrite)
     return final
 
 
-def read_layout(directory: str | os.PathLike[str]) -> ChunkLayout:
-    """The layout in ``directory/chunks.json``; a clear error if missing or malformed."""
-    path = layout_path(directory)
-    info = read_versioned_json(path, version=LAYOUT_VERSION, kind="chunk layout",
-                               unreadable="unreadable chunk layout")
+def read_plan(directory: str | os.PathLike[str]) -> ChunkPlan:
+    """The plan in ``directory/chunks.json``; a clear error if missing or malformed."""
+    path = plan_path(directory)
+    info = read_versioned_json(path, version=PLAN_VERSION, kind="chunk plan",
+                               unreadable="unreadable chunk plan")
     if info is None:
-        raise FormatError(f"{path}: no chunk layout (the producer writes it first)")
+        raise FormatError(f"{path}: no chunk plan (the producer writes it first)")
     try:
-        return ChunkLayout(num_samples=int(info["num_samples"]),
+        return ChunkPlan(num_samples=int(info["num_samples"]),
                            samples_per_chunk=int(info["samples_per_chunk"]),
                            format=str(info["format"]), pack_size=int(info.get("pack_size", 0)))
     except (KeyError, TypeError, ValueError) as exc:
-        raise FormatError(f"{path}: bad chunk layout field: {exc}") from None
+        raise FormatError(f"{path}: bad chunk plan field: {exc}") from None

@@ -298,6 +298,10 @@ class Location:
         """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing."""
         return self.parent / f".{self.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
+    def publish_from(self, tmp: Location, *, overwrite: bool) -> None:
+        """Make the finished temporary ``tmp`` appear here in one step (:func:`publish_object`)."""
+        publish_object(tmp, self, overwrite=overwrite)
+
     def delete(self) -> None:
         """Remove this object, or every object under this prefix; nothing if absent."""
         info = self.info()

@@ -2,13 +2,13 @@
 
 Object storage has no symlinks, so ``splits/`` does not travel: the split listing is the
 blend's (``splits.<name>.shards``, paths relative to the root), and
-:func:`packlab.cloud.open_dataset` resolves ``split=`` through it.
+:func:`packlab.open_dataset` resolves ``split=`` through it.
 
 :func:`upload_layout` uploads what the blend references, each shard whole (directory shards
 manifest last, files through a temporary key), the receipts and configs beside them, and then
 ``blend.json`` **last**: it is the layout's commit point, so a reader that finds it finds
-every shard it lists. ``packed_index`` shards take their spool along, to the place their
-recorded relative path points (which must stay inside the bucket).
+every shard it lists. Shards of a format that ``NEEDS_SPOOL`` take their spool along, to the
+place their recorded relative path points (which must stay inside the bucket).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from packlab.cloud.storage import Location, put_object, resolve
 from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
-from packlab.layout.blend import BLEND_FILE, SPLITS_DIR, parse_blend, read_blend
-from packlab.storage import Location, put_object, resolve
+from packlab.formats import get_format
+from packlab.layout.blend import BLEND_FILE, SPLITS_DIR, blend_format, read_blend
 
 
 def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,
@@ -76,22 +77,23 @@ def upload_layout(local_root: str | os.PathLike[str], uri: str | Location, *,
 
 def _upload_spools(root: Path, target: Location, referenced: list[str],
                    blend: dict[str, Any]) -> int:
-    """The spools of ``packed_index`` shards, where each shard's relative path points."""
-    fmt = blend.get("format") or blend.get("packing", {}).get("format")
-    if fmt != "packed_index":
+    """The spools of shards whose format ``NEEDS_SPOOL``, where each shard's relative path
+    points."""
+    fmt = blend_format(blend)
+    if fmt is None or not get_format(fmt).Reader.NEEDS_SPOOL:
         return 0
-    from packlab.formats.packed_index import read_manifest
-
+    reader = get_format(fmt).Reader
     done: set[str] = set()
     for shard in referenced:
-        recorded = read_manifest(root / shard)["spool"]
-        remote = (target / shard) / recorded["relative"]
+        recorded = reader.spool_reference(root / shard)
+        relative = recorded["relative"]
+        remote = (target / shard) / relative
         if remote.path.split("/")[0] != target.path.split("/")[0]:
-            raise PacklabError(f"{root / shard}: its spool ({recorded['relative']}) would land "
+            raise PacklabError(f"{root / shard}: its spool ({relative}) would land "
                                "outside the bucket; keep the spool inside the layout")
         if remote.uri in done:
             continue
-        local = Path(os.path.normpath((root / shard).absolute() / recorded["relative"]))
+        local = Path(os.path.normpath((root / shard).absolute() / relative))
         if not (local / MANIFEST).is_file():
             local = Path(recorded["path"])
         there = remote_manifest(remote)
@@ -99,36 +101,3 @@ def _upload_spools(root: Path, target: Location, referenced: list[str],
             upload_shard(local, remote, overwrite=True)
         done.add(remote.uri)
     return len(done)
-
-
-def read_remote_blend(root: Location) -> dict[str, Any] | None:
-    """``root/blend.json`` on the store, checked; None when absent."""
-    target = root / BLEND_FILE
-    if not target.is_file():
-        return None
-    return parse_blend(target.read_bytes(), target)
-
-
-def split_shards(root: Location, split: str, *, format: str | None = None
-                 ) -> list[tuple[Location, str]]:
-    """The shards of ``split`` as the remote ``blend.json`` lists them, with their format."""
-    blend = read_remote_blend(root)
-    if blend is None:
-        raise FormatError(f"{root}: no {BLEND_FILE}, so split {split!r} cannot be resolved "
-                          "(object storage has no splits/ links)")
-    if split not in blend["splits"]:
-        raise FormatError(f"{root}: no split {split!r}; splits here: "
-                          f"{', '.join(blend['splits']) or 'none'}")
-    paths = blend["splits"][split].get("shards", [])
-    if not paths:
-        raise FormatError(f"{root / BLEND_FILE}: split {split!r} is empty (no sequence fell "
-                          "into it)")
-    kind = blend.get("format") or blend.get("packing", {}).get("format")
-    if format is not None and kind is not None and format != kind:
-        raise FormatError(f"{root}: a {kind} layout, not {format}")
-    shards = [root / p for p in paths]
-    if kind is None:
-        from packlab.cloud.datasets import find_shards
-
-        return [s for loc in shards for s in find_shards(loc)]
-    return [(loc, kind) for loc in shards]

@@ -60,7 +60,7 @@ def measure(data: str, *, questions: Sequence[str] | None = None,
     for question in questions or list(QUESTIONS):
         answers: dict[str, str] = {}
         for engine in engines:
-            runs = [run_job("packlab.query.jobs:question_job", engine, question, str(data),
+            runs = [run_job("packlab.measure.queries:question_job", engine, question, str(data),
                             imports=ENGINE_IMPORTS[engine]) for _ in range(max(1, repeat))]
             peaks = [max(p["peak_rss_growth_bytes"] for p in r["phases"].values()) for r in runs]
             answers[engine] = runs[0]["result"]["digest"]

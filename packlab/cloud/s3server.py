@@ -20,10 +20,10 @@ Usage::
 
 The port is chosen by the child (it binds port 0 and reports the number on its first line),
 so two servers never race for a port. ``S3Server.configure()`` (done by ``start``) points
-:mod:`packlab.storage` at it, so ``s3://`` URIs resolve to this server in this process;
+:mod:`packlab.cloud.storage` at it, so ``s3://`` URIs resolve to this server in this process;
 ``stop`` restores the previous configuration.
 
-Run by hand: ``python -m packlab.s3server`` prints ``PORT <n>`` and serves until interrupted.
+Run by hand: ``python -m packlab.cloud.s3server`` prints ``PORT <n>`` and serves until interrupted.
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ class S3Server:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "AWS_DEFAULT_REGION": REGION, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "packlab.s3server"], stdout=subprocess.PIPE,
+            [sys.executable, "-m", "packlab.cloud.s3server"], stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env,
         )
         atexit.register(self.stop)  # a notebook or script that never reaches stop()
@@ -196,7 +196,7 @@ class S3Server:
             self.port = self._read_port(self.process)
             self._wait_ready()
             if self._configure:
-                from packlab import storage
+                from packlab.cloud import storage
 
                 self._previous = storage.configure("s3", **self.options())
         except BaseException:
@@ -244,7 +244,7 @@ class S3Server:
             if process.stdout is not None:
                 process.stdout.close()
         if self._configure and self._previous is not None:
-            from packlab import storage
+            from packlab.cloud import storage
 
             storage.configure("s3", **self._previous, replace=True)
             self._previous = None

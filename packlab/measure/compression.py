@@ -36,7 +36,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packlab import __version__
 from packlab.bins import PackedBin
 from packlab.errors import PacklabError
 from packlab.files import publish, remove, temporary_sibling
@@ -54,6 +53,7 @@ from packlab.formats.arrow_lists import (
 from packlab.measure.size import order0_entropy_bits
 from packlab.packing import BinAssignment, pack
 from packlab.spool import SpoolReader
+from packlab.version import __version__
 
 TOKEN_TYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2")}
 TOKEN_ENCODINGS = {"dictionary": None, "plain": "PLAIN", "byte_stream_split": "BYTE_STREAM_SPLIT",
@@ -441,7 +441,7 @@ def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | o
     empty: what a padded format stores for nothing. ``packed_index`` stores no token (its
     bytes are the index; it needs the spool beside it).
     """
-    from packlab.pipeline import write_shards
+    from packlab.pipeline.shards import write_shards
 
     tokens = int(assignment.bin_lengths(spool.lengths).sum())
     seqs = int(assignment.seq_indices.shape[0])
@@ -452,7 +452,7 @@ def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | o
     for i, variant in enumerate(variants):
         receipts = write_shards(spool, assignment, Path(out_dir) / f"v{i:02d}_{variant.format}",
                                 format=variant.format, bins_per_shard=per_shard, workers=1,
-                                overwrite=True, **dict(variant.options))
+                                existing="overwrite", **dict(variant.options))
         size = sum(int(r["bytes"]) for r in receipts)
         rows.append({"label": variant.label, "format": variant.format,
                      "options": dict(variant.options), "bytes": size,
@@ -469,14 +469,14 @@ def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
     pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
     capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
     (the CSR of starts), over the tokens; headers and manifest excluded."""
-    from packlab.pipeline import write_shards
+    from packlab.pipeline.shards import write_shards
 
     rows = []
     for algorithm, pack_size in packings:
         part, report = pack(spool.lengths, pack_size, algorithm=algorithm, seed=seed)
         shard_dir = Path(out_dir) / f"memmap_{algorithm}_{pack_size}"
         receipts = write_shards(spool, part, shard_dir, format="memmap_v1",
-                                bins_per_shard=part.num_bins, workers=1, overwrite=True)
+                                bins_per_shard=part.num_bins, workers=1, existing="overwrite")
         size = sum(int(r["bytes"]) for r in receipts)
         tokens = int(report.num_tokens)
         bins, seqs = part.num_bins, int(part.seq_indices.shape[0])

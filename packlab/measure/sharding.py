@@ -17,24 +17,24 @@ from typing import Any
 
 import numpy as np
 
-from packlab.megatron_sampler import rank_indices
 from packlab.sharded.coverage import coverage, seed_epoch
-from packlab.sharded.layout import ChunkLayout
+from packlab.sharded.megatron_sampler import rank_indices
+from packlab.sharded.plan import ChunkPlan
 from packlab.sharded.producer import BinSource, ChunkProducer
 
 
-def chunks_touched(layout: ChunkLayout, world_size: int, micro_batch_size: int, *,
+def chunks_touched(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
                    sampler: str = "single") -> list[dict[str, Any]]:
     """Per rank: chunks its sampler indices fall in, chunks it owns, and the share of its
     requests that land in a chunk it does not own."""
     rows = []
     for rank in range(world_size):
-        idx = rank_indices(sampler, layout.num_samples, micro_batch_size, rank, world_size)
-        chunks = idx // layout.samples_per_chunk
+        idx = rank_indices(sampler, plan.num_samples, micro_batch_size, rank, world_size)
+        chunks = idx // plan.samples_per_chunk
         rows.append({
             "rank": rank,
             "chunks_touched": int(np.unique(chunks).shape[0]),
-            "chunks_owned": int(layout.rank_chunks(rank, world_size).shape[0]),
+            "chunks_owned": int(plan.rank_chunks(rank, world_size).shape[0]),
             "foreign_share": float(np.mean(chunks % world_size != rank)) if idx.size else 0.0,
         })
     return rows
@@ -46,8 +46,8 @@ def sweep_chunk_sizes(num_samples: int, world_size: int, micro_batch_size: int,
     """Seed 003's design over one epoch for each samples-per-chunk value."""
     rows = []
     for spc in chunk_sizes:
-        layout = ChunkLayout(num_samples=num_samples, samples_per_chunk=int(spc), format="jsonl")
-        asked, served = seed_epoch(layout, world_size, micro_batch_size, sampler=sampler)
+        plan = ChunkPlan(num_samples=num_samples, samples_per_chunk=int(spc), format="jsonl")
+        asked, served = seed_epoch(plan, world_size, micro_batch_size, sampler=sampler)
         cov = coverage(served, num_samples, asked=asked)
         rows.append({"samples_per_chunk": int(spc),
                      "per_global_batch": spc / (micro_batch_size * world_size),
@@ -56,28 +56,28 @@ def sweep_chunk_sizes(num_samples: int, world_size: int, micro_batch_size: int,
     return rows
 
 
-def protocol_run(root: Path, source: BinSource, layout: ChunkLayout, *, world_size: int,
+def protocol_run(root: Path, source: BinSource, plan: ChunkPlan, *, world_size: int,
                  micro_batch_size: int, num_workers: int, delay: float,
-                 seed_layout: ChunkLayout | None = None, timeout: float = 300.0
+                 seed_plan: ChunkPlan | None = None, timeout: float = 300.0
                  ) -> dict[str, Any]:
     """A real run: phase 0 reads chunks a slow producer publishes every ``delay`` s (deleting
     the ones marked completed); then the fix with 0 and ``num_workers`` workers on complete
-    chunks; then seed 003's design (on ``seed_layout`` chunks, if given)."""
+    chunks; then seed 003's design (on ``seed_plan`` chunks, if given)."""
     from packlab.sharded.launch import launch, run_phases
 
     slow, ready, complete = root / "slow", root / "ready", root / "complete"
     for old in ready.glob("rank*"):
         old.unlink()
-    ChunkProducer(complete, layout, overwrite=True).produce(source)
-    producer = ChunkProducer(slow, layout, overwrite=True)
+    ChunkProducer(complete, plan, overwrite=True).produce(source)
+    producer = ChunkProducer(slow, plan, overwrite=True)
     base = {"micro_batch_size": micro_batch_size, "poll_interval": 0.02, "timeout": 60.0}
     phases = [
         {**base, "directory": str(slow), "num_workers": num_workers, "ready_dir": str(ready)},
         {**base, "directory": str(complete), "num_workers": 0, "epoch": 1},
         {**base, "directory": str(complete), "num_workers": num_workers, "epoch": 1},
     ]
-    if seed_layout is not None:
-        ChunkProducer(root / "seed", seed_layout, overwrite=True).produce(source)
+    if seed_plan is not None:
+        ChunkProducer(root / "seed", seed_plan, overwrite=True).produce(source)
         phases.append({**base, "directory": str(root / "seed"), "num_workers": num_workers,
                        "design": "seed"})
     published: dict[int, float] = {}
@@ -88,7 +88,7 @@ def protocol_run(root: Path, source: BinSource, layout: ChunkLayout, *, world_si
             if stop.wait(0.05):
                 return  # the ranks are gone: nobody to produce for
         began.append(time.time())
-        for chunk in range(layout.num_chunks):
+        for chunk in range(plan.num_chunks):
             if stop.wait(delay):
                 return
             producer.collect()

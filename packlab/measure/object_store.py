@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from packlab.cloud.datasets import open_dataset
-from packlab.cloud.parquet import TAIL_BYTES, Reader
-from packlab.cloud.writers import open_writer
 from packlab.formats import get_format
+from packlab.formats.parquet import TAIL_BYTES
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment
+from packlab.sources import open_dataset, open_shard, open_writer
 from packlab.spool import SpoolReader
 
 # A model of one S3 stream in-region, for turning counts into time (not a measurement):
@@ -59,7 +58,7 @@ def access_costs(server: Any, uri: str, *, accesses: int, seed: int = 0,
     row group: the open's and each access's requests and bytes, against the bound (the
     accessed row group's column chunks; the footer for the open)."""
     with server.measure() as opened:
-        reader = Reader(uri, cache_row_groups=1, tail_bytes=tail_bytes)
+        reader = open_shard(uri, cache_row_groups=1, tail_bytes=tail_bytes)
     rng = np.random.default_rng(seed)
     rows = []
     for index in rng.integers(0, reader.num_bins, accesses).tolist():

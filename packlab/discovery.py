@@ -1,0 +1,143 @@
+"""Finding local shards: a shard, a directory of shards, a glob, or a list of those.
+
+Every shard is returned with its format, detected by the registry
+(:func:`packlab.formats.detect_format`). In a directory, hidden temporaries, receipts and
+manifests (``*.json``), notes and layout folders are skipped; anything else that no format
+claims is an error, so a damaged shard is never silently left out.
+
+Layouts (``splits/``, ``blend.json``) and object storage sit above this module
+(:mod:`packlab.layout`, :mod:`packlab.cloud`); :func:`packlab.open_dataset` resolves them all.
+"""
+
+from __future__ import annotations
+
+import glob as globlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from packlab.errors import FormatError
+from packlab.files import is_temporary
+from packlab.formats import detect_format, get_format
+from packlab.spool import read_spool_manifest
+
+PathLike = str | os.PathLike[str]
+# Entries of a shard directory that are never shards: layout folders, receipts, notes.
+IGNORED_NAMES = {"splits", "runs", "receipts", "README", "README.md", "_SUCCESS"}
+IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
+
+
+class NoShardsError(FormatError):
+    """A directory that holds no shard at all (a layout root, say: its caller may know more)."""
+
+
+def is_ignored_name(name: str) -> bool:
+    """A name in a shard directory (or under a remote prefix) that is never a shard."""
+    return name.startswith(".") or name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES)
+
+
+def expect_format(where: object, detected: str, wanted: str | None) -> str:
+    """The detected format, refusing a shard of another format than the one asked for."""
+    if wanted is not None and wanted != detected:
+        get_format(wanted)  # an unknown name is its own error
+        raise FormatError(f"{where}: a {detected} shard, not {wanted}")
+    return detected
+
+
+def _ignored(path: Path) -> bool:
+    return is_ignored_name(path.name) or is_temporary(path)
+
+
+def _detect(path: Path) -> str | None:
+    try:
+        return detect_format(path)
+    except FormatError:
+        return None
+
+
+def _is_main_entry(path: Path, name: str) -> bool:
+    """Whether ``path`` is the shard itself, not a companion file its format also claims."""
+    suffix = get_format(name).Reader.SUFFIX
+    return path.name.endswith(suffix) if suffix else path.is_dir()
+
+
+def _is_spool(path: Path) -> bool:
+    try:
+        read_spool_manifest(path)
+    except FormatError:
+        return False
+    return True
+
+
+def _stem(name: str) -> str:
+    return name.split(".", 1)[0]
+
+
+def shards_in_directory(directory: Path, *, format: str | None = None) -> list[tuple[Path, str]]:
+    """The shards directly inside ``directory``, sorted by name, each with its format.
+
+    Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
+    that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
+    anything else unrecognised is an error, so a damaged shard is never silently left out.
+    """
+    found: list[tuple[Path, str]] = []
+    unknown: list[Path] = []
+    for child in sorted(directory.iterdir()):
+        if _ignored(child):
+            continue
+        if child.is_symlink() and not child.exists():
+            raise FormatError(f"{child}: broken link to {os.readlink(child)} (its shard is "
+                              "missing; rerun `packlab pack` to rewrite it)")
+        name = _detect(child)
+        if name is None:
+            unknown.append(child)
+            continue
+        if not _is_main_entry(child, name):
+            continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
+        found.append((child, expect_format(child, name, format)))
+    stems = {_stem(p.name) for p, _ in found}
+    strays = [p for p in unknown if _stem(p.name) not in stems]
+    if strays:
+        raise FormatError(f"{strays[0]}: not a shard of any known format (in a shard directory)")
+    return found
+
+
+def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = None
+                ) -> list[tuple[Path, str]]:
+    """Resolve a shard, a directory of shards, a glob, or a list of those into (path, format)."""
+    if isinstance(path, list | tuple):
+        out: list[tuple[Path, str]] = []
+        for item in path:
+            out.extend(find_shards(item, format=format))
+        return out
+    text = os.fspath(path)
+    p = Path(text)
+    if not p.exists() and globlib.has_magic(text):
+        matches = sorted(globlib.glob(text))
+        if not matches:
+            raise FormatError(f"{text}: the pattern matches nothing")
+        picked: list[tuple[Path, str]] = []
+        for match in matches:
+            m = Path(match)
+            if _ignored(m):
+                continue
+            name = detect_format(m)
+            if _is_main_entry(m, name):
+                picked.append((m, expect_format(m, name, format)))
+        if not picked:
+            raise FormatError(f"{text}: the pattern matches no shard")
+        return picked
+    if not p.exists():
+        raise FormatError(f"{p}: no such file or directory")
+    if p.is_dir():
+        own = _detect(p)
+        if own is not None and _is_main_entry(p, own):
+            return [(p, expect_format(p, own, format))]
+        if _is_spool(p):
+            raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
+                              "(`packlab pack`)")
+        shards = shards_in_directory(p, format=format)
+        if not shards:
+            raise NoShardsError(f"{p}: no shards in this directory")
+        return shards
+    return [(p, format or detect_format(p))]

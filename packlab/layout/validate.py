@@ -1,0 +1,103 @@
+"""``packlab validate``: prove a shard, a directory of shards or an output layout whole.
+
+Per shard: the reader's ``validate`` (sizes, checksums, every invariant of every bin) and the
+shard's receipt, when it has one (:mod:`packlab.pipeline.receipts`). Per directory: every
+receipt's shard present. Per layout: every split, and each split's bins and tokens against
+``blend.json``. The first problem raises, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from packlab.discovery import find_shards
+from packlab.errors import FormatError, PacklabError
+from packlab.formats import open_shard
+from packlab.layout.blend import SPLITS_DIR, is_layout, known_splits, read_blend, split_source
+from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt
+
+
+def validate_shard(path: Path, format: str) -> dict[str, Any]:
+    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt.
+
+    Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
+    """
+    try:
+        reader = open_shard(path, format=format)
+        try:
+            summary = dict(reader.validate())
+            summary.setdefault("num_bins", reader.num_bins)
+            summary.setdefault("num_tokens", reader.num_tokens)
+            summary["bytes"] = reader.bytes_on_disk()
+        finally:
+            reader.close()
+    except PacklabError:
+        raise
+    except Exception as exc:  # damaged bytes surface as library errors: name the file, one line
+        detail = " ".join(str(exc).split())[:300]
+        raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
+                          ) from None
+    receipt = check_receipt(path)
+    if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
+        raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
+                          f"{receipt.get('num_bins')}")
+    summary["path"] = str(path)
+    summary["format"] = format
+    summary["receipt"] = receipt is not None
+    return summary
+
+
+def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Validate a shard, a directory of shards, or an output layout (every split, and the
+    counts ``blend.json`` gives); raises on the first problem, naming it."""
+    root = Path(path)
+    if is_layout(root) and not any(p.name.startswith("shard_") for p in root.iterdir()):
+        return validate_layout(root)
+    shards = find_shards(root)
+    if root.is_dir() and not (len(shards) == 1 and shards[0][0] == root):
+        names = {p.name for p, _ in shards}
+        for receipt in sorted(root.glob(f"*{RECEIPT_SUFFIX}")):
+            shard = receipt.name[: -len(RECEIPT_SUFFIX)]
+            if shard not in names:
+                raise FormatError(f"{root / shard}: missing (its receipt {receipt.name} exists)")
+    rows = [validate_shard(p, name) for p, name in shards]
+    return {"path": str(root), **_totals(rows)}
+
+
+def validate_layout(root: Path) -> dict[str, Any]:
+    """Every split of an output layout, and each split's bins and tokens against blend.json."""
+    blend = read_blend(root) or {}
+    rows: list[dict[str, Any]] = []
+    splits: dict[str, Any] = {}
+    for split in known_splits(root):
+        expected = blend.get("splits", {}).get(split, {})
+        if expected.get("num_bins") == 0:  # no sequence fell into it: valid, and empty
+            splits[split] = {"num_shards": 0, "num_bins": 0, "num_tokens": 0}
+            continue
+        source = split_source(root, split)
+        result = validate_path(source) if isinstance(source, Path) else _validate_list(source)
+        for key in ("num_bins", "num_tokens"):
+            if key in expected and expected[key] != result[key]:
+                raise FormatError(f"{root / SPLITS_DIR / split}: {result[key]} "
+                                  f"{key[4:]}, blend.json says {expected[key]}")
+        splits[split] = {k: result[k] for k in ("num_shards", "num_bins", "num_tokens")}
+        rows.extend(result["shards"])
+    return {"path": str(root), **_totals(rows), "splits": splits}
+
+
+def _validate_list(paths: Sequence[Path]) -> dict[str, Any]:
+    return _totals([validate_shard(p, name) for p, name in find_shards(list(paths))])
+
+
+def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Shard, bin, token and byte counts over validated shards, the rows kept beside them."""
+    return {
+        "num_shards": len(rows),
+        "num_bins": sum(int(r["num_bins"]) for r in rows),
+        "num_tokens": sum(int(r["num_tokens"]) for r in rows),
+        "bytes": sum(int(r["bytes"]) for r in rows),
+        "shards": rows,
+    }

@@ -1,0 +1,7 @@
+"""Spool + assignment -> shards on disk: the writing side of packlab.
+
+- :mod:`~packlab.pipeline.shards`: shard names and ranges, one shard job, many in parallel,
+  reruns that keep what a receipt still vouches for;
+- :mod:`~packlab.pipeline.receipts`: the receipt beside each shard;
+- :mod:`~packlab.pipeline.executors`: where shard jobs run (a process pool, or Ray).
+"""

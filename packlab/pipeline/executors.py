@@ -1,0 +1,122 @@
+"""Where jobs run: in this process, a local process pool (the default), or Ray tasks.
+
+:func:`run_jobs` runs one function over many argument tuples (a shard job is the arguments of
+:func:`packlab.pipeline.shards.write_shard`): everything arrives by value or by path, so the
+same job gives the same result in this process, a pool worker, a Ray task on this machine, or
+a Ray task on another machine that sees the same paths. Shards are identical byte for byte
+whichever runs them (the tests check it); only ``seconds`` in the receipts differs.
+
+Ray: ``ray.init(num_cpus=workers, include_dashboard=False)`` with its temporary folder under
+the build folder (``build/ray``) and ``RAY_AUTH_MODE=disabled`` (else Ray writes a token into
+the home directory); or ``ray.init(address=...)`` to join a running cluster. A session this
+module starts is always shut down, whatever happens; one already running is reused and left
+running. A failing task cancels the others and its own error is raised (a
+:class:`~packlab.errors.PacklabError` stays one, for the command line's one-line message).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
+from typing import Any, TypeVar
+
+from packlab.errors import PacklabError
+from packlab.progress import progress
+from packlab.results import build_dir
+
+EXECUTORS = ("process", "ray")
+T = TypeVar("T")
+
+
+@contextlib.contextmanager
+def ray_session(*, workers: int = 2, address: str | None = None,
+                temp_dir: str | os.PathLike[str] | None = None) -> Iterator[Any]:
+    """A Ray session for the block: reuse a running one, else start one and always shut it
+    down. Yields the ``ray`` module."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    try:
+        import ray
+    except ModuleNotFoundError:
+        raise PacklabError("the ray executor needs Ray: pip install ray") from None
+    if ray.is_initialized():
+        yield ray
+        return
+    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                               "configure_logging": False}
+    if address:
+        options["address"] = address
+    else:
+        folder = Path(temp_dir) if temp_dir is not None else build_dir() / "ray"
+        folder.mkdir(parents=True, exist_ok=True)
+        options.update(num_cpus=max(1, int(workers)), _temp_dir=str(folder.resolve()))
+    try:
+        ray.init(**options)
+    except Exception as exc:
+        ray.shutdown()
+        raise PacklabError(f"cannot start Ray ({'address ' + address if address else 'local'}):"
+                           f" {' '.join(str(exc).split())[:300]}") from None
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,
+             desc: str = "work", executor: str = "process", address: str | None = None
+             ) -> list[T]:
+    """``fn(*job)`` for every job (serially, in a process pool, or as Ray tasks); results in
+    job order. The first failure cancels the rest and is raised."""
+    jobs = list(jobs)
+    if not jobs:
+        return []
+    if executor == "ray":
+        return run_ray(fn, jobs, workers=workers, address=address)
+    if executor != "process":
+        raise PacklabError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
+    if workers <= 1 or len(jobs) == 1:
+        return [fn(*job) for job in progress(jobs, total=len(jobs), desc=desc)]
+    return run_pool(fn, jobs, workers, desc=desc)
+
+
+def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
+             desc: str = "work") -> list[T]:
+    """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised."""
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
+        futures = [pool.submit(fn, *job) for job in jobs]
+        for future in progress(as_completed(futures), total=len(futures), desc=desc):
+            error = future.exception()
+            if error is not None:
+                for other in futures:
+                    other.cancel()
+                if isinstance(error, BrokenProcessPool):
+                    raise PacklabError(f"a worker process died ({error}); out of memory? "
+                                       "try fewer --workers or a smaller --bins-per-shard"
+                                       ) from None
+                raise error
+        return [future.result() for future in futures]
+
+
+def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: int = 2,
+            address: str | None = None, temp_dir: str | os.PathLike[str] | None = None
+            ) -> list[T]:
+    """``fn(*job)`` as Ray tasks; results in job order."""
+    jobs = list(jobs)
+    if not jobs:
+        return []
+    with ray_session(workers=workers, address=address, temp_dir=temp_dir) as ray:
+        task = ray.remote(num_cpus=1, max_retries=0)(fn)
+        refs = [task.remote(*job) for job in jobs]
+        try:
+            return list(ray.get(refs))
+        except ray.exceptions.RayTaskError as exc:
+            for ref in refs:
+                ray.cancel(ref, force=True)
+            cause = exc.cause if isinstance(exc.cause, BaseException) else None
+            if isinstance(cause, PacklabError):
+                raise cause from None
+            raise PacklabError(f"a Ray task failed: {' '.join(str(exc).split())[:300]}"
+                               ) from None

@@ -1,0 +1,105 @@
+"""The receipt beside every shard the pipeline writes: what it holds and how to recognise it.
+
+A shard is published atomically by its writer; its receipt (``shard_000000<suffix>.receipt.json``)
+is written after, so a receipt always vouches for a complete shard::
+
+    {"shard": "shard_000000.parquet", "format": "parquet", "bins": [0, 4096],
+     "num_bins": 4096, "num_tokens": 16512331, "pack_size": 4096, "bytes": 21033100,
+     "sha256": "...", "sha256_of": "shard_000000.parquet", "seconds": 1.9}
+
+``sha256`` covers a one-file shard whole, or a directory shard's manifest (which lists every
+file's own checksum). A rerun keeps a shard whose receipt still vouches for it
+(:func:`reusable_receipt`); ``packlab validate`` checks every receipt (:func:`check_receipt`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import publish, sha256_file, temporary_sibling
+from packlab.formats import open_shard
+
+RECEIPT_SUFFIX = ".receipt.json"
+VERIFY_MODES = ("receipt", "full")
+DIRECTORY_MANIFESTS = ("manifest.json", "index.json")
+
+
+def receipt_path(shard: Path) -> Path:
+    return shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
+
+
+def shard_bytes(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return path.stat().st_size
+
+
+def shard_checksum(path: Path) -> tuple[str, str]:
+    """SHA-256 of a file shard, or of a directory shard's manifest (which lists every file's)."""
+    if path.is_file():
+        return sha256_file(path), path.name
+    for name in DIRECTORY_MANIFESTS:
+        if (path / name).is_file():
+            return sha256_file(path / name), f"{path.name}/{name}"
+    raise PacklabError(f"{path}: directory shard without a manifest.json to checksum")
+
+
+def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
+    """Write ``<shard>.receipt.json`` atomically (after the shard itself is published)."""
+    final = receipt_path(shard)
+    tmp = temporary_sibling(final)
+    tmp.write_text(json.dumps(receipt, indent=2) + "\n")
+    publish(tmp, final, overwrite=True)
+    return final
+
+
+def check_receipt(shard: Path) -> dict[str, Any] | None:
+    """Compare a shard with its receipt, if it has one (bins, bytes, checksum)."""
+    where = receipt_path(shard)
+    if not where.is_file():
+        return None
+    try:
+        receipt = json.loads(where.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{where}: unreadable receipt: {exc}") from None
+    if not isinstance(receipt, dict):
+        raise FormatError(f"{where}: unreadable receipt: not a JSON object")
+    size = shard_bytes(shard)
+    if size != receipt.get("bytes"):
+        raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "
+                          "(truncated or replaced?)")
+    digest, _ = shard_checksum(shard)
+    if digest != receipt.get("sha256"):
+        raise FormatError(f"{shard}: checksum differs from its receipt (corrupted)")
+    return receipt
+
+
+def reusable_receipt(shard: Path, *, format: str, bins: tuple[int, int], pack_size: int,
+                     verify: str = "receipt") -> dict[str, Any] | None:
+    """The receipt of a shard that can be kept as it is, or None (missing, damaged, no receipt,
+    or written for other bins / another format / another pack size).
+
+    ``verify="receipt"`` trusts size + SHA-256 against the receipt (a directory shard's checksum
+    covers its manifest, which lists every file's); ``"full"`` also runs the reader's
+    ``validate`` (every file checksum and every bin's invariants).
+    """
+    if verify not in VERIFY_MODES:
+        raise PacklabError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
+    if not shard.exists():
+        return None
+    try:
+        receipt = check_receipt(shard)
+        if receipt is None:
+            return None
+        if (receipt.get("format") != format or receipt.get("bins") != [int(b) for b in bins]
+                or receipt.get("pack_size") != pack_size):
+            return None
+        if verify == "full":
+            with open_shard(shard, format=format) as reader:
+                reader.validate()
+    except Exception:  # noqa: BLE001 - whatever a damaged shard raises, it is written again
+        return None
+    return receipt

@@ -1,0 +1,246 @@
+"""Spool + assignment -> a directory of shards, written in parallel, each with a receipt.
+
+Bins are cut into shards of ``bins_per_shard`` consecutive bins, named ``shard_000000`` plus
+the format's suffix. Each shard is one job (:func:`write_shard`): the worker opens the spool by
+path (memory-mapped), materializes its bins one at a time and streams them into one writer, so
+a worker's memory is bounded by one shard's writer, never by the dataset. Its receipt
+(:mod:`packlab.pipeline.receipts`) is written after the shard is published.
+
+Output is deterministic: the same spool, assignment and options give the same bytes whatever
+the number of workers or the executor (:mod:`packlab.pipeline.executors`).
+
+What happens to shards already in the output directory is one choice, ``existing``:
+
+- ``"refuse"`` (the default): an error naming the first one;
+- ``"overwrite"``: every shard is written again, and shards left over from a larger earlier
+  run are removed, so the directory reads as exactly this dataset;
+- ``"reuse"``: a shard whose receipt still vouches for it (same format, bins and pack size;
+  size and checksum unchanged, or the whole shard with ``verify="full"``) is kept, and only
+  missing or damaged shards are written (what the output layout's reruns do).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import PacklabError
+from packlab.files import remove
+from packlab.formats import get_format, open_writer
+from packlab.materialize import BinMaterializer
+from packlab.packing import BinAssignment
+from packlab.pipeline.executors import run_jobs
+from packlab.pipeline.receipts import (
+    RECEIPT_SUFFIX,
+    receipt_path,
+    reusable_receipt,
+    shard_bytes,
+    shard_checksum,
+    write_receipt,
+)
+from packlab.spool import SpoolReader
+
+SHARD_NAME = re.compile(r"^shard_(\d{6,})")
+EXISTING = ("refuse", "overwrite", "reuse")
+
+
+def shard_name(index: int, format: str) -> str:
+    return f"shard_{index:06d}{get_format(format).Writer.SUFFIX}"
+
+
+def shard_ranges(num_bins: int, bins_per_shard: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` covering ``0..num_bins`` in runs of ``bins_per_shard``."""
+    if bins_per_shard <= 0:
+        raise PacklabError(f"bins_per_shard must be positive, got {bins_per_shard}")
+    return [(s, min(s + bins_per_shard, num_bins)) for s in range(0, num_bins, bins_per_shard)]
+
+
+def spool_path(spool: str | os.PathLike[str] | SpoolReader) -> str:
+    """The spool as a path string: what a shard job carries to its worker."""
+    return str(spool.path if isinstance(spool, SpoolReader) else Path(spool))
+
+
+def write_shard(
+    spool: str,
+    part: BinAssignment,
+    start: int,
+    path: str,
+    format: str,
+    overwrite: bool,
+    format_options: dict[str, Any],
+) -> dict[str, Any]:
+    """Write ``part`` (bins ``start:start + part.num_bins`` of the whole assignment) into one
+    shard; return its receipt. Runs in a worker: everything arrives by value or by path.
+
+    A format that ``NEEDS_SPOOL`` gets the spool and the assignment instead of bins, and
+    writes only its index (``write_assignment``).
+    """
+    began = time.perf_counter()
+    stop = start + part.num_bins
+    reader = SpoolReader(spool)
+    out = Path(path)
+    options = dict(format_options)
+    by_reference = get_format(format).Writer.NEEDS_SPOOL
+    if by_reference:
+        options.setdefault("spool", reader)
+        options.setdefault("assignment", part)
+    metadata = {"spool": str(Path(spool).resolve()), "bins": [start, stop],
+                "vocab_size": reader.vocab_size}
+    with open_writer(format, out, pack_size=part.pack_size, num_bins=stop - start,
+                     overwrite=overwrite, metadata=metadata, **options) as writer:
+        if by_reference:
+            writer.write_assignment()  # the index only: no token is gathered
+        else:
+            materializer = BinMaterializer(reader, part)
+            for bin_id in range(stop - start):
+                writer.write_bin(bin_id, *materializer.materialize(bin_id))
+        manifest = writer.finalize()
+    digest, digest_of = shard_checksum(out)
+    receipt = {
+        "shard": out.name,
+        "format": format,
+        "bins": [start, stop],
+        "num_bins": stop - start,
+        "num_tokens": int(manifest.get("num_tokens", writer.tokens_written)),
+        "pack_size": part.pack_size,
+        "bytes": shard_bytes(out),
+        "sha256": digest,
+        "sha256_of": digest_of,
+        "seconds": round(time.perf_counter() - began, 6),
+    }
+    write_receipt(out, receipt)
+    return receipt
+
+
+def existing_shards(out_dir: Path) -> list[Path]:
+    """Entries of ``out_dir`` named like pipeline shards (``shard_NNNNNN...``), receipts excluded."""
+    if not out_dir.is_dir():
+        return []
+    return sorted(p for p in out_dir.iterdir()
+                  if SHARD_NAME.match(p.name) and not p.name.endswith(RECEIPT_SUFFIX))
+
+
+def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
+    """Remove shards (and their receipts) of ``out`` not named in ``keep``; returns their names."""
+    wanted = set(keep)
+    gone = []
+    for stale in existing_shards(out):
+        if stale.name not in wanted:
+            remove(stale)
+            remove(receipt_path(stale))
+            gone.append(stale.name)
+    return gone
+
+
+@dataclass
+class ShardPlan:
+    """What :func:`plan_shards` decided for one shard directory."""
+
+    out: Path
+    names: list[str]
+    reused: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard number -> receipt
+    jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # shard number -> job
+
+    def receipts(self, written: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
+        """Receipts in shard order, each marked ``reused`` true or false."""
+        out = []
+        for i in range(len(self.names)):
+            if i in self.reused:
+                out.append({**self.reused[i], "reused": True})
+            else:
+                out.append({**written[i], "reused": False})
+        return out
+
+
+def plan_shards(
+    spool: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    out_dir: str | os.PathLike[str],
+    *,
+    format: str,
+    bins_per_shard: int,
+    existing: str = "refuse",
+    verify: str = "receipt",
+    **format_options: Any,
+) -> ShardPlan:
+    """Decide, shard by shard, what to keep and what to write (nothing is written yet)."""
+    if existing not in EXISTING:
+        raise PacklabError(f"existing must be one of {EXISTING}, got {existing!r}")
+    if "overwrite" in format_options:
+        raise PacklabError("shards already there are handled by existing= "
+                           f"({', '.join(EXISTING)}), not overwrite=")
+    path = spool_path(spool)
+    SpoolReader(path)  # fail early, naming the spool, if it is missing or damaged
+    get_format(format)
+    out = Path(out_dir)
+    present = existing_shards(out)
+    if present and existing == "refuse":
+        raise PacklabError(f"{out}: already holds shards ({present[0].name}, ...); "
+                           "pass overwrite=True (--overwrite) to replace them")
+    ranges = shard_ranges(assignment.num_bins, bins_per_shard)
+    plan = ShardPlan(out, [shard_name(i, format) for i in range(len(ranges))])
+    for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
+        target = out / name
+        kept = reusable_receipt(target, format=format, bins=(start, stop),
+                                pack_size=assignment.pack_size, verify=verify
+                                ) if existing == "reuse" else None
+        if kept is not None:
+            plan.reused[i] = kept
+        else:
+            plan.jobs[i] = (path, assignment.select(start, stop), start, str(target), format,
+                            existing != "refuse", format_options)
+    return plan
+
+
+def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "write",
+                  executor: str = "process", address: str | None = None
+                  ) -> list[list[dict[str, Any]]]:
+    """Write the jobs of many plans in one pool, drop stale shards; receipts per plan."""
+    flat = [(k, i, job) for k, plan in enumerate(plans) for i, job in sorted(plan.jobs.items())]
+    for plan in plans:
+        plan.out.mkdir(parents=True, exist_ok=True)
+        for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
+            remove(receipt_path(plan.out / plan.names[i]))
+    receipts = run_jobs(write_shard, [job for _, _, job in flat], workers, desc=desc,
+                        executor=executor, address=address)
+    written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
+    for (k, i, _), receipt in zip(flat, receipts, strict=True):
+        written[k][i] = receipt
+    out = []
+    for plan, done in zip(plans, written, strict=True):
+        remove_stale_shards(plan.out, plan.names)
+        out.append(plan.receipts(done))
+    return out
+
+
+def write_shards(
+    spool: str | os.PathLike[str] | SpoolReader,
+    assignment: BinAssignment,
+    out_dir: str | os.PathLike[str],
+    *,
+    format: str,
+    bins_per_shard: int,
+    workers: int = 2,
+    existing: str = "refuse",
+    verify: str = "receipt",
+    executor: str = "process",
+    address: str | None = None,
+    **format_options: Any,
+) -> list[dict[str, Any]]:
+    """Write every bin of ``assignment`` as shards of ``format`` under ``out_dir``; receipts in
+    shard order (with ``existing="reuse"`` each marked ``reused``: kept, or written now).
+    ``existing``: see the module docstring. ``executor``
+    runs the shard jobs in the local process pool (``"process"``) or as Ray tasks (``"ray"``, on
+    a local cluster or the one at ``address``): the bytes are the same."""
+    plan = plan_shards(spool, assignment, out_dir, format=format, bins_per_shard=bins_per_shard,
+                       existing=existing, verify=verify, **format_options)
+    receipts = write_planned([plan], workers, desc=f"write {format}", executor=executor,
+                             address=address)[0]
+    if existing == "reuse":
+        return receipts
+    return [{k: v for k, v in r.items() if k != "reused"} for r in receipts]
