@@ -180,7 +180,7 @@ def test_truncated_and_corrupted_files_are_format_errors(shard: Path) -> None:
     with pytest.raises(FormatError, match="token width 3"):
         pbin.Reader(shard)
     shard.write_bytes(struct.pack("<Q", 10**9) + raw[8:])
-    with pytest.raises(FormatError, match="header says|truncated|corrupted"):
+    with pytest.raises(FormatError, match=r"shard\.pbin: .*(header says|truncated|corrupted)"):
         pbin.Reader(shard)
     flipped = bytearray(raw)
     flipped[20] ^= 0xFF

@@ -120,7 +120,8 @@ class PbinFile(ModalitiesFile):
         if (not isinstance(where, list) or len(where) != 2 or where[0] != 0
                 or not isinstance(where[1], int)
                 or self.index_offset + where[1] > self.footer["footer_offset"]):
-            raise FormatError(f"{self.path}: packlab footer: bad 'index' section {where!r}")
+            raise FormatError(f"{self.path}: packlab footer: bad 'index' section {where!r} "
+                              "(corrupted)")
         return self.index_offset + where[1]
 
 
