@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from packlab.errors import PacklabError
-from packlab.files import publish, remove, temporary_sibling
+from packlab.files import staged
 
 MIN_DOC_CHARS = 40
 MAX_DOC_CHARS = 12_000
@@ -83,12 +83,9 @@ def build_docstring_corpus(
     out_jsonl = Path(out_jsonl)
     if max_records < 1:
         raise PacklabError(f"max_records must be positive, got {max_records}")
-    if out_jsonl.exists() and not overwrite:
-        raise PacklabError(f"{out_jsonl}: already exists (pass overwrite=True to replace it)")
     out_jsonl.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(out_jsonl)
     written = 0
-    try:
+    with staged(out_jsonl, overwrite=overwrite) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             for record in iter_docstring_records(seed):
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -100,10 +97,6 @@ def build_docstring_corpus(
         if written < max_records:
             raise PacklabError(f"{out_jsonl}: only {written} records could be built from the "
                                f"installed packages' docstrings, {max_records} were asked for")
-        publish(tmp, out_jsonl, overwrite=overwrite)
-    except BaseException:
-        remove(tmp)
-        raise
     return out_jsonl
 
 

@@ -2,7 +2,9 @@
 
 Work happens under a hidden temporary name beside the final one (same filesystem), and one
 ``rename`` publishes it: a crash leaves a temporary to sweep, never a half file under the
-final name.
+final name. ``with staged(final) as tmp:`` is the whole pattern (write ``tmp``; a normal exit
+publishes it, an exception removes it); :class:`Staging` is the same for a writer whose
+publish and abort are methods of its own.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 import shutil
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +73,18 @@ def read_versioned_json(path: Path, *, version: str, kind: str,
     return parse_versioned_json(data, path, version=version, kind=kind, unreadable=unreadable)
 
 
+def refuse_existing(final: Path, *, overwrite: bool) -> None:
+    """Refuse to replace ``final`` (a file, directory or link) unless ``overwrite``."""
+    if not overwrite and (final.exists() or final.is_symlink()):
+        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
+
+
 def publish(tmp: Path, final: Path, *, overwrite: bool) -> None:
     """Rename a finished file or directory into place in one step."""
     if final.exists() or final.is_symlink():
         if not overwrite:
             remove(tmp)
-            raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
+            refuse_existing(final, overwrite=overwrite)
         if final.is_dir() and not final.is_symlink():
             trash = temporary_sibling(final)
             os.rename(final, trash)
@@ -86,6 +96,47 @@ def publish(tmp: Path, final: Path, *, overwrite: bool) -> None:
         os.rename(tmp, final)
     fsync_directory(final.parent)
 
+
+class Staging:
+    """``final`` in the making, under a hidden temporary sibling (``path``): :meth:`publish`
+    renames it into place, :meth:`discard` removes it. For a writer that publishes or aborts
+    in methods of its own; a block of code uses :func:`staged`.
+
+    An existing ``final`` is refused now, before any work, unless ``overwrite`` (and again at
+    publish). With ``directory`` the temporary is made as an empty directory. The parent
+    directory must exist.
+    """
+
+    def __init__(self, final: Path, *, overwrite: bool = False, directory: bool = False) -> None:
+        refuse_existing(final, overwrite=overwrite)
+        self.final = final
+        self.overwrite = overwrite
+        self.path = temporary_sibling(final)
+        if directory:
+            self.path.mkdir()
+
+    def publish(self) -> None:
+        """One rename (replacing ``final`` if allowed), then the parent directory's fsync."""
+        publish(self.path, self.final, overwrite=self.overwrite)
+
+    def discard(self) -> None:
+        """Remove the temporary (whatever was written so far); ``final`` is untouched."""
+        remove(self.path)
+
+
+@contextmanager
+def staged(final: Path, *, overwrite: bool = False, directory: bool = False) -> Iterator[Path]:
+    """``with staged(final) as tmp:`` write ``tmp``; a normal exit publishes it as ``final``
+    (one rename, the parent fsynced), any exception removes it, so ``final`` is either the
+    old one or the whole new one. ``overwrite`` and ``directory`` as for :class:`Staging`
+    (make ``tmp`` durable first where it matters: a file's fsync is the writer's)."""
+    staging = Staging(final, overwrite=overwrite, directory=directory)
+    try:
+        yield staging.path
+        staging.publish()
+    except BaseException:
+        staging.discard()
+        raise
 
 
 def remove(path: Path) -> None:
@@ -124,7 +175,12 @@ def file_entry(path: Path) -> dict[str, Any]:
 
 
 class HashedFile:
-    """An append-only binary file that hashes what it writes, so no second read is needed."""
+    """An append-only binary file that hashes what it writes, so no second read is needed.
+
+    ``bytes`` is its length so far (where the next write lands). A file whose checksum covers
+    part of it writes the rest with ``hashed=False`` (a header reserved now and filled in last
+    with :meth:`patch`, a footer that records :meth:`hexdigest`).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -132,18 +188,43 @@ class HashedFile:
         self._hash = hashlib.sha256()
         self.bytes = 0
 
+    def __enter__(self) -> HashedFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.discard()  # closed already by close() when the block finished its file
+
     @property
     def closed(self) -> bool:
         return self._file.closed
 
-    def write(self, data: np.ndarray | bytes) -> None:
+    def write(self, data: np.ndarray | bytes, *, hashed: bool = True) -> None:
         if isinstance(data, np.ndarray):
             view = memoryview(np.ascontiguousarray(data)).cast("B")
         else:
-            view = memoryview(data)
+            view = memoryview(data).cast("B")
         self._file.write(view)
-        self._hash.update(view)
+        if hashed:
+            self._hash.update(view)
         self.bytes += view.nbytes
+
+    def align(self, boundary: int = 8) -> None:
+        """Zero padding (hashed) up to the next multiple of ``boundary`` bytes."""
+        self.write(bytes(-self.bytes % boundary))
+
+    def hexdigest(self) -> str:
+        """SHA-256 of the hashed bytes written so far."""
+        return self._hash.hexdigest()
+
+    def patch(self, offset: int, data: bytes) -> None:
+        """Overwrite bytes already written at ``offset`` (unhashed: a header whose fields are
+        known only at the end); writing carries on at the end of the file."""
+        if offset < 0 or offset + len(data) > self.bytes:
+            raise ValueError(f"{self.path}: patch of {len(data)} bytes at {offset} is outside "
+                             f"the {self.bytes} bytes written")
+        self._file.seek(offset)
+        self._file.write(data)
+        self._file.seek(0, os.SEEK_END)
 
     def close(self) -> dict[str, Any]:
         """Flush to disk and return the manifest entry (bytes, sha256)."""

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, remove, temporary_sibling
+from packlab.files import staged
 
 MAGIC = b"PLJSIDX\x00"
 VERSION = 1
@@ -99,8 +99,7 @@ def build_jsonl_index(
     if not jsonl.exists():
         raise PacklabError(f"{jsonl}: no such file")
     before = jsonl.stat()
-    tmp = temporary_sibling(out)
-    try:
+    with staged(out, overwrite=True) as tmp:
         count = _write_entries(jsonl, tmp, validate=validate)
         after = jsonl.stat()
         if (after.st_size, after.st_mtime_ns) != (before.st_size, before.st_mtime_ns):
@@ -109,10 +108,6 @@ def build_jsonl_index(
             f.write(HEADER.pack(MAGIC, VERSION, count, before.st_size, before.st_mtime_ns))
             f.flush()
             os.fsync(f.fileno())
-        publish(tmp, out, overwrite=True)
-    except BaseException:
-        remove(tmp)
-        raise
     return out
 
 

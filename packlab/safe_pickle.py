@@ -1,4 +1,4 @@
-"""Read pickled ``.npy`` files (``np.save(list_of_dicts, allow_pickle=True)``) without running code.
+"""Read pickles from files without running code: pickled ``.npy`` files, and plain lists.
 
 ``np.load(path, allow_pickle=True)`` hands the pickle stream to :mod:`pickle`, which imports and
 calls whatever the file names: a shard from the internet can run ``os.system``. Here the
@@ -12,13 +12,18 @@ the state it is handed, and a damaged stream can crash it.
 
 Any other failure of a corrupted stream (truncation, flipped bits: the unpickler can raise
 almost any exception type) becomes a :class:`~packlab.errors.FormatError` naming the file.
+
+:func:`restricted_load` with :data:`NO_GLOBALS` reads a pickle of plain lists, tuples and ints
+(the Modalities pbin index, :mod:`packlab.formats.modalities`) and refuses every global.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
@@ -146,24 +151,54 @@ class UnsafePickleError(FormatError):
     """The pickle names a global outside :data:`ALLOWED` (it could run code); it was not loaded."""
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """An unpickler that resolves only the globals in :data:`ALLOWED`."""
+# Why the globals of :data:`ALLOWED` are the only ones a packed-data pickle needs.
+PACKED_DATA = "packed data needs only numpy arrays, dtypes, lists and dicts"
+NO_GLOBALS: Mapping[tuple[str, str], Any] = MappingProxyType({})
 
-    def __init__(self, file: BinaryIO, *, source: str) -> None:
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only the globals in ``allowed`` (:data:`ALLOWED` by default;
+    :data:`NO_GLOBALS` for a stream of plain lists, tuples and ints) and refuses any other,
+    saying why none is needed (``needs``) and naming the stream (``what``)."""
+
+    def __init__(self, file: BinaryIO, *, source: str,
+                 allowed: Mapping[tuple[str, str], Any] = ALLOWED, needs: str = PACKED_DATA,
+                 what: str = "pickle") -> None:
         super().__init__(file)
-        self.source = source
+        self.source, self.allowed, self.needs, self.what = source, allowed, needs, what
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return ALLOWED[(module, name)]
+            return self.allowed[(module, name)]
         except (KeyError, TypeError):
             raise UnsafePickleError(
-                f"{self.source}: refused to unpickle global {module}.{name}: packed data needs "
-                "only numpy arrays, dtypes, lists and dicts (the file may try to run code)"
+                f"{self.source}: refused to unpickle global {module}.{name}: {self.needs} "
+                "(the file may try to run code)"
             ) from None
 
     def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePickleError(f"{self.source}: refused a persistent id in the pickle")
+        raise UnsafePickleError(f"{self.source}: refused a persistent id in the {self.what}")
+
+
+def restricted_load(fp: BinaryIO, *, source: str,
+                    allowed: Mapping[tuple[str, str], Any] = ALLOWED, needs: str = PACKED_DATA,
+                    what: str = "pickle") -> Any:
+    """Run :class:`RestrictedUnpickler` on the rest of ``fp``: an :class:`UnsafePickleError` for
+    a refused global, a FormatError naming ``source`` and ``what`` for any damage (a corrupted
+    stream can raise almost any exception type; a flipped length field ends in a clean
+    "truncated" or MemoryError). Read straight from the file, so the load costs the objects,
+    not a second copy of the bytes."""
+    try:
+        return RestrictedUnpickler(fp, source=source, allowed=allowed, needs=needs,
+                                   what=what).load()
+    except PacklabError:
+        raise
+    except RecursionError:
+        raise FormatError(f"{source}: corrupted {what} (nested too deeply)") from None
+    except Exception as exc:  # noqa: BLE001 - a corrupted stream raises almost any type
+        raise FormatError(
+            f"{source}: corrupted or truncated {what}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 class NpyHeader(NamedTuple):
@@ -213,7 +248,7 @@ def load_pickled_npy(path: str | os.PathLike[str]) -> np.ndarray:
                 f"{source}: dtype {header.dtype}, not a pickled object array "
                 "(a legacy packed file is np.save of a list of dicts)"
             )
-        array = _unpickle(fp, source)
+        array = restricted_load(fp, source=source)
         if fp.read(1):
             raise FormatError(f"{source}: stray bytes after the pickle (corrupted)")
     if type(array) is not CheckedArray or array.dtype != np.dtype(object):
@@ -223,22 +258,6 @@ def load_pickled_npy(path: str | os.PathLike[str]) -> np.ndarray:
         raise FormatError(f"{source}: the pickle holds shape {array.shape}, "
                           f"the header says {header.shape}")
     return array.view(np.ndarray)
-
-
-def _unpickle(fp: BinaryIO, source: str) -> Any:
-    """Run the restricted unpickler on the rest of ``fp`` (read straight from the file, so the
-    load costs the objects, not a second copy of the bytes; a flipped length field ends in a
-    clean "truncated" or MemoryError, both reported as a FormatError)."""
-    try:
-        return RestrictedUnpickler(fp, source=source).load()
-    except PacklabError:
-        raise
-    except RecursionError:
-        raise FormatError(f"{source}: corrupted pickle (nested too deeply)") from None
-    except Exception as exc:  # noqa: BLE001 - a corrupted stream raises almost any type
-        raise FormatError(
-            f"{source}: corrupted or truncated pickle: {type(exc).__name__}: {exc}"
-        ) from None
 
 
 def npy_is_pickled(path: Path) -> bool:

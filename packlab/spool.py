@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,9 @@ import numpy as np
 from packlab.errors import FormatError, PacklabError
 from packlab.files import (
     HashedFile,
-    publish,
+    Staging,
     read_versioned_json,
     sha256_file,
-    temporary_sibling,
 )
 
 SPOOL_VERSION = "spool_v1"
@@ -69,13 +67,9 @@ class SpoolWriter:
         self.path = Path(path)
         self.vocab_size = vocab_size
         self.source = dict(source or {})
-        self.overwrite = overwrite
-        if self.path.exists() and not overwrite:
-            raise PacklabError(f"{self.path}: already exists (pass overwrite=True to replace it)")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = temporary_sibling(self.path)
-        self._tmp.mkdir()
-        self._files = {name: HashedFile(self._tmp / FILES[name]) for name in DTYPES}
+        self._staging = Staging(self.path, overwrite=overwrite, directory=True)
+        self._files = {name: HashedFile(self._staging.path / FILES[name]) for name in DTYPES}
         self._pending_tokens: list[np.ndarray] = []
         self._pending_masks: list[np.ndarray] = []
         self._pending_lengths: list[np.ndarray] = []
@@ -173,8 +167,8 @@ class SpoolWriter:
             "files": files,
             "source": self.source,
         }
-        (self._tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        publish(self._tmp, self.path, overwrite=self.overwrite)
+        (self._staging.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        self._staging.publish()
         self._closed = True
         return manifest
 
@@ -182,7 +176,7 @@ class SpoolWriter:
         """Drop everything written so far; nothing appears under the final name."""
         for f in self._files.values():
             f.discard()
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._staging.discard()
         self._closed = True
 
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, open_shard, pbin
+from packlab.formats import detect_format, modalities, open_shard, pbin
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.safe_pickle import UnsafePickleError
@@ -77,7 +77,7 @@ def test_round_trip_equals_materialized_bins(num_sequences: int, max_len: int, p
         path = Path(tmp) / "shard.pbin"
         reader = write_shard(path, spool, assignment, vocab_size=vocab_size)
         assert detect_format(path) == "pbin"
-        assert reader.file.token_width == pbin.token_width_for(vocab_size)
+        assert reader.file.token_width == modalities.token_width_for(vocab_size)
         documents = modalities_documents(path)
         assert len(documents) == reader.num_bins == assignment.num_bins
         for i, packed in enumerate(iter_bins(spool, assignment)):
@@ -105,7 +105,7 @@ def test_token_widths_and_the_header(tmp_path: Path, spool: SpoolReader,
 
 
 def test_spool_level_pbin_is_a_plain_modalities_file(tmp_path: Path, spool: SpoolReader) -> None:
-    summary = pbin.write_pbin(spool, tmp_path / "spool.pbin")
+    summary = modalities.write_pbin(spool, tmp_path / "spool.pbin")
     assert summary["documents"] == spool.num_sequences and summary["token_width"] == 2
     documents = modalities_documents(tmp_path / "spool.pbin")
     file = pbin.PbinFile(tmp_path / "spool.pbin")
@@ -122,7 +122,7 @@ def test_spool_level_pbin_is_a_plain_modalities_file(tmp_path: Path, spool: Spoo
     assert first.seq_start_id.tolist() == [0]
     assert lossy.validate()["lossy"] is True
     with pytest.raises(PacklabError, match="already exists"):
-        pbin.write_pbin(spool, tmp_path / "spool.pbin")
+        modalities.write_pbin(spool, tmp_path / "spool.pbin")
 
 
 def test_a_file_written_the_way_modalities_writes_is_read(tmp_path: Path) -> None:
@@ -180,7 +180,7 @@ def test_truncated_and_corrupted_files_are_format_errors(shard: Path) -> None:
     with pytest.raises(FormatError, match="token width 3"):
         pbin.Reader(shard)
     shard.write_bytes(struct.pack("<Q", 10**9) + raw[8:])
-    with pytest.raises(FormatError, match="header says|truncated|corrupted"):
+    with pytest.raises(FormatError, match=r"shard\.pbin: .*(header says|truncated|corrupted)"):
         pbin.Reader(shard)
     flipped = bytearray(raw)
     flipped[20] ^= 0xFF

@@ -337,12 +337,3 @@ def test_ks_distance() -> None:
     assert spool_stats.ks_distance(np.array([1, 2]), np.array([3, 4, 5])) == 1.0
     assert spool_stats.ks_distance(np.array([1, 2, 3]), np.array([3, 2, 1])) == 0.0
 
-
-def test_json_default_writes_numpy_arrays_and_scalars() -> None:
-    import json
-
-    from packlab.files import json_default
-
-    text = json.dumps({"a": np.arange(3), "b": np.float32(1.5), "c": np.int64(2)},
-                      default=json_default)
-    assert json.loads(text) == {"a": [0, 1, 2], "b": 1.5, "c": 2}

@@ -42,7 +42,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, fsync_file, publish, remove, temporary_sibling
+from packlab.files import TMP_MARKER, HashedFile, staged
 
 CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -402,26 +402,16 @@ def download_file(source: Location, local: str | os.PathLike[str], *,
     is refused: nothing is left at ``local``. Returns ``bytes`` and ``sha256``."""
     local = Path(local)
     local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(local)
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with source.open_input() as f, open(tmp, "wb") as out:
+    with staged(local, overwrite=True) as tmp:
+        with source.open_input() as f, HashedFile(tmp) as out:
             while block := f.read(CHUNK):
                 out.write(block)
-                digest.update(block)
-                size += len(block)
-        fsync_file(tmp)
-        entry = {"bytes": size, "sha256": digest.hexdigest()}
+            entry = out.close()
         if expect is not None:
-            if size != expect.get("bytes"):
-                raise FormatError(f"{source}: {size} bytes, the manifest says "
+            if entry["bytes"] != expect.get("bytes"):
+                raise FormatError(f"{source}: {entry['bytes']} bytes, the manifest says "
                                   f"{expect.get('bytes')} (truncated or replaced?)")
             if entry["sha256"] != expect.get("sha256"):
                 raise FormatError(f"{source}: checksum mismatch with its manifest (corrupted); "
                                   "the shard is refused")
-        publish(tmp, local, overwrite=True)
-    except BaseException:
-        remove(tmp)
-        raise
     return entry

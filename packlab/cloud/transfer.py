@@ -41,7 +41,7 @@ from packlab.cloud.storage import (
     upload_file,
 )
 from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, publish, remove, temporary_sibling, verify_files
+from packlab.files import TMP_MARKER, staged, verify_files
 
 MANIFEST = "manifest.json"
 
@@ -158,16 +158,10 @@ def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any]
         verify_files(final, manifest["files"], checksums=False)  # sizes: cheap
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(final)
-    try:
-        tmp.mkdir()
+    with staged(final, overwrite=True, directory=True) as tmp:
         for name, entry in manifest["files"].items():
             download_file(location / name, tmp / name, expect=entry)
         (tmp / MANIFEST).write_bytes(raw)  # last, as on the store
-        publish(tmp, final, overwrite=True)
-    except BaseException:
-        remove(tmp)
-        raise
     return final
 
 
@@ -177,18 +171,13 @@ def _download_object(location: Location, cache: Path, *, format: str | None,
     final = _entry_dir(cache, location, f"{info.size}:{info.mtime_ns}") / location.name
     if final.is_file() and final.stat().st_size == info.size:
         return final
-    tmp = temporary_sibling(final)
-    try:
+    with staged(final, overwrite=True) as tmp:
         got = download_file(location, tmp)
         if got["bytes"] != info.size:
             raise FormatError(f"{location}: {got['bytes']} bytes downloaded, the store lists "
                               f"{info.size} (replaced while reading?)")
         if validate:
             _validate_local(tmp, location, format)
-        publish(tmp, final, overwrite=True)
-    except BaseException:
-        remove(tmp)
-        raise
     return final
 
 

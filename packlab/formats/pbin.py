@@ -1,27 +1,13 @@
-"""Format ``pbin``: the Modalities (formerly llm_gym) packed data file, read without pickle code.
+"""Format ``pbin``: packlab's shard as a Modalities packed data file, plus a trailer.
 
-The Modalities layout (seed 004; ``EmbeddedStreamData`` / ``TokenizedFileWriter`` today)::
+The Modalities file itself (header, tokens, pickled index; read without running pickle code)
+is :mod:`packlab.formats.modalities`. How pbin fits the registry (Modalities has no loss mask
+and no bins of its own), two uses:
 
-    data length   <Q     bytes in the data section
-    token width   <I     bytes per token: 1, 2 or 4 (unsigned little-endian tokens)
-    data          tokens of every document, concatenated
-    index         pickle of [(byte_offset, byte_length), ...], offsets relative to the data
-
-Modalities reads the index with ``pickle.loads``, which would run any code a crafted file
-names. packlab parses it with :class:`IndexUnpickler`, which resolves no global at all (a list
-of int tuples needs none): a file that tries to run something is refused before anything runs.
-
-How pbin fits the registry (it has no loss mask and no bins of its own), two uses:
-
-1. :func:`write_pbin` (spool-level): one document per spool sequence, tokens only, a plain
-   Modalities file; Modalities packs at train time. :class:`PbinFile` reads any pbin's
-   documents. Such a file is *lossy* as a packlab shard: ``Reader(path, lossy=True)`` serves
-   each document as one bin learning every next token (``loss_mask`` 1 but the last position,
-   ``seq_start_id`` ``[0]``), the pretraining convention Modalities trains with.
-2. ``Writer`` (the registered shard writer): one document per packed bin, so Modalities reads
-   the packed rows' tokens unchanged, and a packlab *trailer* after the pickle carries what
-   the format lacks. ``pickle.loads`` ignores bytes after the pickle's STOP, so the file stays
-   a valid Modalities pbin. The trailer, each section 8-byte aligned::
+1. ``Writer`` (the registered shard writer): one Modalities document per packed bin, so
+   Modalities reads the packed rows' tokens unchanged, and a packlab *trailer* after the
+   pickle carries what the format lacks. ``pickle.loads`` ignores bytes after the pickle's
+   STOP, so the file stays a valid Modalities pbin. The trailer, each section 8-byte aligned::
 
        loss_mask      uint8[num_tokens]
        token_offsets  int64[num_bins + 1]    bin b = tokens[token_offsets[b]:token_offsets[b+1]]
@@ -32,17 +18,32 @@ How pbin fits the registry (it has no loss mask and no bins of its own), two use
        <Q             footer length
        magic          b"PLKPBIN1"
 
+   Each section is ``[start, bytes]``, ``start`` counted from the index (the byte after the
+   data). For example the footer of two bins, ``[5, 6, 7]`` (sequences start at 0 and 2) and
+   ``[8, 9]``, in 2-byte tokens (keys sorted, one line in the file; here the index starts at
+   byte 22, so the loss mask at 56)::
+
+       {"format": "pbin", "layout": "pbin_packlab_v1", "metadata": {}, "num_bins": 2,
+        "num_seqs": 3, "num_tokens": 5, "pack_size": 4, "packlab_version": "0.1.0",
+        "sections": {"index": [0, 28], "loss_mask": [34, 5], "seq_offsets": [66, 24],
+                     "seq_starts": [90, 12], "token_offsets": [42, 24]},
+        "sha256": "e6379d69...b3a87b35", "sha256_of": "bytes from 12 to the footer",
+        "token_width": 2, "vocab_size": 1000}
+
    The reader uses the trailer's arrays (opening reads the header and footer only); it never
    needs the pickle. ``validate`` unpickles the index (restricted) and checks it agrees.
+2. A plain Modalities file (:func:`packlab.formats.modalities.write_pbin` exports a spool as
+   one; Modalities packs at train time) is *lossy* as a packlab shard: ``Reader(path,
+   lossy=True)`` serves each document as one bin learning every next token (``loss_mask`` 1
+   but the last position, ``seq_start_id`` ``[0]``), the pretraining convention Modalities
+   trains with. :class:`PbinFile` reads the documents of either kind.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import pickle
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,34 +53,29 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, remove, temporary_sibling
+from packlab.files import temporary_sibling
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list
 from packlab.formats.binidx import ScratchArray
+from packlab.formats.modalities import (
+    COPY_CHUNK,
+    HEADER_SIZE,
+    SUFFIX,
+    TOKEN_DTYPES,
+    IndexWriter,
+    ModalitiesFile,
+    check_width,
+    finish_output,
+    open_output,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
-from packlab.safe_pickle import UnsafePickleError
-from packlab.spool import SpoolReader
 
 FORMAT = "pbin"
-SUFFIX = ".pbin"
 LAYOUT = "pbin_packlab_v1"
-HEADER = struct.Struct("<QI")  # data section length in bytes, token width in bytes
-HEADER_SIZE = HEADER.size  # 12, Modalities' HEADER_SIZE_IN_BYTES
-TOKEN_DTYPES = {1: np.dtype("|u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4")}
 TRAILER_MAGIC = b"PLKPBIN1"
 TAIL = struct.Struct("<Q8s")  # footer JSON length, magic
 _CHECK_CHUNK = 1 << 16
-_COPY_CHUNK = 1 << 22
-_INT32_MAX = (1 << 31) - 1
 _new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
-
-# Pickle opcodes the index writer emits (protocol 2, no memo): the file stays readable by any
-# Python's pickle.loads, and the writer never builds a Python list per document.
-_PROTO2, _EMPTY_LIST, _MARK, _APPENDS, _STOP = b"\x80\x02", b"]", b"(", b"e", b"."
-_SMALL = np.dtype([("j1", "u1"), ("off", "<i4"), ("j2", "u1"), ("len", "<i4"), ("t", "u1")])
-_LARGE = np.dtype([("l1", "u1"), ("n", "u1"), ("off", "<i8"), ("j2", "u1"), ("len", "<i4"),
-                   ("t", "u1")])
-_BININT, _LONG1, _TUPLE2 = 0x4A, 0x8A, 0x86
 
 
 def detect(path: Path) -> bool:
@@ -99,8 +95,6 @@ def detect(path: Path) -> bool:
         return False
 
 
-
-
 class PbinFacts(FormatFacts):
     """What ``pbin`` is: a Modalities packed data file with packlab's trailer."""
 
@@ -110,130 +104,15 @@ class PbinFacts(FormatFacts):
     detect = staticmethod(detect)
 
 
-def token_width_for(vocab_size: int | None) -> int:
-    """The narrowest width Modalities reads that holds every id of the vocabulary (4 if unknown)."""
-    if vocab_size is None:
-        return 4
-    return 1 if vocab_size <= 1 << 8 else 2 if vocab_size <= 1 << 16 else 4
+class PbinFile(ModalitiesFile):
+    """Any pbin, Modalities' or packlab's: ``footer`` is packlab's trailer footer, or None."""
 
-
-def _check_width(width: int | str | None, vocab_size: int | None, source: str) -> int:
-    if width is None or width == "auto":
-        return token_width_for(vocab_size)
-    if width not in TOKEN_DTYPES:
-        raise PacklabError(f"{source}: token width must be 1, 2 or 4 bytes, got {width!r}")
-    return int(width)
-
-
-def encode_index(offsets: np.ndarray, lengths: np.ndarray) -> bytes:
-    """The pickle of ``[(offset, length), ...]`` for a run of documents, built with numpy.
-
-    Ints below 2**31 are BININT (5 bytes), larger offsets LONG1 with 8 bytes. Emitted between
-    MARK and APPENDS by :class:`IndexWriter`.
-    """
-    offsets = np.asarray(offsets, dtype=np.int64)
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if lengths.size and int(lengths.max()) > _INT32_MAX:
-        raise PacklabError(f"a document of {int(lengths.max())} bytes is too long for a pbin")
-    split = int(np.searchsorted(offsets, _INT32_MAX, side="right"))
-    small = np.empty(split, dtype=_SMALL)
-    small["j1"], small["off"], small["j2"], small["len"], small["t"] = (
-        _BININT, offsets[:split], _BININT, lengths[:split], _TUPLE2)
-    large = np.empty(offsets.shape[0] - split, dtype=_LARGE)
-    large["l1"], large["n"], large["off"], large["j2"], large["len"], large["t"] = (
-        _LONG1, 8, offsets[split:], _BININT, lengths[split:], _TUPLE2)
-    return small.tobytes() + large.tobytes()
-
-
-class IndexWriter:
-    """Streams the pickled Modalities index: documents' byte lengths in, pickle bytes out."""
-
-    def __init__(self, out: _Output, token_width: int) -> None:
-        self.out = out
-        self.width = token_width
-        self.offset = 0
-        out.write(_PROTO2 + _EMPTY_LIST)
-
-    def add(self, token_lengths: np.ndarray) -> None:
-        nbytes = np.asarray(token_lengths, dtype=np.int64) * self.width
-        ends = np.cumsum(nbytes) + self.offset
-        self.out.write(_MARK + encode_index(ends - nbytes, nbytes) + _APPENDS)
-        self.offset = int(ends[-1]) if ends.size else self.offset
-
-    def close(self) -> None:
-        self.out.write(_STOP)
-
-
-class IndexUnpickler(pickle.Unpickler):
-    """Unpickles the index (a list of int tuples) and refuses every global: nothing can run."""
-
-    def __init__(self, file: BinaryIO, *, source: str) -> None:
-        super().__init__(file)
-        self.source = source
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise UnsafePickleError(
-            f"{self.source}: refused to unpickle global {module}.{name}: a pbin index is a list "
-            "of (offset, length) ints and needs none (the file may try to run code)"
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePickleError(f"{self.source}: refused a persistent id in the pbin index")
-
-
-def parse_index(raw: bytes, *, source: str) -> np.ndarray:
-    """``int64[n, 2]`` (byte offset, byte length) from the pickled index, without running code."""
-    stream = io.BytesIO(raw)
-    try:
-        index = IndexUnpickler(stream, source=source).load()
-    except PacklabError:
-        raise
-    except RecursionError:
-        raise FormatError(f"{source}: corrupted pbin index (nested too deeply)") from None
-    except Exception as exc:  # noqa: BLE001 - a corrupted stream raises almost any type
-        raise FormatError(f"{source}: corrupted or truncated pbin index: "
-                          f"{type(exc).__name__}: {exc}") from None
-    if stream.tell() != len(raw):
-        raise FormatError(f"{source}: {len(raw) - stream.tell()} stray bytes after the pickled "
-                          "index (a cut packlab trailer, or corrupted)")
-    if not isinstance(index, list) or not all(
-        type(e) is tuple and len(e) == 2 and type(e[0]) is int and type(e[1]) is int
-        for e in index
-    ):
-        raise FormatError(f"{source}: the pbin index is not a list of (offset, length) int pairs")
-    return np.array(index, dtype=np.int64).reshape(-1, 2)
-
-
-class PbinFile:
-    """Any pbin file, Modalities' or packlab's: header, token data and documents."""
-
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FormatError(f"{self.path}: no such pbin file")
-        self.size = self.path.stat().st_size
-        with open(self.path, "rb") as f:
-            raw = f.read(HEADER_SIZE)
-            if len(raw) < HEADER_SIZE:
-                raise FormatError(f"{self.path}: {len(raw)} bytes, shorter than the 12-byte "
-                                  "pbin header (truncated)")
-            self.data_len, self.token_width = HEADER.unpack(raw)
-            self.footer = _read_footer(f, self.path, self.size)
-        if self.token_width not in TOKEN_DTYPES:
-            raise FormatError(f"{self.path}: token width {self.token_width} (Modalities writes "
-                              "1, 2 or 4; corrupted header?)")
-        self.token_dtype = TOKEN_DTYPES[self.token_width]
-        self.index_offset = HEADER_SIZE + self.data_len
-        self.index_end = self._index_end()
-        if self.data_len % self.token_width or self.index_offset >= self.index_end:
-            raise FormatError(f"{self.path}: header says {self.data_len} data bytes of "
-                              f"{self.token_width}-byte tokens, the file has {self.size} bytes "
-                              "(truncated or corrupted)")
-        self.num_tokens = self.data_len // self.token_width
-        self._index: np.ndarray | None = None
+    footer: dict[str, Any] | None
 
     def _index_end(self) -> int:
         """Where the pickled index ends: the end of the file, or where the trailer begins."""
+        with open(self.path, "rb") as f:
+            self.footer = _read_footer(f, self.path, self.size)
         if self.footer is None:
             return self.size
         where = self.footer.get("sections", {}).get("index") if isinstance(
@@ -241,41 +120,9 @@ class PbinFile:
         if (not isinstance(where, list) or len(where) != 2 or where[0] != 0
                 or not isinstance(where[1], int)
                 or self.index_offset + where[1] > self.footer["footer_offset"]):
-            raise FormatError(f"{self.path}: packlab footer: bad 'index' section {where!r}")
+            raise FormatError(f"{self.path}: packlab footer: bad 'index' section {where!r} "
+                              "(corrupted)")
         return self.index_offset + where[1]
-
-    def index(self) -> np.ndarray:
-        """``int64[n, 2]``: each document's byte offset and byte length in the data section."""
-        if self._index is None:
-            with open(self.path, "rb") as f:
-                f.seek(self.index_offset)
-                raw = f.read(self.index_end - self.index_offset)
-            index = parse_index(raw, source=str(self.path))
-            offsets, lengths = index[:, 0], index[:, 1]
-            bad = (offsets < 0) | (lengths < 0) | (offsets + lengths > self.data_len) \
-                | (offsets % self.token_width != 0) | (lengths % self.token_width != 0)
-            if bad.any():
-                d = int(np.argmax(bad))
-                raise FormatError(f"{self.path}: document {d}: index entry {tuple(index[d])} "
-                                  f"falls outside the {self.data_len}-byte data section")
-            self._index = index
-        return self._index
-
-    def tokens(self) -> np.ndarray:
-        """Every token, memory-mapped (unsigned, the file's width)."""
-        return np.memmap(self.path, self.token_dtype, "r", HEADER_SIZE, (self.num_tokens,))
-
-    def __len__(self) -> int:
-        return int(self.index().shape[0])
-
-    def document(self, i: int) -> np.ndarray:
-        offset, length = (int(v) // self.token_width for v in self.index()[i])
-        return self.tokens()[offset : offset + length].view(np.ndarray)
-
-    def iter_documents(self) -> Iterator[np.ndarray]:
-        tokens = self.tokens()
-        for offset, length in (self.index() // self.token_width).tolist():
-            yield tokens[offset : offset + length].view(np.ndarray)
 
 
 def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
@@ -300,37 +147,6 @@ def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
     return footer
 
 
-class _Output:
-    """The file being written: tracks the position and hashes every byte after the header."""
-
-    def __init__(self, path: Path) -> None:
-        self.file = open(path, "wb")  # noqa: SIM115 - closed in close()/discard()
-        self.file.write(bytes(HEADER_SIZE))  # the header is patched when the sizes are known
-        self.position = HEADER_SIZE
-        self.hash = hashlib.sha256()
-
-    def write(self, data: bytes | np.ndarray) -> None:
-        view = memoryview(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data)
-        view = view.cast("B")
-        self.file.write(view)
-        self.hash.update(view)
-        self.position += view.nbytes
-
-    def align(self, boundary: int = 8) -> None:
-        self.write(bytes(-self.position % boundary))
-
-    def close(self, data_len: int, token_width: int) -> None:
-        self.file.seek(0)
-        self.file.write(HEADER.pack(data_len, token_width))
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-
-    def discard(self) -> None:
-        if not self.file.closed:
-            self.file.close()
-
-
 class Writer(PbinFacts, ShardWriter):
     """One Modalities document per bin, plus packlab's trailer (loss mask, starts, footer).
 
@@ -348,12 +164,12 @@ class Writer(PbinFacts, ShardWriter):
     ) -> None:
         metadata = options.get("metadata") or {}
         self.vocab_size = vocab_size if vocab_size is not None else metadata.get("vocab_size")
-        self.token_width = _check_width(token_width, self.vocab_size, str(path))
+        self.token_width = check_width(token_width, self.vocab_size, str(path))
         self.token_dtype = TOKEN_DTYPES[self.token_width]
         super().__init__(path, **options)
 
     def _open(self) -> None:
-        self._out = _Output(self.tmp_path)
+        self._out = open_output(self.tmp_path)
         scratch = temporary_sibling(self.path)
         self._scratch = {
             "lengths": ScratchArray(Path(f"{scratch}.lengths"), "<i8"),
@@ -385,24 +201,24 @@ class Writer(PbinFacts, ShardWriter):
         for lengths in self._scratch["lengths"].chunks():
             index.add(lengths)
         index.close()
-        sections = {"index": [0, out.position - index_offset]}
+        sections = {"index": [0, out.bytes - index_offset]}
         for name, chunks in (
-            ("loss_mask", self._scratch["loss"].chunks(_COPY_CHUNK)),  # uint8[num_tokens]
+            ("loss_mask", self._scratch["loss"].chunks(COPY_CHUNK)),  # uint8[num_tokens]
             ("token_offsets", _running_offsets(self._scratch["lengths"])),  # int64[num_bins + 1]
             ("seq_offsets", _running_offsets(self._scratch["nseqs"])),  # int64[num_bins + 1]
-            ("seq_starts", self._scratch["starts"].chunks(_COPY_CHUNK)),  # int32[num_seqs]
+            ("seq_starts", self._scratch["starts"].chunks(COPY_CHUNK)),  # int32[num_seqs]
         ):
             out.align()
-            start = out.position
+            start = out.bytes
             for chunk in chunks:
                 out.write(chunk)
-            sections[name] = [start - index_offset, out.position - start]
+            sections[name] = [start - index_offset, out.bytes - start]
         manifest.update(layout=LAYOUT, token_width=self.token_width, vocab_size=self.vocab_size,
-                        sections=sections, sha256=out.hash.hexdigest(),
+                        sections=sections, sha256=out.hexdigest(),
                         sha256_of="bytes from 12 to the footer")
         footer = json.dumps(manifest, sort_keys=True).encode()
-        out.file.write(footer + TAIL.pack(len(footer), TRAILER_MAGIC))
-        out.close(data_len, self.token_width)
+        out.write(footer + TAIL.pack(len(footer), TRAILER_MAGIC), hashed=False)
+        finish_output(out, data_len, self.token_width)
         for scratch in self._scratch.values():
             scratch.discard()
         return manifest
@@ -423,53 +239,6 @@ def _running_offsets(counts: ScratchArray) -> Iterator[np.ndarray]:
         ends = np.cumsum(chunk, dtype=np.int64) + total
         total = int(ends[-1])
         yield ends
-
-
-def write_pbin(
-    spool: str | os.PathLike[str] | SpoolReader,
-    path: str | os.PathLike[str],
-    *,
-    token_width: int | str | None = "auto",
-    overwrite: bool = False,
-) -> dict[str, Any]:
-    """A plain Modalities pbin of a spool: one document per sequence, tokens only (no masks).
-
-    ``auto`` width follows the spool's vocab_size, else its largest token id. Streams in chunks;
-    published atomically. Returns what it wrote.
-    """
-    reader = spool if isinstance(spool, SpoolReader) else SpoolReader(spool)
-    final = Path(path)
-    if (final.exists() or final.is_symlink()) and not overwrite:
-        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
-    vocab = reader.vocab_size
-    if vocab is None and token_width in (None, "auto"):
-        vocab = max(int(reader.tokens[lo : lo + _COPY_CHUNK].max())
-                    for lo in range(0, reader.num_tokens, _COPY_CHUNK)) + 1
-    width = _check_width(token_width, vocab, str(final))
-    dtype = TOKEN_DTYPES[width]
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(final)
-    out = _Output(tmp)
-    try:
-        for lo in range(0, reader.num_tokens, _COPY_CHUNK):
-            chunk = np.asarray(reader.tokens[lo : lo + _COPY_CHUNK])
-            if int(chunk.min()) < 0 or int(chunk.max()) > np.iinfo(dtype).max:
-                raise PacklabError(f"{final}: spool tokens {int(chunk.min())}..{int(chunk.max())}"
-                                   f" do not fit {width}-byte tokens")
-            out.write(chunk.astype(dtype))
-        index = IndexWriter(out, width)
-        for lo in range(0, reader.num_sequences, 1 << 20):
-            index.add(np.asarray(reader.lengths[lo : lo + (1 << 20)]))
-        index.close()
-        out.close(reader.num_tokens * width, width)
-        publish(tmp, final, overwrite=overwrite)
-    except BaseException:
-        out.discard()
-        remove(tmp)
-        raise
-    return {"path": str(final), "format": FORMAT, "documents": reader.num_sequences,
-            "num_tokens": reader.num_tokens, "token_width": width,
-            "bytes": final.stat().st_size}
 
 
 class _Mapped(NamedTuple):
@@ -703,7 +472,7 @@ class Reader(PbinFacts, ShardReader):
         with open(self.path, "rb") as f:
             f.seek(HEADER_SIZE)
             remaining = end - HEADER_SIZE
-            while remaining > 0 and (block := f.read(min(_COPY_CHUNK, remaining))):
+            while remaining > 0 and (block := f.read(min(COPY_CHUNK, remaining))):
                 digest.update(block)
                 remaining -= len(block)
         if digest.hexdigest() != self.footer.get("sha256"):

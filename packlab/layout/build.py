@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.files import json_default, publish, temporary_sibling
+from packlab.files import json_default, staged
 from packlab.formats import get_format
 from packlab.layout.blend import (
     BLEND_FILE,
@@ -220,23 +220,21 @@ def _splits_entry(root: Path, fractions: Mapping[str, float], parts: list[dict[s
 def _publish_links(root: Path, splits: dict[str, Any]) -> None:
     """Build ``splits/`` (relative links to each shard and its receipt) aside, rename it in."""
     final = root / SPLITS_DIR
-    tmp = temporary_sibling(final)
-    tmp.mkdir(parents=True)
-    for split, entry in splits.items():
-        folder = tmp / split
-        folder.mkdir()
-        for link, shard in zip(entry["links"], entry["shards"], strict=True):
-            target = os.path.relpath(root / shard, final / split)
-            os.symlink(target, folder / link)
-            if (root / f"{shard}{RECEIPT_SUFFIX}").is_file():
-                os.symlink(f"{target}{RECEIPT_SUFFIX}", folder / f"{link}{RECEIPT_SUFFIX}")
-    publish(tmp, final, overwrite=True)
+    root.mkdir(parents=True, exist_ok=True)
+    with staged(final, overwrite=True, directory=True) as tmp:
+        for split, entry in splits.items():
+            folder = tmp / split
+            folder.mkdir()
+            for link, shard in zip(entry["links"], entry["shards"], strict=True):
+                target = os.path.relpath(root / shard, final / split)
+                os.symlink(target, folder / link)
+                if (root / f"{shard}{RECEIPT_SUFFIX}").is_file():
+                    os.symlink(f"{target}{RECEIPT_SUFFIX}", folder / f"{link}{RECEIPT_SUFFIX}")
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = temporary_sibling(path)
-    tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n")
-    publish(tmp, path, overwrite=True)
+    with staged(path, overwrite=True) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, default=json_default) + "\n")
 
 
 def _write_config(folder: Path, config: dict[str, Any]) -> None:

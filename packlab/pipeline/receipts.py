@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, sha256_file, temporary_sibling
+from packlab.files import sha256_file, staged
 from packlab.formats import open_shard
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -50,9 +50,8 @@ def shard_checksum(path: Path) -> tuple[str, str]:
 def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
     """Write ``<shard>.receipt.json`` atomically (after the shard itself is published)."""
     final = receipt_path(shard)
-    tmp = temporary_sibling(final)
-    tmp.write_text(json.dumps(receipt, indent=2) + "\n")
-    publish(tmp, final, overwrite=True)
+    with staged(final, overwrite=True) as tmp:
+        tmp.write_text(json.dumps(receipt, indent=2) + "\n")
     return final
 
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, remove, temporary_sibling
+from packlab.files import staged
 from packlab.invariants import check_bin
 from packlab.sharded.plan import ChunkPlan, chunk_path, marker_path
 
@@ -60,11 +60,8 @@ def write_chunk(directory: str | os.PathLike[str], plan: ChunkPlan, chunk: int,
 
 def _write_jsonl(final: Path, plan: ChunkPlan, start: int, stop: int,
                  bins: Iterable[PackedBin], overwrite: bool) -> Path:
-    if final.exists() and not overwrite:
-        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
-    tmp = temporary_sibling(final)
     count = 0
-    try:
+    with staged(final, overwrite=overwrite) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
             for count, packed in enumerate(bins, start=1):
                 if start + count > stop:
@@ -84,10 +81,6 @@ def _write_jsonl(final: Path, plan: ChunkPlan, start: int, stop: int,
             os.fsync(f.fileno())
         if count != stop - start:
             raise PacklabError(f"{final}: {count} samples given, the plan needs {stop - start}")
-        publish(tmp, final, overwrite=overwrite)
-    except BaseException:
-        remove(tmp)
-        raise
     return final
 
 

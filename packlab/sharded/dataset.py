@@ -33,7 +33,7 @@ import numpy as np
 
 from packlab.dataset import item_from_bin
 from packlab.errors import InvariantError, PacklabError
-from packlab.files import publish, temporary_sibling
+from packlab.files import staged
 from packlab.sharded.chunks import LoadedChunk, load_chunk, preload, wait_for_chunk
 from packlab.sharded.plan import ChunkPlan, chunk_path, marker_path, plan_path, read_plan
 from packlab.sharded.sampler import RankLocalIndex
@@ -212,13 +212,12 @@ class ConsumptionTracker:
 
     def _mark(self, chunk: int) -> None:
         final = marker_path(chunk_path(self.directory, self.plan, chunk))
-        tmp = temporary_sibling(final)
-        tmp.write_text(json.dumps({
-            "chunk": chunk, "rank": self.index.rank, "world_size": self.index.world_size,
-            "epoch": self.epoch, "samples": int(self.index.sizes[
-                int(np.flatnonzero(self.index.chunks == chunk)[0])]),
-        }) + "\n")
-        publish(tmp, final, overwrite=True)
+        with staged(final, overwrite=True) as tmp:
+            tmp.write_text(json.dumps({
+                "chunk": chunk, "rank": self.index.rank, "world_size": self.index.world_size,
+                "epoch": self.epoch, "samples": int(self.index.sizes[
+                    int(np.flatnonzero(self.index.chunks == chunk)[0])]),
+            }) + "\n")
         self.completed.append(chunk)
 
     def track(self, batches: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:

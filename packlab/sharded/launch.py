@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.files import publish, temporary_sibling
+from packlab.files import staged
 
 Job = Callable[[int, int, dict[str, Any]], dict[str, Any]]
 
@@ -126,9 +126,8 @@ def _rank_main(rank: int, world_size: int, port: int, job: Job, config: dict[str
         dist.all_gather_object(gathered, result)
         if rank == 0:
             final = Path(out_dir) / "result.json"
-            tmp = temporary_sibling(final)
-            tmp.write_text(json.dumps(gathered))
-            publish(tmp, final, overwrite=True)
+            with staged(final, overwrite=True) as tmp:
+                tmp.write_text(json.dumps(gathered))
     finally:
         dist.destroy_process_group()
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import publish, read_versioned_json, temporary_sibling
+from packlab.files import read_versioned_json, staged
 
 PLAN_FILE = "chunks.json"
 PLAN_VERSION = "packlab_chunks_v1"
@@ -118,9 +118,8 @@ def write_plan(directory: str | os.PathLike[str], plan: ChunkPlan, *,
     """Publish ``chunks.json`` atomically (consumers may be polling for it)."""
     final = plan_path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_sibling(final)
-    tmp.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
-    publish(tmp, final, overwrite=overwrite)
+    with staged(final, overwrite=overwrite) as tmp:
+        tmp.write_text(json.dumps(plan.to_dict(), indent=2) + "\n")
     return final
 
 
