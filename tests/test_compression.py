@@ -17,6 +17,7 @@ from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import BinColumns
 from packlab.materialize import iter_bins
 from packlab.measure import compression as C
+from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.packing import BinAssignment
 from packlab.pipeline.shards import RECEIPT_SUFFIX
 from packlab.spool import SpoolReader
@@ -263,15 +264,15 @@ def test_fastest_keeps_the_least_cpu_within_budget() -> None:
 
 # -- verdicts --------------------------------------------------------------------------------
 def test_speed_words_and_ratio_verdicts() -> None:
-    assert C.speed_word(95, 100) == "fastest"
-    assert C.speed_word(70, 100) == "fast"
-    assert C.speed_word(40, 100) == "medium"
-    assert C.speed_word(10, 100) == "slow"
-    assert C.words_agree("fast", "fastest") and not C.words_agree("fastest", "fast")
-    assert C.ratio_verdict(2.4, 2.5) == "holds"
-    assert C.ratio_verdict(1.2, 2.5).startswith("overstated")
-    assert C.ratio_verdict(4.0, 2.5).startswith("understated")
-    assert C.ratio_verdict(2.9, 2, 3) == "holds" and C.ratio_verdict(1.9, 2, 3) != "holds"
+    assert speed_word(95, 100) == "fastest"
+    assert speed_word(70, 100) == "fast"
+    assert speed_word(40, 100) == "medium"
+    assert speed_word(10, 100) == "slow"
+    assert words_agree("fast", "fastest") and not words_agree("fastest", "fast")
+    assert ratio_verdict(2.4, 2.5) == "holds"
+    assert ratio_verdict(1.2, 2.5).startswith("overstated")
+    assert ratio_verdict(4.0, 2.5).startswith("understated")
+    assert ratio_verdict(2.9, 2, 3) == "holds" and ratio_verdict(1.9, 2, 3) != "holds"
 
 
 def _row(codec: str, size: int, write: float, read: float, level: int | None = None) -> dict:

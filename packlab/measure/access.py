@@ -34,23 +34,19 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.dataset import PackedDataset, item_from_bin
 from packlab.errors import PacklabError
-from packlab.measure.claims import human_bytes, times
-from packlab.measure.claims import verdict as claim_verdict
 from packlab.measure.latency import CACHES, _read_all, percentiles
 from packlab.measure.pagecache import drop_shard, resident_pages, shard_files
+from packlab.measure.verdicts import claim_verdict, holds
 from packlab.results import finding
 from packlab.samplers import BlockShuffleSampler, ShuffleSampler, dataset_blocks
 from packlab.sources import open_dataset
+from packlab.tables import fmt_us, human_bytes, markdown_table, times
 
 SAMPLERS = ("shuffle", "block")
 # Readers that load every bin at open: once open, nothing is read from disk, so no cold read.
 IN_RAM_FORMATS = ("legacy_npy_pickle",)
 POLICIES = ("one_row_group", "lru")
 MIN_SAMPLES = 10
-
-
-def verdict(ok: bool) -> str:
-    return "holds" if ok else "does not hold"
 
 
 # -- delivery ----------------------------------------------------------------------------------
@@ -383,12 +379,10 @@ def mmap_finding(row: Mapping[str, Any], *, cold_ratio: float = 1.5) -> dict[str
         f"{row['mmap_random_willneed_p50_us']:,.0f} us vs pread {row['pread_p50_us']:,.0f} us "
         f"({ratio:.2f}x); default advice {row['mmap_p50_us']:,.0f} us reading "
         f"{row['mmap_pages']:,.0f} pages (read-ahead {row['read_ahead_kb']} KB)",
-        verdict(ratio <= cold_ratio))
+        holds(ratio <= cold_ratio))
 
 
 def mmap_table(row: Mapping[str, Any]) -> str:
-    from packlab.convert import markdown_table
-
     return markdown_table(["cold read of one bin's bytes", "p50 µs", "p90 µs", "pages read"],
                           [[mode, fmt_us(row[f"{mode}_p50_us"]), fmt_us(row[f"{mode}_p90_us"]),
                             row[f"{mode}_pages"]] for mode in MMAP_MODES])
@@ -749,17 +743,17 @@ def row_group_findings(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(finding(
             "RFC row-group table: random read latency Lower / Medium / Higher as row groups grow",
             ", ".join(f"{s}: {v:,.0f} us" for s, v in zip(sizes, latencies, strict=True)),
-            verdict(growing)))
+            holds(growing)))
         fastest = min(ordered, key=lambda r: r["miss_p50_us"])["row_group_size"]
         out.append(finding(
             f"RFC row-group table: the smallest row group ({sizes[0]}) is best for random access",
-            f"lowest random-read p50 at row_group_size {fastest}", verdict(fastest == sizes[0])))
+            f"lowest random-read p50 at row_group_size {fastest}", holds(fastest == sizes[0])))
         scans = {r["row_group_size"]: r["scan_tokens_per_s"] for r in ordered}
         best = max(scans, key=lambda s: scans[s])
         out.append(finding(
             f"RFC row-group table: the largest row group ({sizes[-1]}) is best for sequential scans",
             ", ".join(f"{s}: {v / 1e6:,.1f} M tokens/s" for s, v in scans.items()),
-            verdict(best == sizes[-1])))
+            holds(best == sizes[-1])))
     return out
 
 
@@ -792,13 +786,13 @@ def target_findings(
             out.append(finding(f"{fmt}: warm random read within {floor_ratio}x of the Python floor",
                                f"p50 {warm[fmt]['p50_us']:.1f} us vs floor "
                                f"{warm[fmt]['python_floor_p50_us']:.1f} us ({r:.3f}x)",
-                               verdict(r <= floor_ratio)))
+                               holds(r <= floor_ratio)))
         if fmt in batched:
             b = batched[fmt]
             out.append(finding(f"{fmt}: batched reads (__getitems__) cheaper per bin than single",
                                f"{b['batched_p50_us']:.1f} vs {b['single_p50_us']:.1f} us per bin "
                                f"(batch of {b['batch_size']})",
-                               verdict(b["batched_p50_us"] < b["single_p50_us"])))
+                               holds(b["batched_p50_us"] < b["single_p50_us"])))
     for fmt, row in cold.items():
         if fmt in IN_RAM_FORMATS:
             continue
@@ -807,7 +801,7 @@ def target_findings(
         out.append(finding(f"{fmt}: cold random read within {cold_ratio}x of a raw pread",
                            f"p50 {row['p50_us']:,.0f} us vs pread {row['pread_p50_us']:,.0f} us "
                            f"({r:.2f}x){checked}",
-                           verdict(bool(row.get("cold_verified")) and r <= cold_ratio)))
+                           holds(bool(row.get("cold_verified")) and r <= cold_ratio)))
     if epochs and {"today", "packlab"} <= set(epochs):
         today, ours = epochs["today"], epochs["packlab"]
         speedup = today["epoch_seconds"] / ours["epoch_seconds"]
@@ -817,22 +811,13 @@ def target_findings(
             f"parquet: shuffled epoch >= {parquet_speedup:.0f}x faster than the one-row-group policy",
             f"{ours['epoch_seconds']:.2f} s (LRU + block shuffle) vs {today['epoch_seconds']:.1f} s "
             f"(one row group + uniform shuffle, {how}): {times(speedup)}",
-            verdict(speedup >= parquet_speedup)))
+            holds(speedup >= parquet_speedup)))
     return out
 
 
 # -- tables and headline numbers for the notebook -----------------------------------------------
-def fmt_us(value: float | None) -> str:
-    """Microseconds as a table shows them: one decimal below 100, none above."""
-    if value is None:
-        return "n/a"
-    return f"{value:,.1f}" if value < 100 else f"{value:,.0f}"
-
-
 def latency_table(latency: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     """``latency[cache][format]`` rows of :func:`random_access` as one Markdown table."""
-    from packlab.convert import markdown_table
-
     rows = []
     for name in latency.get("warm", latency.get("cold", {})):
         for cache in ("warm", "cold"):
@@ -851,8 +836,6 @@ def latency_table(latency: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str
 
 
 def batched_table(batched: Mapping[str, Mapping[str, Any]]) -> str:
-    from packlab.convert import markdown_table
-
     return markdown_table(
         ["format", "batch", "samples", "batched µs/bin", "single µs/bin", "gain",
          "Python floor batched", "Python floor single"],
@@ -869,8 +852,6 @@ def steady_rate(row: Mapping[str, Any]) -> float:
 def throughput_table(scans: Mapping[str, Mapping[str, Mapping[str, Any]]],
                      loaders: Mapping[str, Sequence[Mapping[str, Any]]]) -> str:
     """Scan tokens/s (warm, cold, Python floor, raw read) and DataLoader bins/s per format."""
-    from packlab.convert import markdown_table
-
     workers = [r["workers"] for r in next(iter(loaders.values()))] if loaders else []
     rows = []
     for n in scans["warm"]:
@@ -888,8 +869,6 @@ def throughput_table(scans: Mapping[str, Mapping[str, Mapping[str, Any]]],
 
 def sweep_table(sweep: Sequence[Mapping[str, Any]]) -> str:
     """:func:`row_group_sweep` rows beside the RFC's claims (~20 KB per row held)."""
-    from packlab.convert import markdown_table
-
     rows = []
     for r in sweep:
         rfc = RFC_ROW_GROUPS.get(r["row_group_size"], {})
@@ -909,8 +888,6 @@ def sweep_table(sweep: Sequence[Mapping[str, Any]]) -> str:
 
 
 def epoch_table(epochs: Mapping[str, Mapping[str, Any]]) -> str:
-    from packlab.convert import markdown_table
-
     return markdown_table(
         ["policy", "reader", "sampler", "accesses timed", "epoch s", "projected",
          "row-group decodes", "per-bin p50 µs", "per-bin mean µs"],
@@ -920,8 +897,6 @@ def epoch_table(epochs: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def findings_table(findings: Sequence[Mapping[str, str]]) -> str:
-    from packlab.convert import markdown_table
-
     return markdown_table(["claim", "measured", "verdict"],
                           [[f["claim"], f["measured"], f["verdict"]] for f in findings])
 

@@ -51,6 +51,7 @@ from packlab.formats.arrow_lists import (
     parse_error,
 )
 from packlab.measure.size import order0_entropy_bits
+from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.packing import BinAssignment, pack
 from packlab.spool import SpoolReader
 from packlab.version import __version__
@@ -489,33 +490,6 @@ def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
 
 
 # -- judging ---------------------------------------------------------------------------------
-def speed_word(rate: float, fastest: float) -> str:
-    """The RFC's speed words from a rate relative to the fastest in the same run:
-    ``fastest`` within 10% of the top, ``fast`` >= 2/3 of it, ``medium`` >= 1/3, else ``slow``."""
-    rel = rate / fastest
-    if rel >= 0.9:
-        return "fastest"
-    return "fast" if rel >= 2 / 3 else "medium" if rel >= 1 / 3 else "slow"
-
-
-def words_agree(claimed: str, measured: str) -> bool:
-    """``fast`` is also met by ``fastest``; otherwise the words must match."""
-    return claimed == measured or (claimed == "fast" and measured == "fastest")
-
-
-def ratio_verdict(measured: float, low: float, high: float | None = None, *,
-                  tolerance: float = 0.2) -> str:
-    """A claimed ratio (``~low``, or the range ``low..high``) against a measured one.
-
-    ``~x`` holds within ``tolerance`` (relative) either way; a range holds inside it.
-    """
-    lo, hi = (low * (1 - tolerance), low * (1 + tolerance)) if high is None else (low, high)
-    if lo <= measured <= hi:
-        return "holds"
-    word = "overstated" if measured < lo else "understated"
-    return f"{word} (measured {measured:.2g}x)"
-
-
 # The RFC's codec table (seed 001, "Compression"): ratio to uncompressed, write, read speed.
 RFC_CODEC_TABLE = {
     "zstd": (2.5, "medium", "fast"),
