@@ -17,8 +17,9 @@ from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format, open_shard, open_writer
 from packlab.materialize import iter_bins
 from packlab.measure import claims
+from packlab.measure.delivery import percentiles
 from packlab.measure.harness import job_name, profile, run_job
-from packlab.measure.latency import latency, percentiles
+from packlab.measure.latency import latency
 from packlab.measure.pagecache import drop_cache, drop_shard, resident_pages, shard_files
 from packlab.measure.size import order0_entropy_bits, size_report
 from packlab.measure.throughput import dataloader, scan
