@@ -19,6 +19,7 @@ from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import get_format, open_shard, open_writer
 from packlab.pipeline.receipts import shard_bytes
+from packlab.tables import markdown_table  # noqa: F401 - notebook 01 and tests import it from here
 
 
 def converted_name(source: Path, source_format: str, target_format: str) -> str:
@@ -122,18 +123,3 @@ def bin_digests(source: Any) -> list[str]:
     dataset = source if isinstance(source, PackedDataset) else PackedDataset(find_shards(source))
     return [bin_digest(*packed) for reader in dataset.readers() for packed in reader.iter_bins()]
 
-
-def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
-    """A Markdown table (numbers with thousands separators, floats to 4 significant digits)."""
-    def cell(value: Any) -> str:
-        if isinstance(value, bool):
-            return "yes" if value else "no"
-        if isinstance(value, int):
-            return f"{value:,}"
-        if isinstance(value, float):
-            return f"{value:.4g}"
-        return str(value)
-
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)

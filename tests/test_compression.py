@@ -1,4 +1,5 @@
-"""packlab.measure.compression: entropy, Parquet layouts (round trips, sizes, traps), verdicts, formats."""
+"""packlab.measure.compression and size: entropy, Parquet encodings (round trips, sizes, traps),
+verdicts, every format's size."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import BinColumns
 from packlab.materialize import iter_bins
 from packlab.measure import compression as C
+from packlab.measure import size as S
+from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.packing import BinAssignment
 from packlab.pipeline.shards import RECEIPT_SUFFIX
 from packlab.spool import SpoolReader
@@ -29,81 +32,81 @@ def columns(spool: SpoolReader, assignment: BinAssignment) -> BinColumns:
     return C.collect_columns(iter_bins(spool, assignment))
 
 
-def all_layouts() -> list[C.Layout]:
+def all_encodings() -> list[C.ParquetEncoding]:
     return [
-        *C.codec_layouts(),
-        *C.encoding_layouts(),
-        *C.candidate_layouts(),
-        C.Layout(codec="gzip", tokens="delta", starts="plain", mask="plain"),
-        C.Layout(level=9, tokens="byte_stream_split", token_type="uint16", starts="delta",
-                 row_group_size=7),
+        *C.codec_encodings(),
+        *C.column_encodings(),
+        *C.candidate_encodings(),
+        C.ParquetEncoding(codec="gzip", tokens="delta", starts="plain", mask="plain"),
+        C.ParquetEncoding(level=9, tokens="byte_stream_split", token_type="uint16",
+                          starts="delta", row_group_size=7),
     ]
 
 
 # -- entropy ---------------------------------------------------------------------------------
 def test_entropy_of_known_distributions() -> None:
-    assert C.token_entropy_bits(np.array([0, 0, 1, 2])) == pytest.approx(1.5)
-    assert C.token_entropy_bits(np.arange(8).repeat(5)) == pytest.approx(3.0)
-    assert C.token_entropy_bits(np.full(100, 70_000)) == 0.0
+    assert S.token_entropy_bits(np.array([0, 0, 1, 2])) == pytest.approx(1.5)
+    assert S.token_entropy_bits(np.arange(8).repeat(5)) == pytest.approx(3.0)
+    assert S.token_entropy_bits(np.full(100, 70_000)) == 0.0
     p = np.array([0.7, 0.2, 0.1])
     tokens = np.repeat([5, 900, 131_000], (p * 1000).astype(int))
-    assert C.token_entropy_bits(tokens) == pytest.approx(-(p * np.log2(p)).sum())
+    assert S.token_entropy_bits(tokens) == pytest.approx(-(p * np.log2(p)).sum())
     with pytest.raises(PacklabError, match="non-negative"):
-        C.token_entropy_bits(np.array([3, -1]))
+        S.token_entropy_bits(np.array([3, -1]))
 
 
 def test_byte_plane_entropy() -> None:
     rng = np.random.default_rng(2)
     small = rng.integers(0, 200, 10_000)
-    assert C.byte_plane_entropy_bits(small) == pytest.approx(C.token_entropy_bits(small))
+    assert S.byte_plane_entropy_bits(small) == pytest.approx(S.token_entropy_bits(small))
     lo, hi = rng.integers(0, 256, 50_000), rng.integers(0, 4, 50_000)
     independent = hi * 256 + lo
-    assert C.byte_plane_entropy_bits(independent) == pytest.approx(
-        C.token_entropy_bits(lo) + C.token_entropy_bits(hi))
+    assert S.byte_plane_entropy_bits(independent) == pytest.approx(
+        S.token_entropy_bits(lo) + S.token_entropy_bits(hi))
     dependent = rng.integers(0, 4, 50_000) * 257  # both bytes carry the same 2 bits
-    assert C.byte_plane_entropy_bits(dependent) == pytest.approx(
-        2 * C.token_entropy_bits(dependent), rel=1e-9)
+    assert S.byte_plane_entropy_bits(dependent) == pytest.approx(
+        2 * S.token_entropy_bits(dependent), rel=1e-9)
     with pytest.raises(PacklabError):
-        C.byte_plane_entropy_bits(np.array([-1]))
+        S.byte_plane_entropy_bits(np.array([-1]))
 
 
 def test_empirical_entropy_of_uniform_draws_is_near_log2_vocab() -> None:
     tokens = np.random.default_rng(0).integers(0, 1024, size=400_000)
-    assert C.token_entropy_bits(tokens) == pytest.approx(10.0, abs=0.01)
+    assert S.token_entropy_bits(tokens) == pytest.approx(10.0, abs=0.01)
 
 
-# -- layouts ---------------------------------------------------------------------------------
-def test_layout_rejects_unknown_choices() -> None:
+# -- encodings -------------------------------------------------------------------------------
+def test_encoding_rejects_unknown_choices() -> None:
     for bad in ({"codec": "bzip9"}, {"token_type": "int8"}, {"tokens": "rle"},
                 {"starts": "byte_stream_split"}, {"mask": "delta"}, {"row_group_size": 0}):
         with pytest.raises(PacklabError):
-            C.Layout(**bad)  # type: ignore[arg-type]
+            C.ParquetEncoding(**bad)  # type: ignore[arg-type]
 
 
-def test_layout_names_and_rfc_default() -> None:
-    assert C.RFC_LAYOUT.name == "zstd"
-    assert C.Layout(level=19, tokens="byte_stream_split", token_type="uint16").name == \
+def test_encoding_names_and_rfc_default() -> None:
+    assert C.RFC_ENCODING.name == "zstd"
+    assert C.ParquetEncoding(level=19, tokens="byte_stream_split", token_type="uint16").name == \
         "zstd-19 bss uint16"
-    assert [x.name for x in C.codec_layouts()] == [
+    assert [x.name for x in C.codec_encodings()] == [
         "none", "snappy", "lz4", "gzip", "zstd-1", "zstd-3", "zstd-9", "zstd-19"]
-    assert len({x.name for x in all_layouts()}) == len(all_layouts())
-    study = C.study_layouts(uint16=False)
-    assert study[0] == C.RFC_LAYOUT and len({x.name for x in study}) == len(study)
+    assert len({x.name for x in all_encodings()}) == len(all_encodings())
+    study = C.study_encodings(uint16=False)
+    assert study[0] == C.RFC_ENCODING and len({x.name for x in study}) == len(study)
     assert all(x.token_type == "int32" for x in study)
-    assert len(C.study_layouts(uint16=True)) > len(study)
+    assert len(C.study_encodings(uint16=True)) > len(study)
     rows = [{"layout": "a"}, {"layout": "b"}]
     assert C.by_name(rows, "b") is rows[1]
     with pytest.raises(PacklabError, match="no layout 'c'"):
         C.by_name(rows, "c")
 
 
-@pytest.mark.parametrize("layout", all_layouts(), ids=lambda x: x.name)
-def test_every_layout_round_trips_through_the_parquet_format(
+@pytest.mark.parametrize("encoding", all_encodings(), ids=lambda x: x.name)
+def test_every_encoding_round_trips_through_the_parquet_format(
     columns: BinColumns, spool: SpoolReader, assignment: BinAssignment, tmp_path: Path,
-    layout: C.Layout,
+    encoding: C.ParquetEncoding,
 ) -> None:
     path = tmp_path / "shard.parquet"
-    written = C.write_layout(columns, path, layout, pack_size=PACK)
+    written = C.write_encoded(columns, path, encoding, pack_size=PACK)
     assert written["bytes"] == path.stat().st_size
     assert not list(tmp_path.glob("*.tmp*")), "temporary left behind"
     assert C.columns_equal(C.read_columns(path), columns)
@@ -120,32 +123,33 @@ def test_every_layout_round_trips_through_the_parquet_format(
 def test_encodings_reach_the_file(columns: BinColumns, tmp_path: Path) -> None:
     """Leaf paths, not column names: pyarrow ignores a top-level name without a word."""
     cases = {
-        C.Layout(tokens="byte_stream_split", starts="delta"):
+        C.ParquetEncoding(tokens="byte_stream_split", starts="delta"):
             ("BYTE_STREAM_SPLIT", "DELTA_BINARY_PACKED"),
-        C.Layout(tokens="delta", starts="plain"): ("DELTA_BINARY_PACKED", "PLAIN"),
-        C.Layout(tokens="plain"): ("PLAIN", "RLE_DICTIONARY"),
-        C.RFC_LAYOUT: ("RLE_DICTIONARY", "RLE_DICTIONARY"),
+        C.ParquetEncoding(tokens="delta", starts="plain"): ("DELTA_BINARY_PACKED", "PLAIN"),
+        C.ParquetEncoding(tokens="plain"): ("PLAIN", "RLE_DICTIONARY"),
+        C.RFC_ENCODING: ("RLE_DICTIONARY", "RLE_DICTIONARY"),
     }
-    for layout, (tokens, starts) in cases.items():
-        path = tmp_path / f"{layout.name}.parquet"
-        C.write_layout(columns, path, layout, pack_size=PACK)
+    for encoding, (tokens, starts) in cases.items():
+        path = tmp_path / f"{encoding.name}.parquet"
+        C.write_encoded(columns, path, encoding, pack_size=PACK)
         group = pq.read_metadata(path).row_group(0)
-        assert tokens in group.column(0).encodings, layout.name
-        assert starts in group.column(2).encodings, layout.name
-        if layout.tokens != "dictionary":
+        assert tokens in group.column(0).encodings, encoding.name
+        assert starts in group.column(2).encodings, encoding.name
+        if encoding.tokens != "dictionary":
             assert not group.column(0).has_dictionary_page
 
 
 def test_uint16_is_int32_on_disk_and_refuses_large_ids(columns: BinColumns,
                                                       tmp_path: Path) -> None:
     path = tmp_path / "u16.parquet"
-    C.write_layout(columns, path, C.Layout(token_type="uint16", tokens="plain", codec="none"),
-                   pack_size=PACK)
+    C.write_encoded(columns, path,
+                    C.ParquetEncoding(token_type="uint16", tokens="plain", codec="none"),
+                    pack_size=PACK)
     assert pq.read_metadata(path).row_group(0).column(0).physical_type == "INT32"
     big = columns._replace(input_ids=columns.input_ids + 70_000)
     with pytest.raises(PacklabError, match=r"big\.parquet.*does not fit uint16"):
-        C.write_layout(big, tmp_path / "big.parquet", C.Layout(token_type="uint16"),
-                       pack_size=PACK)
+        C.write_encoded(big, tmp_path / "big.parquet", C.ParquetEncoding(token_type="uint16"),
+                        pack_size=PACK)
     assert not (tmp_path / "big.parquet").exists()
 
 
@@ -155,10 +159,10 @@ def test_write_errors_name_the_file(columns: BinColumns, tmp_path: Path) -> None
     empty = empty._replace(token_offsets=empty.token_offsets[:1],
                            seq_offsets=empty.seq_offsets[:1])
     with pytest.raises(PacklabError, match=r"e\.parquet: no bins"):
-        C.write_layout(empty, tmp_path / "e.parquet", C.RFC_LAYOUT, pack_size=PACK)
+        C.write_encoded(empty, tmp_path / "e.parquet", C.RFC_ENCODING, pack_size=PACK)
     with pytest.raises(PacklabError, match=r"bad\.parquet: cannot write layout 'snappy-5'"):
-        C.write_layout(columns, tmp_path / "bad.parquet", C.Layout(codec="snappy", level=5),
-                       pack_size=PACK)
+        C.write_encoded(columns, tmp_path / "bad.parquet",
+                        C.ParquetEncoding(codec="snappy", level=5), pack_size=PACK)
     assert [p.name for p in tmp_path.iterdir()] == ["spool"]  # nothing else left behind
 
 
@@ -200,21 +204,22 @@ def test_any_bins_round_trip(tmp_path: Path, drawn: list, pick: int, group: int)
     bins = _bins(drawn)
     cols = C.collect_columns(bins)
     fits16 = int(cols.input_ids.max()) <= 0xFFFF
-    choices = [x for x in all_layouts() if fits16 or x.token_type == "int32"]
-    layout = C.Layout(**{**choices[pick % len(choices)].__dict__, "row_group_size": group})
+    choices = [x for x in all_encodings() if fits16 or x.token_type == "int32"]
+    encoding = C.ParquetEncoding(**{**choices[pick % len(choices)].__dict__,
+                                    "row_group_size": group})
     path = tmp_path / f"any_{pick}_{group}.parquet"
-    C.write_layout(cols, path, layout, pack_size=512)
+    C.write_encoded(cols, path, encoding, pack_size=512)
     assert C.columns_equal(C.read_columns(path), cols)
     assert pq.read_metadata(path).num_row_groups == math.ceil(len(bins) / group)
 
 
 # -- the sweep -------------------------------------------------------------------------------
 def test_sweep_sizes_are_consistent(columns: BinColumns, tmp_path: Path) -> None:
-    layouts = [C.RFC_LAYOUT, C.Layout(level=1), C.Layout(codec="none"),
-               C.Layout(level=19, tokens="byte_stream_split", starts="delta")]
-    rows = C.sweep(columns, tmp_path / "sweep", layouts, pack_size=PACK, repeats=2)
+    encodings = [C.RFC_ENCODING, C.ParquetEncoding(level=1), C.ParquetEncoding(codec="none"),
+                 C.ParquetEncoding(level=19, tokens="byte_stream_split", starts="delta")]
+    rows = C.sweep(columns, tmp_path / "sweep", encodings, pack_size=PACK, repeats=2)
     tokens = columns.input_ids.shape[0]
-    assert [r["layout"] for r in rows] == [x.name for x in layouts]
+    assert [r["layout"] for r in rows] == [x.name for x in encodings]
     for row in rows:
         assert row["bytes"] == Path(row["path"]).stat().st_size
         assert sum(row["column_bytes"].values()) < row["bytes"]
@@ -227,7 +232,7 @@ def test_sweep_sizes_are_consistent(columns: BinColumns, tmp_path: Path) -> None
     assert rfc["column_bytes"] == level1["column_bytes"]  # pyarrow's default zstd level: 1
     assert none["bytes"] > rfc["bytes"] > compact["bytes"]
     with pytest.raises(PacklabError, match="repeats"):
-        C.sweep(columns, tmp_path / "x", layouts, pack_size=PACK, repeats=0)
+        C.sweep(columns, tmp_path / "x", encodings, pack_size=PACK, repeats=0)
 
 
 def test_byte_stream_split_reaches_order0_entropy_on_uniform_tokens(tmp_path: Path) -> None:
@@ -239,9 +244,10 @@ def test_byte_stream_split_reaches_order0_entropy_on_uniform_tokens(tmp_path: Pa
     starts_per = np.zeros(rows, dtype=np.int32)
     cols = BinColumns(rng.integers(0, 1 << 12, n).astype(np.int32), np.zeros(n, np.uint8),
                       starts_per, offsets, np.arange(rows + 1, dtype=np.int64))
-    layouts = [C.Layout(level=9, tokens="byte_stream_split"), C.Layout(level=9, tokens="plain")]
-    bss, plain = C.sweep(cols, tmp_path, layouts, pack_size=4096, repeats=1)
-    entropy = C.token_entropy_bits(cols.input_ids)
+    encodings = [C.ParquetEncoding(level=9, tokens="byte_stream_split"),
+                 C.ParquetEncoding(level=9, tokens="plain")]
+    bss, plain = C.sweep(cols, tmp_path, encodings, pack_size=4096, repeats=1)
+    entropy = S.token_entropy_bits(cols.input_ids)
     assert entropy == pytest.approx(12, abs=0.02)
     assert entropy <= bss["token_bits_per_token"] <= 1.05 * entropy
     assert plain["token_bits_per_token"] > bss["token_bits_per_token"]
@@ -263,15 +269,15 @@ def test_fastest_keeps_the_least_cpu_within_budget() -> None:
 
 # -- verdicts --------------------------------------------------------------------------------
 def test_speed_words_and_ratio_verdicts() -> None:
-    assert C.speed_word(95, 100) == "fastest"
-    assert C.speed_word(70, 100) == "fast"
-    assert C.speed_word(40, 100) == "medium"
-    assert C.speed_word(10, 100) == "slow"
-    assert C.words_agree("fast", "fastest") and not C.words_agree("fastest", "fast")
-    assert C.ratio_verdict(2.4, 2.5) == "holds"
-    assert C.ratio_verdict(1.2, 2.5).startswith("overstated")
-    assert C.ratio_verdict(4.0, 2.5).startswith("understated")
-    assert C.ratio_verdict(2.9, 2, 3) == "holds" and C.ratio_verdict(1.9, 2, 3) != "holds"
+    assert speed_word(95, 100) == "fastest"
+    assert speed_word(70, 100) == "fast"
+    assert speed_word(40, 100) == "medium"
+    assert speed_word(10, 100) == "slow"
+    assert words_agree("fast", "fastest") and not words_agree("fastest", "fast")
+    assert ratio_verdict(2.4, 2.5) == "holds"
+    assert ratio_verdict(1.2, 2.5).startswith("overstated")
+    assert ratio_verdict(4.0, 2.5).startswith("understated")
+    assert ratio_verdict(2.9, 2, 3) == "holds" and ratio_verdict(1.9, 2, 3) != "holds"
 
 
 def _row(codec: str, size: int, write: float, read: float, level: int | None = None) -> dict:
@@ -314,10 +320,10 @@ def test_smallest_fast_respects_the_read_floor() -> None:
 # -- every format, padding -------------------------------------------------------------------
 def test_format_sizes_count_every_byte(spool: SpoolReader, assignment: BinAssignment,
                                        tmp_path: Path) -> None:
-    variants = C.default_variants(spool.vocab_size)
+    variants = S.default_variants(spool.vocab_size)
     labels = [v.label for v in variants]
     assert "binidx int32" in labels and "parquet" in labels  # vocab 50000 fits uint16
-    rows = {r["label"]: r for r in C.format_sizes(spool, assignment, tmp_path, variants,
+    rows = {r["label"]: r for r in S.format_sizes(spool, assignment, tmp_path, variants,
                                                   bins_per_shard=3)}
     tokens = int(assignment.bin_lengths(spool.lengths).sum())
     for i, variant in enumerate(variants):
@@ -335,7 +341,7 @@ def test_format_sizes_count_every_byte(spool: SpoolReader, assignment: BinAssign
 
 
 def test_memmap_bytes_follow_the_padding_arithmetic(spool: SpoolReader, tmp_path: Path) -> None:
-    rows = C.padding_sweep(spool, tmp_path, [("next_fit", 512), ("best_fit_decreasing", 2048)])
+    rows = S.padding_sweep(spool, tmp_path, [("next_fit", 512), ("best_fit_decreasing", 2048)])
     assert rows[0]["efficiency"] < 1 and rows[1]["num_bins"] > 0
     for row in rows:
         headers = (row["bytes_per_token"] - row["predicted_bytes_per_token"]) * (

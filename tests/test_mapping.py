@@ -18,9 +18,9 @@ from packlab.errors import FormatError
 from packlab.formats import open_shard
 from packlab.mapping import MappedFile, ReadAdvice, load_array, scan
 from packlab.materialize import iter_bins
-from packlab.measure.access import data_files, drop_until_cold
-from packlab.measure.latency import _Delivery
-from packlab.measure.pagecache import resident_pages
+from packlab.measure.delivery import Sink
+from packlab.measure.pagecache import drop_until_cold, resident_pages
+from packlab.measure.reading import data_files
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
@@ -214,7 +214,7 @@ def _child_reads(dataset, queue) -> None:  # noqa: ANN001 - runs in a forked chi
 
 
 def test_latency_delivers_the_bytes_it_times() -> None:
-    sink = _Delivery(capacity=8)
+    sink = Sink(capacity=8)
     arrays = [np.arange(10, dtype=np.int32), np.ones(3, dtype=np.uint8)]
     assert sink.take(arrays) == 43
     assert sink.buffer[:40].view(np.int32).tolist() == list(range(10))

@@ -17,12 +17,15 @@ from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format, open_shard, open_writer
 from packlab.materialize import iter_bins
 from packlab.measure import claims
+from packlab.measure.delivery import percentiles
 from packlab.measure.harness import job_name, profile, run_job
-from packlab.measure.latency import latency, percentiles
+from packlab.measure.latency import latency
 from packlab.measure.pagecache import drop_cache, drop_shard, resident_pages, shard_files
 from packlab.measure.size import order0_entropy_bits, size_report
 from packlab.measure.throughput import dataloader, scan
+from packlab.measure.verdicts import claim_verdict
 from packlab.measure.workload import make_workload
+from packlab.tables import human_bytes, records_table
 
 MB = 1 << 20
 PREFERRED = ("memmap_v1", "parquet", "arrow_ipc", "binidx", "legacy_npy_pickle")
@@ -208,10 +211,10 @@ def test_order0_entropy_of_a_uniform_histogram_is_log2_of_its_size(k: int) -> No
 
 # -- the RFC claims --------------------------------------------------------------------------
 def test_claim_verdicts_and_extrapolation() -> None:
-    assert claims.verdict(3.5e9, 4e9, "estimate") == "holds"
-    assert claims.verdict(0.5e9, 4e9, "estimate").startswith("overstated (measured 8x less")
-    assert claims.verdict(1e3, 16e3, "bound") == "holds"
-    assert claims.verdict(1.6e6, 16e3, "bound") == "does not hold (100x more)"
+    assert claim_verdict(3.5e9, 4e9, "estimate") == "holds"
+    assert claim_verdict(0.5e9, 4e9, "estimate").startswith("overstated (measured 8x less")
+    assert claim_verdict(1e3, 16e3, "bound") == "holds"
+    assert claim_verdict(1.6e6, 16e3, "bound") == "does not hold (100x more)"
     assert claims.loglog_slope([1000, 10_000], [1e6, 1e7]) == pytest.approx(1.0)
     assert claims.loglog_slope([1000, 10_000], [5e6, 5e6]) == pytest.approx(0.0)
     value, how = claims.value_at([1000, 5000], [80e6, 400e6])
@@ -225,7 +228,7 @@ def test_claim_verdicts_and_extrapolation() -> None:
     assert [r["verdict"] for r in rows] == ["holds", "does not hold (67x more)"]
     ratios = claims.ratio_rows(rows)
     assert ratios[0]["ratio"] == pytest.approx(20_000.0) and ratios[0]["verdict"] == "holds"
-    assert claims.human_bytes(4e9) == "4 GB" and claims.human_bytes(512) == "512 B"
+    assert human_bytes(4e9) == "4 GB" and human_bytes(512) == "512 B"
     partly = {("legacy_npy_pickle", "write"): {"bins": [1000, 50_000], "rss": [80e6, 4e9],
                                                "heap_bins": [1000], "python_heap": [79e6]}}
     (row,) = claims.claim_rows(partly)
@@ -297,7 +300,7 @@ def test_sweep_tables_from_rows() -> None:
     assert [r["tracemalloc_share"] for r in side] == [0.95, 0.025, None]
     assert [r["format"] for r in sweep.misleading(side)] == ["b"]
     assert set(sweep.claim_series(rows)) == {("a", "write"), ("b", "write")}
-    table = sweep.markdown_table(side, ["format", "phase"], {"phase": str.upper})
+    table = records_table(side, ["format", "phase"], {"phase": str.upper})
     assert table.splitlines()[2] == "| a | WRITE |"
     assert sweep.failures(rows) == {"c": "boom"}
     small = [row("d", 100, "write", 100e3, 0), row("d", 1000, "write", 400e3, 0)]

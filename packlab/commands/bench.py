@@ -2,9 +2,13 @@
 
 memory      open the dataset and read every bin once, in a fresh process: peak RSS, anon and
             file-backed RSS, Arrow pool, Python heap (a separate traced run)
-latency     seeded random reads, p50/p90/p99 per bin, memcpy and pread floors beside them
-throughput  sequential scan tokens/s (raw read floor beside it), DataLoader bins/s by workers
+latency     seeded random reads, each delivered inside its timer, p50/p90/p99 per bin; then,
+            over the same bins, the Python floor (bins in RAM), memcpy and a raw pread
+throughput  sequential scan tokens/s (Python floor and raw read beside it), DataLoader bins/s
+            by workers (shuffled, THD collate)
 size        bytes on disk, per token, padding waste, ratio to raw unpadded and token entropy
+
+The same measurements notebook 05 makes (packlab.measure.latency, packlab.measure.throughput).
 
 With one PATH, ``--json`` prints that PATH's object; with several, ``{"results": [...]}``.
 """

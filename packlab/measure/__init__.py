@@ -1,17 +1,34 @@
 """Honest measurement: peak memory, latency, throughput and size (DESIGN.md, "How we measure").
 
-One concept per module:
+One concept per module, one implementation per measurement (``packlab bench`` and the
+notebooks call the same functions):
 
 - :mod:`~packlab.measure.memory`: this process's RSS (``/proc/self/status``), sampled, per phase;
 - :mod:`~packlab.measure.harness`: a job in a fresh process; tracemalloc in a separate run;
 - :mod:`~packlab.measure.jobs`: the importable jobs the harness runs;
 - :mod:`~packlab.measure.footprint`: load/read and write memory of a shard, flattened;
-- :mod:`~packlab.measure.pagecache`: ``mincore`` residency and cache eviction (cold runs);
-- :mod:`~packlab.measure.latency`: random-access latency with memcpy and pread floors;
+- :mod:`~packlab.measure.sweep`: peak memory per format as the dataset grows (notebook 04);
+- :mod:`~packlab.measure.claims`: the RFC's memory table against what was measured;
+- :mod:`~packlab.measure.pagecache`: ``mincore`` residency, cache eviction and filling;
+- :mod:`~packlab.measure.delivery`: every timed read delivered inside its timer; percentiles;
+- :mod:`~packlab.measure.reading`: what a benchmark reads through (dataset or reader), warmed
+  or made to forget;
+- :mod:`~packlab.measure.floors`: the Python floor (bins in RAM), memcpy and raw pread of the
+  same bytes, the cold floors of a memory map;
+- :mod:`~packlab.measure.latency`: random-access latency, warm and cold, floors beside it;
+  batched against single reads;
 - :mod:`~packlab.measure.throughput`: sequential scan and DataLoader rates;
-- :mod:`~packlab.measure.size`: bytes on disk against raw data and token entropy;
+- :mod:`~packlab.measure.rowgroups`: Parquet row groups: shuffled epochs, misses, the RFC's
+  row-group table measured;
+- :mod:`~packlab.measure.access_report`: notebook 05's targets, tables and headline numbers;
+- :mod:`~packlab.measure.size`: bytes on disk against raw data and token entropy, per format
+  and against padding;
+- :mod:`~packlab.measure.compression`: Parquet encodings (codec, level, column encodings)
+  swept for size and speed;
+- :mod:`~packlab.measure.verdicts`: the verdict words (tables and units: :mod:`packlab.tables`);
 - :mod:`~packlab.measure.workload`: a synthetic spool and packing for the benchmarks;
-- :mod:`~packlab.measure.claims`: the RFC's memory table against what was measured.
+- :mod:`~packlab.measure.queries`, :mod:`~packlab.measure.sharding`,
+  :mod:`~packlab.measure.object_store`: the back ends of notebooks 07, 08 and 09.
 """
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from packlab.formats import formats_where
+from packlab.measure.verdicts import claim_verdict
+from packlab.tables import GB, KB, MB, human_bytes, times
+
 RFC_BINS = 50_000
 RFC_PACK_SIZE = 2048
-KB, MB, GB = 1e3, 1e6, 1e9
 
 
 @dataclass(frozen=True)
@@ -38,33 +41,6 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("memmap_v1", "load", 3 * KB, "~few KB (metadata)", "rss", "bound"),
 )
 RATIO_CLAIMS = {"write": 200.0, "load": 500.0}
-
-
-def human_bytes(n: float | None) -> str:
-    """1.2 GB, 35 MB, 16 KB, 512 B (decimal units, as the RFC writes them)."""
-    if n is None or not np.isfinite(n):
-        return "n/a"
-    for unit, size in (("GB", GB), ("MB", MB), ("KB", KB)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{n:.0f} B"
-
-
-def times(ratio: float) -> str:
-    """A ratio as people write it: 3,333x, 12x, 1.7x."""
-    return f"{ratio:,.0f}x" if ratio >= 10 else f"{ratio:.2g}x"
-
-
-def verdict(measured: float, claimed: float, kind: str, tolerance: float = 2.0) -> str:
-    """``holds``, or how far off, in words a reader can check against the numbers."""
-    ratio = max(measured, 1.0) / claimed
-    if kind == "bound":
-        return "holds" if ratio <= tolerance else f"does not hold ({times(ratio)} more)"
-    if 1 / tolerance <= ratio <= tolerance:
-        return "holds"
-    if ratio < 1:
-        return f"overstated (measured {times(1 / ratio)} less)"
-    return f"understated (measured {times(ratio)} more)"
 
 
 def loglog_slope(bins: Sequence[float], values: Sequence[float], floor: float = 4096.0) -> float:
@@ -119,18 +95,22 @@ def claim_rows(
                         + (f" (anonymous {human_bytes(anon)})" if anon is not None else "")
                         + (f", Python heap {human_bytes(heap)} ({how})" if heap_how == how else
                            f" ({how}); Python heap {human_bytes(heap)} ({heap_how})"),
-            "verdict": verdict(judged, claim.claimed_bytes, claim.kind),
-            "rss_verdict": verdict(rss, claim.claimed_bytes, claim.kind),
+            "verdict": claim_verdict(judged, claim.claimed_bytes, claim.kind),
+            "rss_verdict": claim_verdict(rss, claim.claimed_bytes, claim.kind),
         })
     return rows
 
 
 def ratio_rows(rows: Sequence[dict[str, str | float]]) -> list[dict[str, str | float]]:
-    """The RFC's "200x less write memory, 500x less load memory" against legacy, by RSS."""
+    """The RFC's "200x less write memory, 500x less load memory" against legacy, by RSS.
+
+    Legacy is the format that loads every bin when it opens (``IN_RAM``): today's pickle.
+    """
+    in_ram = set(formats_where("IN_RAM"))
     out: list[dict[str, str | float]] = []
     for phase, claimed in RATIO_CLAIMS.items():
-        legacy = [r for r in rows if r["phase"] == phase and r["format"] == "legacy_npy_pickle"]
-        others = [r for r in rows if r["phase"] == phase and r["format"] != "legacy_npy_pickle"]
+        legacy = [r for r in rows if r["phase"] == phase and r["format"] in in_ram]
+        others = [r for r in rows if r["phase"] == phase and r["format"] not in in_ram]
         if not legacy or not others:
             continue
         base = float(legacy[0]["rss_bytes"])

@@ -1,16 +1,18 @@
-"""How small can packed bins be and still read fast: Parquet layouts measured side by side.
+"""How small can packed bins be and still read fast: Parquet encodings measured side by side.
 
-A :class:`Layout` is one way of writing the same bins as Parquet: codec and level, the token
-column's Arrow type (int32 or uint16) and encoding (dictionary, plain, BYTE_STREAM_SPLIT,
-DELTA_BINARY_PACKED), and the encodings of the loss mask and sequence starts. The RFC's layout,
-what Nemotron writes today and packlab's ``parquet`` writer default, is :data:`RFC_LAYOUT`:
-zstd at pyarrow's default level (1), dictionary encoding everywhere, int32 tokens.
+A :class:`ParquetEncoding` is one recipe for writing the same bins as Parquet: codec and
+level, the token column's Arrow type (int32 or uint16) and encoding (dictionary, plain,
+BYTE_STREAM_SPLIT, DELTA_BINARY_PACKED), and the encodings of the loss mask and sequence
+starts; its ``name`` (``zstd-19 bss uint16``) labels it in the sweep's rows (``layout``). The
+RFC's recipe, what Nemotron writes today and packlab's ``parquet`` writer default, is
+:data:`RFC_ENCODING`: zstd at pyarrow's default level (1), dictionary encoding everywhere,
+int32 tokens.
 
-:func:`sweep` writes each layout from in-memory bins (:class:`BinColumns`, the CSR
+:func:`sweep` writes the bins in each encoding from memory (:class:`BinColumns`, the CSR
 arrays the Parquet reader decodes into), times the write and a full decode of every row group
 to numpy (what packlab's reader does on a cache miss, page checksums verified), and reads the
 column sizes from the footer. The files carry packlab's footer metadata, so
-``packlab.formats.open_shard`` reads them as ordinary ``parquet`` shards: a layout that wins
+``packlab.formats.open_shard`` reads them as ordinary ``parquet`` shards: an encoding that wins
 here is one the format can adopt without a reader change.
 
 Two pyarrow traps this module steps around (both fail silently): ``column_encoding`` and
@@ -18,11 +20,10 @@ Two pyarrow traps this module steps around (both fail silently): ``column_encodi
 top-level name is ignored without a word. And Parquet has no 16-bit physical type: a uint16
 column is stored as INT32 with a logical annotation, so uint16 alone saves nothing on disk.
 
-The order-0 entropy of the tokens (:func:`token_entropy_bits`) is the reference line: the
-size a coder that sees each token alone, with a perfect model, cannot beat (a coder that
-finds repeats, as zstd's matches do, can go below it on real text).
+The reference line is the order-0 entropy of the tokens
+(:func:`packlab.measure.size.token_entropy_bits`); the per-format sizes and the padding study
+are in :mod:`packlab.measure.size`.
 """
-
 from __future__ import annotations
 
 import os
@@ -50,9 +51,8 @@ from packlab.formats.arrow_lists import (
     from_numpy,
     parse_error,
 )
-from packlab.measure.size import order0_entropy_bits
-from packlab.packing import BinAssignment, pack
-from packlab.spool import SpoolReader
+from packlab.measure.size import RAW_BYTES_PER_SEQ, RAW_BYTES_PER_TOKEN
+from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.version import __version__
 
 TOKEN_TYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2")}
@@ -66,13 +66,10 @@ CODEC_LEVELS: tuple[tuple[str, int | None], ...] = (
     ("none", None), ("snappy", None), ("lz4", None), ("gzip", None),
     ("zstd", 1), ("zstd", 3), ("zstd", 9), ("zstd", 19),
 )
-# Raw unpadded bytes: int32 token + uint8 mask per token, int32 per sequence start.
-RAW_BYTES_PER_TOKEN = 5
-RAW_BYTES_PER_SEQ = 4
 
 
 @dataclass(frozen=True)
-class Layout:
+class ParquetEncoding:
     """One way of writing bins as Parquet (same schema names, same bins, same reader)."""
 
     codec: str = "zstd"
@@ -130,49 +127,51 @@ class Layout:
                 "write_page_checksum": True}
 
 
-RFC_LAYOUT = Layout()
+RFC_ENCODING = ParquetEncoding()
 
 
-def codec_layouts(base: Layout = RFC_LAYOUT) -> list[Layout]:
+def codec_encodings(base: ParquetEncoding = RFC_ENCODING) -> list[ParquetEncoding]:
     """The codec/level sweep over ``base``'s encodings (the RFC's: dictionary, int32)."""
     return [replace(base, codec=codec, level=level) for codec, level in CODEC_LEVELS]
 
 
-def encoding_layouts(*, codec: str = "zstd", level: int | None = None,
-                     uint16: bool = True) -> list[Layout]:
+def column_encodings(*, codec: str = "zstd", level: int | None = None,
+                     uint16: bool = True) -> list[ParquetEncoding]:
     """Token encodings x token types at one codec, plus delta-coded starts and a plain mask."""
     out = []
     for token_type in ("int32", "uint16") if uint16 else ("int32",):
         for tokens in TOKEN_ENCODINGS:
-            out.append(Layout(codec=codec, level=level, token_type=token_type, tokens=tokens))
-    out.append(Layout(codec=codec, level=level, tokens="byte_stream_split", starts="delta"))
-    out.append(Layout(codec=codec, level=level, mask="plain"))
+            out.append(ParquetEncoding(codec=codec, level=level, token_type=token_type,
+                                       tokens=tokens))
+    out.append(ParquetEncoding(codec=codec, level=level, tokens="byte_stream_split",
+                               starts="delta"))
+    out.append(ParquetEncoding(codec=codec, level=level, mask="plain"))
     return out
 
 
-def candidate_layouts() -> list[Layout]:
-    """Compact layouts: delta-coded starts; tokens as split byte streams (entropy-coded byte
+def candidate_encodings() -> list[ParquetEncoding]:
+    """Compact encodings: delta-coded starts; tokens as split byte streams (entropy-coded byte
     by byte) or plain (whole ids, so zstd's matches find repeated text) at several codecs."""
     out = []
     for tokens in ("byte_stream_split", "plain"):
-        compact = Layout(tokens=tokens, starts="delta")
+        compact = ParquetEncoding(tokens=tokens, starts="delta")
         out += [replace(compact, codec=codec, level=level) for codec, level in (
             ("lz4", None), ("zstd", 3), ("zstd", 9), ("zstd", 19), ("gzip", None),
             ("brotli", None))]
     return out
 
 
-def study_layouts(*, uint16: bool) -> list[Layout]:
-    """The RFC's layout first, then the codec sweep, the encodings, the candidates; each once."""
-    out: dict[str, Layout] = {}
-    for layout in (RFC_LAYOUT, *codec_layouts(), *encoding_layouts(uint16=uint16),
-                   *candidate_layouts()):
-        out.setdefault(layout.name, layout)
+def study_encodings(*, uint16: bool) -> list[ParquetEncoding]:
+    """The RFC's encoding first, then the codec sweep, the encodings, the candidates; each once."""
+    out: dict[str, ParquetEncoding] = {}
+    for encoding in (RFC_ENCODING, *codec_encodings(), *column_encodings(uint16=uint16),
+                     *candidate_encodings()):
+        out.setdefault(encoding.name, encoding)
     return list(out.values())
 
 
 def by_name(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
-    """The sweep row of the layout called ``name``."""
+    """The sweep row whose ``layout`` (an encoding's name) is ``name``."""
     for row in rows:
         if row["layout"] == name:
             return row
@@ -210,33 +209,10 @@ def raw_bytes(columns: BinColumns) -> int:
             + RAW_BYTES_PER_SEQ * int(columns.seq_start_id.shape[0]))
 
 
-def token_entropy_bits(tokens: np.ndarray) -> float:
-    """Order-0 (empirical) entropy of token ids, bits per token."""
-    tokens = np.asarray(tokens)
-    if tokens.size and int(tokens.min()) < 0:
-        raise PacklabError("token ids must be non-negative")
-    return order0_entropy_bits(np.bincount(tokens.astype(np.int64, copy=False)))
-
-
-def byte_plane_entropy_bits(tokens: np.ndarray) -> float:
-    """Sum of the order-0 entropies of each byte of the int32 token ids, bits per token.
-
-    What BYTE_STREAM_SPLIT followed by a byte-wise entropy coder (zstd's Huffman literals)
-    reaches when it finds no repeats: never below :func:`token_entropy_bits`, equal to it
-    when the bytes of an id are independent.
-    """
-    ids = np.ascontiguousarray(tokens, dtype="<i4")
-    if ids.size and int(ids.min()) < 0:
-        raise PacklabError("token ids must be non-negative")
-    planes = ids.view(np.uint8).reshape(-1, 4)
-    return float(sum(order0_entropy_bits(np.bincount(planes[:, k], minlength=256))
-                     for k in range(4)))
-
-
-# -- one layout on disk ---------------------------------------------------------------------
-def write_layout(columns: BinColumns, path: str | os.PathLike[str], layout: Layout, *,
-                 pack_size: int) -> dict[str, Any]:
-    """Write ``columns`` as one Parquet shard in ``layout`` (temporary name, atomic publish).
+# -- one encoding on disk ---------------------------------------------------------------------
+def write_encoded(columns: BinColumns, path: str | os.PathLike[str], encoding: ParquetEncoding,
+                  *, pack_size: int) -> dict[str, Any]:
+    """Write ``columns`` as one Parquet shard in ``encoding`` (temporary name, atomic publish).
 
     Returns ``bytes``, per-column ``column_bytes`` (compressed, from the footer), ``seconds``
     (wall) and ``cpu_seconds`` (this process) of encode + compress + write; no fsync, so it is
@@ -247,25 +223,26 @@ def write_layout(columns: BinColumns, path: str | os.PathLike[str], layout: Layo
     tokens = columns.input_ids
     if columns.rows < 1:
         raise PacklabError(f"{path}: no bins to write")
-    if layout.token_type == "uint16" and tokens.size and int(tokens.max()) > 0xFFFF:
+    if encoding.token_type == "uint16" and tokens.size and int(tokens.max()) > 0xFFFF:
         raise PacklabError(f"{path}: token id {int(tokens.max())} does not fit uint16 "
-                           f"(layout {layout.name!r}); use int32")
+                           f"(layout {encoding.name!r}); use int32")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
-    schema = layout.schema()
+    schema = encoding.schema()
     wall, cpu = time.perf_counter(), time.process_time()
     try:
-        with pq.ParquetWriter(str(tmp), schema, **layout.writer_options()) as writer:
-            for lo in range(0, columns.rows, layout.row_group_size):
-                hi = min(lo + layout.row_group_size, columns.rows)
-                writer.write_batch(_batch(columns, lo, hi, layout, schema), row_group_size=hi - lo)
+        with pq.ParquetWriter(str(tmp), schema, **encoding.writer_options()) as writer:
+            for lo in range(0, columns.rows, encoding.row_group_size):
+                hi = min(lo + encoding.row_group_size, columns.rows)
+                writer.write_batch(_batch(columns, lo, hi, encoding, schema),
+                                   row_group_size=hi - lo)
             writer.add_key_value_metadata({METADATA_KEY: dump_metadata(
-                _footer(columns, layout, pack_size))})
+                _footer(columns, encoding, pack_size))})
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         publish(tmp, path, overwrite=True)
     except ARROW_ERRORS as exc:
         remove(tmp)
-        raise PacklabError(f"{path}: cannot write layout {layout.name!r}: "
+        raise PacklabError(f"{path}: cannot write layout {encoding.name!r}: "
                            f"{parse_error(exc)}") from None
     except BaseException:
         remove(tmp)
@@ -287,7 +264,7 @@ def column_bytes(path: str | os.PathLike[str]) -> dict[str, int]:
     return out
 
 
-def _batch(columns: BinColumns, lo: int, hi: int, layout: Layout, schema: pa.Schema
+def _batch(columns: BinColumns, lo: int, hi: int, encoding: ParquetEncoding, schema: pa.Schema
            ) -> pa.RecordBatch:
     """Bins ``lo:hi`` as a record batch over numpy buffers (offsets rebased to 0)."""
     t, s = columns.token_offsets, columns.seq_offsets
@@ -296,7 +273,7 @@ def _batch(columns: BinColumns, lo: int, hi: int, layout: Layout, schema: pa.Sch
                            "use a smaller row_group_size")
     tok = from_numpy((t[lo : hi + 1] - t[lo]).astype(np.int32))
     seq = from_numpy((s[lo : hi + 1] - s[lo]).astype(np.int32))
-    ids = columns.input_ids[t[lo] : t[hi]].astype(TOKEN_TYPES[layout.token_type], copy=False)
+    ids = columns.input_ids[t[lo] : t[hi]].astype(TOKEN_TYPES[encoding.token_type], copy=False)
     arrays = [
         pa.ListArray.from_arrays(tok, from_numpy(ids)),
         pa.ListArray.from_arrays(tok, from_numpy(columns.loss_mask[t[lo] : t[hi]])),
@@ -305,14 +282,15 @@ def _batch(columns: BinColumns, lo: int, hi: int, layout: Layout, schema: pa.Sch
     return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _footer(columns: BinColumns, layout: Layout, pack_size: int) -> dict[str, Any]:
+def _footer(columns: BinColumns, encoding: ParquetEncoding, pack_size: int) -> dict[str, Any]:
     """packlab's Parquet footer metadata, so the ``parquet`` format reads the file as its own."""
     return {"format": "parquet", "version": "packlab_parquet_v1", "packlab_version": __version__,
             "pack_size": int(pack_size), "num_bins": columns.rows,
             "num_tokens": int(columns.input_ids.shape[0]),
             "num_seqs": int(columns.seq_start_id.shape[0]),
-            "row_group_size": layout.row_group_size, "compression": layout.codec,
-            "compression_level": layout.level, "metadata": {"layout": asdict(layout)}}
+            "row_group_size": encoding.row_group_size, "compression": encoding.codec,
+            "compression_level": encoding.level,
+            "metadata": {"parquet_encoding": asdict(encoding)}}
 
 
 def read_columns(path: str | os.PathLike[str]) -> BinColumns:
@@ -351,13 +329,14 @@ def _join_offsets(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(out)
 
 
-def sweep(columns: BinColumns, out_dir: str | os.PathLike[str], layouts: Sequence[Layout], *,
-          pack_size: int, repeats: int = 3, budget: float = 0.25) -> list[dict[str, Any]]:
-    """Size, write and read speed of each layout, one file per layout under ``out_dir``.
+def sweep(columns: BinColumns, out_dir: str | os.PathLike[str],
+          encodings: Sequence[ParquetEncoding], *, pack_size: int, repeats: int = 3,
+          budget: float = 0.25) -> list[dict[str, Any]]:
+    """Size, write and read speed of each encoding, one file per encoding under ``out_dir``.
 
-    Runs ``repeats`` rounds, each writing and reading every layout (interleaved, in an order
+    Runs ``repeats`` rounds, each writing and reading every encoding (interleaved, in an order
     rotated every round, so a burst of load on the shared machine and the position in the
-    round hit all layouts alike). Within a round an operation is repeated while it has used
+    round hit all encodings alike). Within a round an operation is repeated while it has used
     less than ``budget`` CPU seconds (at most 5 runs) and its fastest run kept: other jobs on
     the machine only ever add time. Reported times are the median over rounds of those. Rates
     use CPU seconds of this process (preemption does not count), wall seconds beside them.
@@ -365,16 +344,16 @@ def sweep(columns: BinColumns, out_dir: str | os.PathLike[str], layouts: Sequenc
     if repeats < 1:
         raise PacklabError(f"repeats must be at least 1, got {repeats}")
     out = Path(out_dir)
-    paths = [out / f"layout_{i:02d}.parquet" for i in range(len(layouts))]
-    runs: list[list[tuple[dict[str, Any], dict[str, float]]]] = [[] for _ in layouts]
+    paths = [out / f"encoding_{i:02d}.parquet" for i in range(len(encodings))]
+    runs: list[list[tuple[dict[str, Any], dict[str, float]]]] = [[] for _ in encodings]
     for round_ in range(repeats):
-        for step in range(len(layouts)):
-            i = (step + round_ * max(1, len(layouts) // repeats)) % len(layouts)
-            written = _fastest(lambda i=i: write_layout(columns, paths[i], layouts[i],
-                                                        pack_size=pack_size), budget)
+        for step in range(len(encodings)):
+            i = (step + round_ * max(1, len(encodings) // repeats)) % len(encodings)
+            written = _fastest(lambda i=i: write_encoded(columns, paths[i], encodings[i],
+                                                         pack_size=pack_size), budget)
             runs[i].append((written, _fastest(lambda i=i: scan(paths[i]), budget)))
-    return [_summary(columns, layout, path, timed)
-            for layout, path, timed in zip(layouts, paths, runs, strict=True)]
+    return [_summary(columns, encoding, path, timed)
+            for encoding, path, timed in zip(encodings, paths, runs, strict=True)]
 
 
 def _fastest(run: Callable[[], dict[str, Any]], budget: float, most: int = 5) -> dict[str, Any]:
@@ -387,7 +366,7 @@ def _fastest(run: Callable[[], dict[str, Any]], budget: float, most: int = 5) ->
     return {**best, "seconds": min(r["seconds"] for r in results), "runs": len(results)}
 
 
-def _summary(columns: BinColumns, layout: Layout, path: Path,
+def _summary(columns: BinColumns, encoding: ParquetEncoding, path: Path,
              timed: list[tuple[dict[str, Any], dict[str, float]]]) -> dict[str, Any]:
     tokens = int(columns.input_ids.shape[0])
     written = timed[-1][0]
@@ -398,7 +377,7 @@ def _summary(columns: BinColumns, layout: Layout, path: Path,
 
     write_cpu, read_cpu = median(0, "cpu_seconds"), median(1, "cpu_seconds")
     return {
-        "layout": layout.name, **asdict(layout), "path": str(path), "bytes": size,
+        "layout": encoding.name, **asdict(encoding), "path": str(path), "bytes": size,
         "bytes_per_token": size / tokens, "bits_per_token": 8 * size / tokens,
         "token_bits_per_token": 8 * written["column_bytes"]["input_ids"] / tokens,
         "column_bytes": written["column_bytes"], "ratio_to_raw": raw_bytes(columns) / size,
@@ -409,113 +388,7 @@ def _summary(columns: BinColumns, layout: Layout, path: Path,
     }
 
 
-# -- every format --------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Variant:
-    """A registered format with writer options (``binidx`` with ``dtype="int32"``, ...)."""
-
-    label: str
-    format: str
-    options: tuple[tuple[str, Any], ...] = ()
-
-
-def default_variants(vocab_size: int | None = None) -> list[Variant]:
-    """Every registered format at its defaults; ``binidx`` as int32 too when its default
-    (``auto``) picks uint16 for this vocabulary; ``arrow_ipc`` with zstd buffers too."""
-    from packlab.formats import format_names
-
-    out = [Variant(name, name) for name in format_names()]
-    if "binidx" in format_names() and vocab_size is not None and vocab_size <= 1 << 16:
-        out.append(Variant("binidx int32", "binidx", (("dtype", "int32"),)))
-    if "arrow_ipc" in format_names():
-        out.append(Variant("arrow_ipc zstd", "arrow_ipc", (("compression", "zstd"),)))
-    return out
-
-
-def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | os.PathLike[str],
-                 variants: Sequence[Variant], *, bins_per_shard: int | None = None
-                 ) -> list[dict[str, Any]]:
-    """Write the same bins in each variant (``packlab pack``'s pipeline); all bytes on disk.
-
-    ``padding_fraction`` is the share of the bins' capacity (``num_bins * pack_size``) left
-    empty: what a padded format stores for nothing. ``packed_index`` stores no token (its
-    bytes are the index; it needs the spool beside it).
-    """
-    from packlab.pipeline.shards import write_shards
-
-    tokens = int(assignment.bin_lengths(spool.lengths).sum())
-    seqs = int(assignment.seq_indices.shape[0])
-    capacity = assignment.num_bins * assignment.pack_size
-    raw = RAW_BYTES_PER_TOKEN * tokens + RAW_BYTES_PER_SEQ * seqs
-    per_shard = bins_per_shard or assignment.num_bins
-    rows = []
-    for i, variant in enumerate(variants):
-        receipts = write_shards(spool, assignment, Path(out_dir) / f"v{i:02d}_{variant.format}",
-                                format=variant.format, bins_per_shard=per_shard, workers=1,
-                                existing="overwrite", **dict(variant.options))
-        size = sum(int(r["bytes"]) for r in receipts)
-        rows.append({"label": variant.label, "format": variant.format,
-                     "options": dict(variant.options), "bytes": size,
-                     "bytes_per_token": size / tokens, "ratio_to_raw": size / raw,
-                     "num_tokens": tokens, "num_bins": assignment.num_bins,
-                     "padding_fraction": 1 - tokens / capacity, "stores_tokens":
-                     variant.format != "packed_index"})
-    return rows
-
-
-def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
-                  packings: Sequence[tuple[str, int]], *, seed: int = 0) -> list[dict[str, Any]]:
-    """``memmap_v1`` bytes per token against pack efficiency, one packing per (algorithm,
-    pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
-    capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
-    (the CSR of starts), over the tokens; headers and manifest excluded."""
-    from packlab.pipeline.shards import write_shards
-
-    rows = []
-    for algorithm, pack_size in packings:
-        part, report = pack(spool.lengths, pack_size, algorithm=algorithm, seed=seed)
-        shard_dir = Path(out_dir) / f"memmap_{algorithm}_{pack_size}"
-        receipts = write_shards(spool, part, shard_dir, format="memmap_v1",
-                                bins_per_shard=part.num_bins, workers=1, existing="overwrite")
-        size = sum(int(r["bytes"]) for r in receipts)
-        tokens = int(report.num_tokens)
-        bins, seqs = part.num_bins, int(part.seq_indices.shape[0])
-        predicted = 5 * bins * pack_size + 4 * bins + 4 * (bins + 1) + 4 * seqs
-        rows.append({"algorithm": algorithm, "pack_size": pack_size, "num_bins": bins,
-                     "efficiency": tokens / (bins * pack_size), "bytes": size,
-                     "bytes_per_token": size / tokens,
-                     "predicted_bytes_per_token": predicted / tokens})
-    return rows
-
-
 # -- judging ---------------------------------------------------------------------------------
-def speed_word(rate: float, fastest: float) -> str:
-    """The RFC's speed words from a rate relative to the fastest in the same run:
-    ``fastest`` within 10% of the top, ``fast`` >= 2/3 of it, ``medium`` >= 1/3, else ``slow``."""
-    rel = rate / fastest
-    if rel >= 0.9:
-        return "fastest"
-    return "fast" if rel >= 2 / 3 else "medium" if rel >= 1 / 3 else "slow"
-
-
-def words_agree(claimed: str, measured: str) -> bool:
-    """``fast`` is also met by ``fastest``; otherwise the words must match."""
-    return claimed == measured or (claimed == "fast" and measured == "fastest")
-
-
-def ratio_verdict(measured: float, low: float, high: float | None = None, *,
-                  tolerance: float = 0.2) -> str:
-    """A claimed ratio (``~low``, or the range ``low..high``) against a measured one.
-
-    ``~x`` holds within ``tolerance`` (relative) either way; a range holds inside it.
-    """
-    lo, hi = (low * (1 - tolerance), low * (1 + tolerance)) if high is None else (low, high)
-    if lo <= measured <= hi:
-        return "holds"
-    word = "overstated" if measured < lo else "understated"
-    return f"{word} (measured {measured:.2g}x)"
-
-
 # The RFC's codec table (seed 001, "Compression"): ratio to uncompressed, write, read speed.
 RFC_CODEC_TABLE = {
     "zstd": (2.5, "medium", "fast"),
@@ -527,7 +400,7 @@ RFC_CODEC_TABLE = {
 
 def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The RFC's codec table with a measured column, from a :func:`sweep` over
-    :func:`codec_layouts` (codecs at their default level, zstd at level 1 = pyarrow's default).
+    :func:`codec_encodings` (codecs at their default level, zstd at level 1 = pyarrow's default).
 
     Ratio: Parquet with codec ``none`` (same encodings) over the codec's size, as the table's
     ``none = 1x`` implies (within 20%); also against the raw unpadded bins. Speeds as
@@ -562,7 +435,7 @@ def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def smallest_fast(rows: Sequence[dict[str, Any]], reference: dict[str, Any], *,
                   read_tolerance: float = 0.9, write_tolerance: float = 0.0) -> dict[str, Any]:
-    """The smallest layout whose decode rate is at least ``read_tolerance`` x the reference's
+    """The smallest encoding whose decode rate is at least ``read_tolerance`` x the reference's
     (and write rate at least ``write_tolerance`` x, when given), measured in the same run;
     the slack absorbs timing noise on a shared machine."""
     read_floor = read_tolerance * reference["read_tokens_per_s"]

@@ -58,15 +58,16 @@ def _uses_arrow(module: ModuleType) -> bool:
     return any(name == "pyarrow" or name.startswith("pyarrow.") for name in names)
 
 
-def open_items(path: str, via: str) -> Any:
-    """A reader (``read_bin``) or a dataset (``ds[i]``) over ``path``."""
+def open_items(path: str | os.PathLike[str], via: str, **options: Any) -> Any:
+    """A reader (``read_bin``) or a dataset (``ds[i]``) over ``path``; ``options`` go to the
+    reader(s)."""
     if via == "dataset":
         from packlab.sources import open_dataset
 
-        return open_dataset(path)
+        return open_dataset(path, **options)
     from packlab.formats import open_shard
 
-    return open_shard(path)
+    return open_shard(path, **options)
 
 
 def item_tokens(items: Any, index: int, via: str) -> int:

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -120,5 +121,24 @@ def drop_shard(path: str | os.PathLike[str] | Iterable[Path]) -> int:
     return sum(drop_cache(f) for f in files)
 
 
-def shard_resident_pages(files: Iterable[Path]) -> int:
-    return sum(resident_pages(f)[0] for f in files)
+def drop_until_cold(files: Sequence[Path], *, tries: int = 20) -> int:
+    """Evict ``files`` until ``mincore`` finds no page left (readahead still in flight when
+    the first eviction ran lands afterwards); returns the pages left after the last try."""
+    left = drop_shard(files)
+    for _ in range(tries):
+        if left == 0:
+            break
+        time.sleep(0.001)
+        left = drop_shard(files)
+    return left
+
+
+def read_all(path: str | os.PathLike[str], chunk: int = 8 << 20) -> int:
+    """Read a file once, sequentially, into one reused buffer (fills the page cache; timed, the
+    raw read floor of a scan); returns the bytes read."""
+    total = 0
+    buf = bytearray(chunk)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            total += n
+    return total

@@ -123,21 +123,6 @@ def failures(rows: Sequence[dict[str, Any]]) -> dict[str, str]:
     return out
 
 
-def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[str],
-                   formats: dict[str, Any] | None = None) -> str:
-    """A Markdown table of ``rows``; ``formats`` maps a column to a function of its value."""
-    formats = formats or {}
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        cells = [str(formats.get(c, _cell)(row.get(c))) for c in columns]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _cell(value: Any) -> str:
-    return "" if value is None else str(value)
-
-
 def largest(rows: Sequence[dict[str, Any]], metric: str | None = None) -> int:
     """The largest size at which some format was measured (and has ``metric``, if given)."""
     sizes = [int(r["bins"]) for r in rows

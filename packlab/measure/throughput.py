@@ -1,10 +1,17 @@
 """Throughput: a sequential scan in tokens/s, and a torch DataLoader in bins/s by worker count.
 
-The scan has its floor beside it, measured in the same run: a raw sequential read of every
-byte of the shard, in the same cache state (warm: after a pass; cold: pages dropped first).
-The DataLoader reads in shuffled order (seeded), as training does, with an identity collate
-so the figure is the read path, not batching; time to the first batch (worker start-up) is
-reported apart from the steady rate.
+The scan (:func:`scan_rate`) reads every bin in order through the source's streaming path
+(``iter(dataset)``, or a reader's ``iter_bins``), every bin delivered, in the same cache state
+as its floors measured in the same run: the Python floor's pass over the same bins in RAM, and
+a raw sequential read of every data file (warm: after a pass; cold: pages dropped first).
+
+The DataLoader (:func:`loader_rates`) reads in a seeded sampler's order (a uniform shuffle, or
+the block shuffle a Parquet shard wants) in ``__getitems__`` batches through packlab's THD
+collate, as training does; time to the first batch (worker start-up) is reported apart from
+the steady rate.
+
+``packlab bench throughput`` (:func:`scan`, :func:`dataloader`) and notebook 05 call the
+same two measurements.
 """
 
 from __future__ import annotations
@@ -12,84 +19,185 @@ from __future__ import annotations
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from packlab.dataset import item_from_bin
 from packlab.errors import PacklabError
-from packlab.measure.jobs import open_items, resolve_via
-from packlab.measure.latency import CACHES, _read_all
-from packlab.measure.pagecache import drop_shard, shard_files
+from packlab.measure.delivery import Sink
+from packlab.measure.floors import checked_floor
+from packlab.measure.jobs import resolve_via
+from packlab.measure.pagecache import drop_until_cold, read_all
+from packlab.measure.reading import (
+    CACHES,
+    data_files,
+    is_dataset,
+    open_source,
+    source_blocks,
+    stream,
+    warm,
+)
+from packlab.samplers import BlockShuffleSampler, ShuffleSampler
+
+SAMPLERS = ("shuffle", "block")
 
 
-def scan(path: str | os.PathLike[str], *, cache: str = "warm", via: str = "reader") -> dict[str, Any]:
-    """Read every bin in order once; tokens/s beside a raw sequential read of the same files."""
+# -- sequential scan ----------------------------------------------------------------------------
+def _median_pass(run: Callable[[], float], repeats: int, budget: float) -> float:
+    """Median seconds of up to ``repeats`` calls of ``run``, stopping once ``budget`` seconds
+    have gone (at least one call): short passes are repeated, long ones are not."""
+    seconds: list[float] = []
+    began = time.perf_counter()
+    while len(seconds) < max(repeats, 1) and (not seconds or time.perf_counter() - began < budget):
+        seconds.append(run())
+    return float(np.median(seconds))
+
+
+def scan_rate(
+    path: str | os.PathLike[str],
+    *,
+    cache: str = "warm",
+    via: str = "dataset",
+    repeats: int = 5,
+    budget: float = 1.0,
+    floor: Any | None = None,
+    reader_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Tokens/s of one in-order pass, every bin delivered; beside it the Python floor's pass
+    and a raw sequential read of every data file in the same cache state
+    (``floor_tokens_per_s``: the tokens those bytes hold, per s; ``floor_read_bytes_per_s``).
+    Each figure is the median of up to ``repeats`` passes within ``budget`` seconds."""
     if cache not in CACHES:
         raise PacklabError(f"cache must be 'warm' or 'cold', got {cache!r}")
-    via = resolve_via(via)
-    files = shard_files(path)
-    on_disk = sum(f.stat().st_size for f in files)
-    items = open_items(str(path), via)
-    _scan(items, via)  # opens maps, parses headers; warms the cache
-    if cache == "cold":
-        drop_shard(files)
-    began = time.perf_counter()
-    bins, tokens = _scan(items, via)
-    seconds = time.perf_counter() - began
-    if cache == "cold":
-        drop_shard(files)
-    began = time.perf_counter()
-    raw = sum(_read_all(f) for f in files)
-    floor_seconds = time.perf_counter() - began
-    return {
-        "path": str(path), "cache": cache, "via": via, "num_bins": bins, "num_tokens": tokens,
-        "seconds": seconds, "tokens_per_s": tokens / seconds, "bins_per_s": bins / seconds,
-        "bytes_on_disk": on_disk, "bytes_per_s": on_disk / seconds,
-        "floor_read_bytes_per_s": raw / floor_seconds,
-        "ratio_to_floor": (on_disk / seconds) / (raw / floor_seconds),
-    }
+    source = open_source(path, via, reader_options)
+    floor = checked_floor(path, source, floor)
+    files = data_files(source)
+    sink = Sink(source.pack_size)
+    tokens = int(source.num_tokens)
+    warm(source, files, sink)
+
+    def run(reading: Any) -> float:
+        if cache == "cold" and reading is source:
+            drop_until_cold(files)
+        began = time.perf_counter()
+        for got in stream(reading):
+            sink.take(got)
+        return time.perf_counter() - began
+
+    def read() -> float:
+        if cache == "cold":
+            drop_until_cold(files)
+        began = time.perf_counter()
+        for f in files:
+            read_all(f)
+        return time.perf_counter() - began
+
+    try:
+        seconds = _median_pass(lambda: run(source), repeats, budget)
+        floor_seconds = _median_pass(lambda: run(floor), repeats, budget)
+        read_seconds = _median_pass(read, repeats, budget)
+    finally:
+        source.close()
+    raw = sum(f.stat().st_size for f in files)
+    return {"path": str(path), "cache": cache, "via": "dataset" if is_dataset(source) else "reader",
+            "num_bins": len(source), "num_tokens": tokens, "seconds": seconds,
+            "tokens_per_s": tokens / seconds, "bins_per_s": len(source) / seconds,
+            "python_floor_tokens_per_s": tokens / floor_seconds,
+            "bytes_read": raw, "bytes_per_s": raw / seconds,
+            "floor_read_bytes_per_s": raw / read_seconds,
+            "floor_tokens_per_s": tokens / read_seconds, "ratio_to_floor": read_seconds / seconds}
 
 
-def _scan(items: Any, via: str) -> tuple[int, int]:
-    tokens = 0
-    if via == "dataset":
-        for i in range(len(items)):
-            tokens += len(items[i]["input_ids"])
-        return len(items), tokens
-    count = 0
-    for packed in items.iter_bins():
-        tokens += packed.packed_len
-        count += 1
-    return count, tokens
+def scan(path: str | os.PathLike[str], *, cache: str = "warm", via: str = "reader"
+         ) -> dict[str, Any]:
+    """``packlab bench throughput``'s scan: :func:`scan_rate` through ``via``."""
+    return scan_rate(path, cache=cache, via=via)
 
 
-class ShardItems:
-    """A map-style dataset of one shard's bins (picklable: workers reopen the reader)."""
+# -- DataLoader ---------------------------------------------------------------------------------
+def epoch_sampler(source: Any, sampler: str, *, num_bins: int | None = None,
+                  window: int = 4, seed: int = 0) -> ShuffleSampler | BlockShuffleSampler:
+    """A uniform shuffle or a block shuffle (blocks: the shards' row groups, or 1024 bins) of
+    the first ``num_bins`` bins of a dataset or a reader."""
+    n = len(source) if num_bins is None else min(int(num_bins), len(source))
+    if sampler == "shuffle":
+        return ShuffleSampler(n, seed=seed)
+    if sampler != "block":
+        raise PacklabError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+    bounds = source_blocks(source)
+    bounds = np.append(bounds[bounds < n], np.int64(n))
+    return BlockShuffleSampler(n, boundaries=bounds, window=window, seed=seed)
 
-    def __init__(self, path: str, via: str) -> None:
-        self.path = path
-        self.via = via
-        self._items: Any = None
-        self._len = len(open_items(path, via))
+
+class ReaderItems:
+    """One shard's reader as a map-style dataset of Megatron-Bridge items, without the dataset
+    layer (what ``via="reader"`` hands the DataLoader); picklable as its reader is."""
+
+    def __init__(self, reader: Any) -> None:
+        self.reader = reader
 
     def __len__(self) -> int:
-        return self._len
+        return len(self.reader)
 
-    def __getitem__(self, index: int) -> Any:
-        if self._items is None:
-            self._items = open_items(self.path, self.via)
-        if self.via == "dataset":
-            return self._items[index]
-        return tuple(self._items.read_bin(index))
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return item_from_bin(self.reader.read_bin(index))
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_items": None}
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        return [item_from_bin(b) for b in self.reader.read_bins(indices)]
 
 
-def keep(batch: list[Any]) -> list[Any]:
-    """Identity collate: the benchmark measures reading, not batching."""
-    return batch
+def loader_rates(
+    path: str | os.PathLike[str],
+    *,
+    workers: Sequence[int] = (0, 2, 4),
+    batch_size: int = 8,
+    sampler: str = "shuffle",
+    max_bins: int | None = None,
+    seed: int = 0,
+    via: str = "dataset",
+    reader_options: Mapping[str, Any] | None = None,
+) -> list[dict[str, Any]]:
+    """Bins/s through ``torch.utils.data.DataLoader`` (``__getitems__`` batches, packlab's THD
+    collate) for each worker count, over the first ``max_bins`` bins in ``sampler`` order.
+
+    Each worker count gets a freshly opened source (a format that loads everything at open
+    pays it in every worker, as in training). Rows: ``workers``, ``sampler``, ``bins``,
+    ``epoch_seconds``, ``first_batch_seconds`` (start-up), ``bins_per_s``,
+    ``steady_bins_per_s`` (after the first batch).
+    """
+    try:
+        from torch.utils.data import DataLoader
+    except ImportError:
+        raise PacklabError("the DataLoader benchmark needs torch (pip install packlab[torch])"
+                           ) from None
+    from packlab.collate import collate
+
+    rows = []
+    for n in workers:
+        source = open_source(path, via, reader_options)
+        order = epoch_sampler(source, sampler, num_bins=max_bins, seed=seed)
+        source.close()
+        items = source if is_dataset(source) else ReaderItems(source)
+        began = time.perf_counter()
+        first, bins = None, 0
+        with warnings.catch_warnings():  # more workers than cores is what is being measured
+            warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
+            loader = DataLoader(items, batch_size=batch_size, sampler=order,
+                                num_workers=int(n), collate_fn=collate)
+            for batch in loader:
+                first = time.perf_counter() if first is None else first
+                bins += int(batch["tokens"].shape[0])
+        end = time.perf_counter()
+        steady_bins = bins - min(batch_size, bins)
+        steady = end - (first or end)
+        rows.append({"workers": int(n), "sampler": sampler, "bins": bins,
+                     "epoch_seconds": end - began, "first_batch_seconds": (first or end) - began,
+                     "bins_per_s": bins / (end - began),
+                     "steady_bins_per_s": steady_bins / steady if steady > 0 else None})
+    return rows
 
 
 def dataloader(
@@ -101,39 +209,16 @@ def dataloader(
     via: str = "reader",
     max_bins: int | None = None,
 ) -> dict[str, Any]:
-    """Bins/s through ``torch.utils.data.DataLoader`` with each worker count, shuffled."""
-    try:
-        import torch
-        from torch.utils.data import DataLoader, Subset
-    except ImportError:
-        raise PacklabError("the DataLoader benchmark needs torch (pip install packlab[torch])") from None
+    """``packlab bench throughput``'s DataLoader: :func:`loader_rates` (uniform shuffle)
+    through ``via``, rows keyed by worker count."""
     via = resolve_via(via)
-    dataset: Any = ShardItems(str(path), via)
-    if max_bins is not None and max_bins < len(dataset):
-        dataset = Subset(dataset, np.arange(max_bins).tolist())
-    out: dict[str, Any] = {"path": str(path), "via": via, "batch_size": batch_size,
-                           "num_bins": len(dataset), "workers": {}}
-    for n in workers:
-        generator = torch.Generator().manual_seed(seed)
-        loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=n,
-                            collate_fn=keep, generator=generator)
-        began = time.perf_counter()
-        first = None
-        bins = 0
-        with warnings.catch_warnings():  # more workers than cores is the point of the sweep
-            warnings.filterwarnings("ignore", message=".*suggested max number of worker.*")
-            for batch in loader:
-                if first is None:
-                    first = time.perf_counter()
-                bins += len(batch)
-        end = time.perf_counter()
-        steady = end - (first if first is not None else began)
-        steady_bins = bins - min(batch_size, bins)
-        out["workers"][str(n)] = {
-            "bins": bins,
-            "epoch_seconds": end - began,
-            "first_batch_seconds": (first or end) - began,
-            "bins_per_s": bins / (end - began),
-            "steady_bins_per_s": steady_bins / steady if steady > 0 and steady_bins else None,
-        }
-    return out
+    rows = loader_rates(path, workers=workers, batch_size=batch_size, max_bins=max_bins,
+                        seed=seed, via=via)
+    return {"path": str(path), "via": via, "batch_size": batch_size,
+            "num_bins": rows[0]["bins"] if rows else 0,
+            "workers": {str(r["workers"]): r for r in rows}}
+
+
+def steady_rate(row: Mapping[str, Any]) -> float:
+    """A DataLoader row's bins/s after the first batch (the whole epoch's when too short)."""
+    return float(row["steady_bins_per_s"] or row["bins_per_s"])

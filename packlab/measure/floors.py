@@ -1,0 +1,248 @@
+"""The floors a read is judged against, measured in the same run as the read.
+
+- the **Python floor**: the same access path (``PackedDataset.__getitem__`` / ``__getitems__``,
+  or a reader's ``read_bin``) over the same bins already in RAM as numpy CSR arrays
+  (:class:`RamShard`, :class:`RamDataset`): what any format costs at the least through that
+  path, so a format's own cost is its ratio to it;
+- **memcpy** of the bytes a read returned, and a **raw pread** of as many bytes at the bin's
+  relative position in the largest data file (readahead off; cold: the file evicted first):
+  :func:`byte_floors`, a second pass over the indices the format read, after it, so the
+  format's readahead does not slow them;
+- the cold floors of a **memory map** (:func:`mmap_floors`): one cold read four ways, and the
+  pages each really read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.bins import PackedBin
+from packlab.dataset import PackedDataset
+from packlab.errors import PacklabError
+from packlab.measure.delivery import Sink, percentiles
+from packlab.measure.pagecache import drop_until_cold, resident_pages
+from packlab.measure.reading import is_dataset, open_source, reads
+
+MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
+
+
+# -- the Python floor --------------------------------------------------------------------------
+class RamShard:
+    """One shard's bins held in RAM as CSR arrays (in the dtypes its reader returns);
+    ``read_bin`` returns views: the cheapest reader the dataset's access path can call."""
+
+    def __init__(self, reader: Any) -> None:
+        self.path = Path(reader.path)
+        self.pack_size = int(reader.pack_size)
+        lengths = np.asarray(reader.packed_lengths(), dtype=np.int64)
+        self.num_bins = int(lengths.shape[0])
+        if self.num_bins == 0:
+            raise PacklabError(f"{self.path}: no bins to hold in RAM")
+        self.token_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.token_offsets[1:])
+        self.num_tokens = int(self.token_offsets[-1])
+        starts: list[np.ndarray] = []
+        for b, packed in enumerate(reader.iter_bins()):
+            if b == 0:
+                self.input_ids = np.empty(self.num_tokens, dtype=packed.input_ids.dtype)
+                self.loss_mask = np.empty(self.num_tokens, dtype=packed.loss_mask.dtype)
+            lo, hi = self.token_offsets[b], self.token_offsets[b + 1]
+            if hi - lo != packed.packed_len:
+                raise PacklabError(f"{self.path}: bin {b} has {packed.packed_len} tokens, "
+                                   f"its reader's packed_lengths say {hi - lo}")
+            self.input_ids[lo:hi] = packed.input_ids
+            self.loss_mask[lo:hi] = packed.loss_mask
+            starts.append(np.asarray(packed.seq_start_id))
+        self.seq_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
+        np.cumsum([s.shape[0] for s in starts], out=self.seq_offsets[1:])
+        self.seq_start_id = np.concatenate(starts)
+
+    def __len__(self) -> int:
+        return self.num_bins
+
+    def read_bin(self, index: int) -> PackedBin:
+        if not -self.num_bins <= index < self.num_bins:
+            raise IndexError(f"{self.path} (in RAM): bin {index} out of range [0, {self.num_bins})")
+        i = index % self.num_bins
+        t0, t1 = self.token_offsets[i], self.token_offsets[i + 1]
+        s0, s1 = self.seq_offsets[i], self.seq_offsets[i + 1]
+        return PackedBin(self.input_ids[t0:t1], self.loss_mask[t0:t1], self.seq_start_id[s0:s1])
+
+    def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
+        return [self.read_bin(int(i)) for i in np.asarray(indices).reshape(-1)]
+
+    def iter_bins(self) -> Any:
+        return (self.read_bin(i) for i in range(self.num_bins))
+
+    def packed_lengths(self) -> np.ndarray:
+        return np.diff(self.token_offsets)
+
+    def close(self) -> None:
+        pass
+
+
+class RamDataset(PackedDataset):
+    """A :class:`PackedDataset` whose readers are :class:`RamShard` copies of another's: the
+    same ``locate`` / ``__getitem__`` / ``__getitems__`` code, with the bins already in RAM."""
+
+    def __init__(self, dataset: PackedDataset) -> None:
+        self._ram = [RamShard(reader) for reader in dataset.readers()]
+        super().__init__(list(zip(dataset.shards, dataset.formats, strict=True)),
+                         reader_options=dataset.reader_options)
+
+    def _open_readers(self) -> list[Any]:
+        return self._ram
+
+
+def floor_of(source: Any) -> RamDataset | RamShard:
+    """The Python floor of an open source: a dataset's bins in a :class:`RamDataset`, a
+    reader's in a :class:`RamShard`."""
+    return RamDataset(source) if is_dataset(source) else RamShard(source)
+
+
+def python_floor(path: str | os.PathLike[str], *, via: str = "dataset",
+                 **reader_options: Any) -> RamDataset | RamShard:
+    """The Python floor of the shards at ``path``: their bins, read once, held in RAM (to
+    pass as ``floor=`` to several measurements of the same shards)."""
+    source = open_source(path, via, reader_options)
+    try:
+        return floor_of(source)
+    finally:
+        source.close()
+
+
+def checked_floor(path: object, source: Any, floor: Any | None) -> Any:
+    """``floor`` if it holds the source's bins through the same path, else a new one."""
+    if floor is None:
+        return floor_of(source)
+    kind = "dataset" if is_dataset(source) else "reader"
+    if is_dataset(floor) != is_dataset(source):
+        raise PacklabError(f"{path}: the Python floor must be read as a {kind}, as the source is")
+    if len(floor) != len(source):
+        raise PacklabError(f"{path}: the Python floor holds {len(floor)} bins, the {kind} "
+                           f"{len(source)}")
+    return floor
+
+
+# -- memcpy and pread of the same bytes ----------------------------------------------------------
+def byte_floors(
+    floor: Any,
+    big: Path,
+    batches: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    num_bins: int,
+    cold: bool,
+    sink: Sink,
+) -> tuple[np.ndarray, int]:
+    """The floors' pass over the batches a format read and the bytes it returned, per bin:
+    the Python floor reading the same batch (delivered), a memcpy of the same bytes
+    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them at the first
+    bin's relative position in ``big`` (``POSIX_FADV_RANDOM``: no readahead; cold: ``big``
+    evicted until ``mincore`` finds no page first). Returns nanoseconds per bin, shape
+    ``(3, len(sizes))``, and the most pages found resident before a cold pread."""
+    batch_size = batches.shape[1]
+    one, many = reads(floor)
+    src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
+    dst = np.ones_like(src)
+    span = big.stat().st_size
+    ns = np.zeros((3, sizes.shape[0]), dtype=np.int64)
+    worst = 0
+    fd = os.open(big, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead on the floor's reads
+    try:
+        for k, nbytes in enumerate(sizes.tolist()):
+            batch = batches[k]
+            if batch_size == 1:
+                ns[0, k] = sink.timed(one, int(batch[0]))[0]
+            else:
+                ns[0, k] = sink.timed(many, batch.tolist(), batch=True)[0]
+            began = time.perf_counter_ns()
+            np.copyto(dst[:nbytes], src[:nbytes])
+            ns[1, k] = time.perf_counter_ns() - began
+            offset = int(batch[0]) * max(span - nbytes, 0) // max(num_bins - 1, 1)
+            if cold:
+                worst = max(worst, drop_until_cold([big]))
+            began = time.perf_counter_ns()
+            os.pread(fd, nbytes, offset)
+            ns[2, k] = time.perf_counter_ns() - began
+    finally:
+        os.close(fd)
+    return ns // batch_size, worst
+
+
+# -- the cold floors of a memory map ----------------------------------------------------------
+def read_ahead_kb(path: str | os.PathLike[str]) -> int | None:
+    """The read-ahead window (KB) of the block device holding ``path``, if sysfs tells."""
+    dev = os.stat(path).st_dev
+    base = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (base / "queue", base.parent / "queue", base / ".." / "queue"):
+        try:
+            return int((queue / "read_ahead_kb").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def mmap_floors(
+    path: str | os.PathLike[str],
+    *,
+    nbytes: int,
+    samples: int = 30,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Cold reads of ``nbytes`` at random page-aligned offsets of one file, four ways.
+
+    ``pread``: one system call. ``mmap``: a copy out of a read-only map with the default
+    advice (a fault reads the device's read-around window, however few bytes are wanted).
+    ``mmap_random``: the map advised ``MADV_RANDOM`` (one page per fault). ``mmap_random_willneed``:
+    also ``MADV_WILLNEED`` over the wanted range first (one read for the range), inside the
+    timer. The file is evicted until ``mincore`` finds no page before every read; the pages a
+    read left resident are counted (``<mode>_pages``: what it really read).
+    """
+    import mmap as mmap_module
+
+    size = os.path.getsize(path)
+    page = mmap_module.PAGESIZE
+    if nbytes <= 0 or size < nbytes + page:
+        raise PacklabError(f"{path}: {size} bytes, too small for reads of {nbytes}")
+    rng = np.random.default_rng(seed)
+    offsets = (rng.integers(0, size - nbytes, size=samples) // page * page).tolist()
+    span = -(-nbytes // page) * page
+    ns = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    pages = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    dst = np.empty(nbytes, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    mapped = mmap_module.mmap(fd, 0, prot=mmap_module.PROT_READ)
+    view = np.frombuffer(mapped, dtype=np.uint8)
+    try:
+        for k, off in enumerate(offsets):
+            for mode in MMAP_MODES:
+                advice = mmap_module.MADV_NORMAL if mode == "mmap" else mmap_module.MADV_RANDOM
+                mapped.madvise(advice)
+                drop_until_cold([Path(path)])
+                began = time.perf_counter_ns()
+                if mode == "pread":
+                    os.pread(fd, nbytes, off)
+                else:
+                    if mode == "mmap_random_willneed":
+                        mapped.madvise(mmap_module.MADV_WILLNEED, off, min(span, size - off))
+                    np.copyto(dst, view[off:off + nbytes])
+                ns[mode][k] = time.perf_counter_ns() - began
+                pages[mode][k] = resident_pages(path)[0]
+    finally:
+        del view
+        mapped.close()
+        os.close(fd)
+    out: dict[str, Any] = {"path": str(path), "nbytes": nbytes, "samples": samples,
+                           "read_ahead_kb": read_ahead_kb(path)}
+    for mode in MMAP_MODES:
+        out.update(percentiles(ns[mode], f"{mode}_"))
+        out[f"{mode}_pages"] = float(np.median(pages[mode]))
+    return out
