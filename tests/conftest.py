@@ -1,16 +1,22 @@
-"""Shared fixtures: small real spools and assignments on disk, and a quiet home directory."""
+"""Shared fixtures: small real spools and assignments on disk, a shard of any format written
+through its facts, children to run risky reads in, and a quiet home directory."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from packlab.bins import PackedBin, bin_digest, bins_equal
-from packlab.formats import open_writer
+from packlab.errors import FormatError
+from packlab.formats import get_format, open_writer
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
@@ -86,26 +92,6 @@ def assignment(spool: SpoolReader) -> BinAssignment:
     return result
 
 
-def _digests_in_child(reader: object, queue: object) -> None:
-    digests = [bin_digest(*reader.read_bin(i)) for i in range(len(reader))]  # type: ignore[attr-defined]
-    queue.put((digests, reader._pid == os.getpid()))  # type: ignore[attr-defined]
-
-
-def read_in_forked_child(reader: object) -> tuple[list[str], bool]:
-    """Every bin's digest as a forked child (a DataLoader worker) reads it through the parent's
-    open ``reader``, and whether the child reopened its own handle."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    queue = context.Queue()
-    child = context.Process(target=_digests_in_child, args=(reader, queue))
-    child.start()
-    result = queue.get(timeout=120)
-    child.join(timeout=60)
-    assert child.exitcode == 0
-    return result
-
-
 def reference_bins(tmp: Path, *, seed: int = 0, num_sequences: int = 200, max_len: int = 700,
                    pack_size: int = 1024) -> list[PackedBin]:
     """Materialized bins (copies) of a random spool packed with next fit: what a shard must hold."""
@@ -132,3 +118,127 @@ def assert_reads_back(reader: object, bins: list[PackedBin]) -> None:
         assert bins_equal(got, expected), i
         assert got.input_ids.dtype == np.int32 and got.loss_mask.dtype == np.uint8
         assert got.seq_start_id.dtype == np.int32
+
+
+# -- a shard of any format, decided by its facts, never its name -----------------------------
+def shard_path(root: Path, format: str, stem: str = "shard") -> Path:
+    """Where a shard of ``format`` goes under ``root``: a directory, or a file with its suffix."""
+    return root / f"{stem}{get_format(format).Writer.SUFFIX}"
+
+
+def writer_options(format: str, spool: SpoolReader, assignment: BinAssignment) -> dict:
+    """What a writer of ``format`` takes besides bins: its spool and assignment when it stores
+    a reference to them (``NEEDS_SPOOL``)."""
+    if get_format(format).Writer.NEEDS_SPOOL:
+        return {"spool": spool, "assignment": assignment}
+    return {}
+
+
+def open_format_writer(format: str, path: Path, spool: SpoolReader, assignment: BinAssignment,
+                       *, announce: bool = True, **options: Any) -> Any:
+    """A writer of ``format`` for the bins of ``assignment`` (their count announced or not,
+    unless ``num_bins=`` says otherwise)."""
+    options.setdefault("num_bins", assignment.num_bins if announce else None)
+    return open_writer(format, path, pack_size=assignment.pack_size,
+                       **writer_options(format, spool, assignment), **options)
+
+
+def write_format_shard(format: str, path: Path, spool: SpoolReader, assignment: BinAssignment,
+                       *, announce: bool = True) -> Path:
+    """Every bin of ``assignment`` over ``spool`` written as one shard of ``format``."""
+    with open_format_writer(format, path, spool, assignment, announce=announce) as writer:
+        for packed in iter_bins(spool, assignment):
+            writer.write(packed)
+    return path
+
+
+def shard_files_of(format: str, path: Path) -> list[Path]:
+    """Every file a shard consists of, largest first: the file itself, or a directory's files."""
+    facts = get_format(format).Reader
+    files = [path / name for name in facts.shard_files()] if facts.is_directory() else [path]
+    return sorted(files, key=lambda f: -f.stat().st_size)
+
+
+def digests(bins: Iterator[PackedBin] | list[PackedBin]) -> list[str]:
+    return [bin_digest(*b) for b in bins]
+
+
+# -- children: a forked DataLoader worker, or a read that could crash the interpreter --------
+def _send_outcome(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
+    try:
+        outcome: tuple = ("returned", fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - the parent judges what was raised
+        outcome = ("raised", type(exc).__name__, str(exc), isinstance(exc, FormatError))
+    conn.send(outcome)
+    conn.close()
+
+
+class Child:
+    """``fn(*args)`` in a forked child (it inherits open readers as a DataLoader worker does)."""
+
+    def __init__(self, fn: Callable[..., Any], *args: Any) -> None:
+        context = multiprocessing.get_context("fork")
+        self._receive, send = context.Pipe(duplex=False)
+        self.process = context.Process(target=_send_outcome, args=(send, fn, args), daemon=True)
+        self.process.start()
+        send.close()
+
+    def outcome(self, timeout: float = 120) -> tuple:
+        """``("returned", value)`` or ``("raised", type name, message, is a FormatError)``;
+        an AssertionError if the child died instead (a signal: a segfault, a bus error)."""
+        try:
+            if not self._receive.poll(timeout):
+                self.process.kill()
+                raise AssertionError(f"child {self.process.pid}: no answer within {timeout} s")
+            outcome = self._receive.recv()
+        except EOFError:
+            self.process.join(timeout=60)
+            code = self.process.exitcode
+            name = signal.Signals(-code).name if code is not None and code < 0 else code
+            raise AssertionError(f"child {self.process.pid} died ({name})") from None
+        finally:
+            self._receive.close()
+        self.process.join(timeout=60)
+        assert self.process.exitcode == 0, self.process.exitcode
+        return outcome
+
+    def result(self, timeout: float = 120) -> Any:
+        """What ``fn`` returned; an AssertionError naming anything it raised."""
+        outcome = self.outcome(timeout)
+        assert outcome[0] == "returned", outcome
+        return outcome[1]
+
+
+# -- jobs for packlab.measure.harness (importable: the measured child imports this module) ---
+def read_every_bin_and_keep(path: str) -> Iterator[str]:
+    """``load``: open the shard, read bin 0; ``read``: read every bin and keep them all alive
+    (each touched), so the phase's growth is what the kept bins cost."""
+    from packlab.formats import open_shard
+
+    reader = open_shard(path)
+    first = reader.read_bin(0)
+    yield "load"
+    kept = reader.read_bins(range(len(reader)))
+    touched = sum(int(b.input_ids[-1]) + int(b.loss_mask[-1]) for b in kept)
+    yield "read"
+    return {"num_bins": len(kept), "num_tokens": int(sum(b.packed_len for b in kept)),
+            "touched": touched + first.packed_len}
+
+
+def write_repeated_bin(format: str, path: str, num_bins: int, pack_size: int,
+                       announce: bool) -> Iterator[str]:
+    """``write``: one synthetic bin of ``pack_size - 48`` tokens written ``num_bins`` times
+    (no spool to map: a writer's own memory and nothing else), the count announced or not."""
+    n = pack_size - 48
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 50_000, size=n).astype(np.int32)
+    starts = np.array([0, n // 4, n // 2, 3 * n // 4], dtype=np.int32)
+    mask = rng.integers(0, 2, size=n).astype(np.uint8)
+    mask[np.append(starts[1:], n) - 1] = 0
+    one = PackedBin(ids, mask, starts)
+    with open_writer(format, Path(path), pack_size=pack_size,
+                     num_bins=num_bins if announce else None) as writer:
+        for _ in range(num_bins):
+            writer.write(one)
+    yield "write"
+    return {"num_bins": num_bins, "num_tokens": num_bins * n}

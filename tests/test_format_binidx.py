@@ -1,10 +1,9 @@
-"""binidx: round trips, megatron-core compatibility, token dtype, damage detection, lifetimes."""
+"""binidx: round trips, megatron-core compatibility, token dtype, damage detection. What every
+format promises (truncation, lifetimes, pickling, crashes): test_format_contract."""
 
 from __future__ import annotations
 
-import gc
 import json
-import pickle
 import struct
 import tempfile
 from pathlib import Path
@@ -133,20 +132,11 @@ def test_uint16_refuses_a_token_that_does_not_fit(tmp_path: Path) -> None:
         binidx.Writer(tmp_path / "x", pack_size=8, dtype="float32")
 
 
-def test_truncated_files_are_format_errors(shard: Path) -> None:
-    for name in ("data.bin", "data.idx", "loss_mask.bin", "seq_starts.bin"):
-        original = (shard / name).read_bytes()
-        (shard / name).write_bytes(original[:-3])
-        with pytest.raises(FormatError, match=name):
-            binidx.Reader(shard)
-        (shard / name).write_bytes(original)
-    (shard / "data.idx").write_bytes(b"MMIDIDX")
-    with pytest.raises(FormatError, match="data.idx.*header"):
-        binidx.Reader(shard)
-
-
 def test_header_fields_are_checked(shard: Path) -> None:
     original = (shard / "data.idx").read_bytes()
+    (shard / "data.idx").write_bytes(b"MMIDIDX")  # cut inside the magic
+    with pytest.raises(FormatError, match="data.idx.*header"):
+        binidx.Reader(shard)
     (shard / "data.idx").write_bytes(b"NOTANIDX\x00" + original[9:])
     assert binidx.detect(shard) is False
     with pytest.raises(FormatError, match="bad magic"):
@@ -198,34 +188,3 @@ def test_validate_catches_a_bad_pointer(shard: Path) -> None:
     (shard / "data.idx").write_bytes(bytes(idx))
     with pytest.raises(FormatError, match="bin 1: index entry points outside"):
         binidx.Reader(shard).read_bin(1)
-
-
-def test_arrays_stay_valid_after_close_and_collection(shard: Path, spool: SpoolReader,
-                                                      assignment: BinAssignment) -> None:
-    reader = binidx.Reader(shard)
-    kept = [reader.read_bin(i) for i in range(reader.num_bins)]
-    reader.close()
-    del reader
-    gc.collect()
-    for packed, expected in zip(kept, iter_bins(spool, assignment), strict=True):
-        assert bins_equal(packed, expected)
-        assert int(packed.input_ids.sum()) == int(expected.input_ids.sum())
-    assert not kept[0].input_ids.flags.writeable
-
-
-def test_reader_pickles_lazily(shard: Path) -> None:
-    reader = binidx.Reader(shard)
-    first = reader.read_bin(0)
-    clone = pickle.loads(pickle.dumps(reader))
-    assert clone._maps is None
-    assert bins_equal(clone.read_bin(0), first)
-    with pytest.raises(IndexError):
-        clone.read_bin(clone.num_bins)
-
-
-def test_a_failed_write_publishes_nothing(tmp_path: Path, spool: SpoolReader,
-                                          assignment: BinAssignment) -> None:
-    with pytest.raises(RuntimeError), binidx.Writer(tmp_path / "shard", pack_size=1024) as writer:
-        writer.write(next(iter_bins(spool, assignment)))
-        raise RuntimeError("crash")
-    assert list(tmp_path.iterdir()) == [tmp_path / "spool"]

@@ -1,16 +1,12 @@
-"""legacy_npy_pickle: faithful to today's files, read without running pickle code."""
+"""legacy_npy_pickle: faithful to today's files, read without running pickle code. What every
+format promises (and the memory it grows by): test_format_contract."""
 
 from __future__ import annotations
 
-import gc
-import json
-import multiprocessing as mp
 import os
 import pickle
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +18,12 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import is_temporary
 from packlab.formats import detect_format, open_shard
 from packlab.formats.legacy_npy_pickle import Reader, Writer
 from packlab.materialize import iter_bins
+from packlab.measure.harness import run_job
+from packlab.measure.jobs import format_imports
+from packlab.measure.workload import make_workload
 from packlab.packing import pack
 from packlab.safe_pickle import UnsafePickleError, load_pickled_npy
 
@@ -237,20 +235,7 @@ def test_non_pickled_or_odd_npy_files_are_refused(tmp_path: Path) -> None:
         Reader(tmp_path / "absent.npy")
 
 
-# -- damage ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("keep", [0, 5, 100, 0.5, -1])
-def test_truncated_files_are_clear_format_errors(
-    shard: tuple[Path, list[PackedBin]], keep: float
-) -> None:
-    path, _ = shard
-    data = path.read_bytes()
-    path.write_bytes(data[: int(len(data) * keep) if isinstance(keep, float) else keep])
-    with pytest.raises(FormatError, match=str(path)):
-        Reader(path).validate()
-    with pytest.raises(FormatError, match=str(path)):
-        Reader(path).read_bin(0)
-
-
+# -- damage (a truncated file: test_format_contract) ---------------------------------------------------------------------------------
 def test_structural_bit_flips_are_clear_format_errors(shard: tuple[Path, list[PackedBin]]) -> None:
     path, _ = shard
     original = path.read_bytes()
@@ -298,106 +283,16 @@ def test_random_bit_flips_never_escape_as_other_errors(
     assert caught > 10  # most flips hit structure (pickle opcodes, lengths, keys)
 
 
-def test_bins_out_of_order_or_too_few_raise_and_publish_nothing(tmp_path: Path) -> None:
-    bins = random_bins(5, 32)
-    with pytest.raises(PacklabError, match="out of order"):
-        with Writer(tmp_path / "a.npy", pack_size=32) as w:
-            w.write_bin(1, *bins[1])
-    with pytest.raises(PacklabError, match="only 4 of 5"):
-        with Writer(tmp_path / "b.npy", pack_size=32, num_bins=5) as w:
-            for b in bins[:4]:
-                w.write(b)
-    with pytest.raises(InvariantError, match="bin 0"):
-        with Writer(tmp_path / "c.npy", pack_size=8) as w:
-            w.write(bins[0])  # longer than pack_size 8
-    assert list(tmp_path.iterdir()) == []
-
-
-def test_arrays_stay_valid_after_the_reader_is_closed_and_collected(
-    shard: tuple[Path, list[PackedBin]],
-) -> None:
-    path, bins = shard
-    reader = Reader(path, pack_size=48)
-    got = reader.read_bins(range(len(bins)))
-    clone = pickle.loads(pickle.dumps(reader))
-    assert clone._data is None  # pickled without the loaded data
-    reader.close()
-    del reader
-    gc.collect()
-    assert all(bins_equal(a, b) for a, b in zip(got, bins, strict=True))
-    assert bins_equal(clone.read_bin(3), bins[3])
-
-
-# -- crashes and memory ---------------------------------------------------------------------
-def _write_big(path: str) -> None:
-    (one,) = random_bins(1, 2048, seed=1)
-    with Writer(Path(path), pack_size=2048) as w:
-        for _ in range(3_000):
-            w.write(one)
-
-
-def test_writer_killed_while_saving_leaves_nothing_and_a_rerun_completes(tmp_path: Path) -> None:
-    final = tmp_path / "shard.npy"
-    child = mp.get_context("fork").Process(target=_write_big, args=(str(final),))
-    child.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not final.exists():
-        tmps = [p for p in tmp_path.iterdir() if is_temporary(p)]
-        if tmps and tmps[0].stat().st_size > 0:  # np.save has begun writing
-            break
-        time.sleep(0.0005)
-    os.kill(child.pid, signal.SIGKILL)
-    child.join()
-    assert child.exitcode == -signal.SIGKILL
-    assert not final.exists()
-    assert [p for p in tmp_path.iterdir() if is_temporary(p)]  # killed mid-save
-    bins = random_bins(4, 2048)
-    write_shard(final, bins, 2048)
-    assert Reader(final).validate()["num_bins"] == 4
-
-
-_PEAK_SCRIPT = """
-import json, sys
-import numpy as np
-from pathlib import Path
-from packlab.bins import PackedBin
-from packlab.formats.legacy_npy_pickle import Writer
-
-def status(key):
-    for line in open("/proc/self/status"):
-        if line.startswith(key):
-            return int(line.split()[1]) * 1024
-
-out, num_bins, pack_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-rng = np.random.default_rng(0)
-n = pack_size - 48
-ids = rng.integers(1000, 50_000, size=n).astype(np.int32)
-mask = rng.integers(0, 2, size=n).astype(np.uint8)
-starts = np.array([0, n // 2], dtype=np.int32)
-mask[np.append(starts[1:], n) - 1] = 0
-one = PackedBin(ids, mask, starts)
-baseline = status("VmRSS")
-with Writer(Path(out), pack_size=pack_size, num_bins=num_bins) as w:
-    for _ in range(num_bins):
-        w.write(one)
-print(json.dumps({"peak_growth": status("VmHWM") - baseline}))
-"""
-
-
-def writer_peak_growth(out: Path, num_bins: int, pack_size: int) -> int:
-    """Peak RSS growth (VmHWM minus RSS after imports) of a fresh process writing a shard."""
-    result = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, str(out), str(num_bins),
-                             str(pack_size)], capture_output=True, text=True, check=True,
-                            timeout=300)
-    return int(json.loads(result.stdout)["peak_growth"])
-
-
-def test_writer_peak_memory_grows_with_the_dataset(tmp_path: Path) -> None:
-    small = writer_peak_growth(tmp_path / "small.npy", 250, 2048)
-    large = writer_peak_growth(tmp_path / "large.npy", 2_000, 2048)
-    tokens = 2_000 * 2000
-    print(f"legacy_npy_pickle writer peak RSS growth: 250 bins {small / 2**20:.1f} MiB, "
-          f"2k bins {large / 2**20:.1f} MiB ({large / tokens:.0f} bytes per token, "
-          f"numpy int32 + uint8 would be 5)")
-    assert large > tokens * 16  # Python int objects and list slots, not 5 bytes a token
-    assert 5 < large / small < 12  # 8x the bins: roughly linear growth
+# -- memory (the contract: it grows with the shard) ------------------------------------------
+def test_writer_holds_python_ints_not_five_bytes_a_token(tmp_path: Path) -> None:
+    """Faithful to today's writer: every token a Python int in a list until np.save, measured
+    in a fresh process by packlab.measure.harness."""
+    work = make_workload(tmp_path / "work", 2_000, pack_size=2048)
+    report = run_job("packlab.measure.jobs:write_shard", "legacy_npy_pickle", work.spool,
+                     work.prefix(2_000), tmp_path / "shard.npy", {},
+                     imports=format_imports("legacy_npy_pickle"))
+    grew = report["phases"]["write"]["peak_rss_phase_growth_bytes"]
+    tokens = Reader(tmp_path / "shard.npy").num_tokens
+    print(f"legacy_npy_pickle writer peak RSS growth: {grew / 2**20:.1f} MiB for {tokens:,} "
+          f"tokens ({grew / tokens:.0f} bytes a token; numpy int32 + uint8 would be 5)")
+    assert grew > 16 * tokens  # an 8-byte list slot per token and per mask, and int objects

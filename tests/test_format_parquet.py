@@ -1,15 +1,11 @@
-"""Format ``parquet``: round trips, foreign files, other readers, corruption, crashes, memory."""
+"""Format ``parquet``: round trips, the footer, its cache, foreign files, other readers,
+corruption. What every format promises (crashes, memory, workers): test_format_contract."""
 
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import signal
-import subprocess
-import sys
 import tempfile
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +13,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from conftest import assert_reads_back as assert_same
-from conftest import read_in_forked_child, reference_bins, write_bins
+from conftest import reference_bins, write_bins
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packlab.bins import PackedBin, bin_digest, bins_equal
+from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import dump_metadata
@@ -120,38 +116,7 @@ def test_token_ids_beyond_int32_are_refused(tmp_path: Path) -> None:
     assert not path.exists() and not list(tmp_path.iterdir())
 
 
-# -- the reader: lazy, cached, picklable ------------------------------------------------------
-def test_a_forked_worker_reopens_and_reads_the_same(shard: Path, bins: list[PackedBin]) -> None:
-    """DataLoader workers fork with the parent's open reader: the child reopens its handle."""
-    reader = Reader(shard)
-    reader.read_bin(0)  # handles open (and a cache filled) in the parent
-    digests, reopened = read_in_forked_child(reader)
-    assert reopened
-    assert digests == [bin_digest(*b) for b in bins]
-
-
-def test_reader_pickles_without_handles_and_reads_the_same(shard: Path,
-                                                           bins: list[PackedBin]) -> None:
-    reader = Reader(shard)
-    reader.read_bin(5)
-    clone = pickle.loads(pickle.dumps(reader))
-    assert clone._pf is None and clone._cache is None
-    assert_same(clone, bins)
-
-
-def test_bins_stay_valid_and_writable_after_close(shard: Path, bins: list[PackedBin]) -> None:
-    reader = Reader(shard)
-    kept = [reader.read_bin(i) for i in range(0, len(bins), 7)]
-    reader.close()
-    del reader
-    import gc
-
-    gc.collect()
-    for k, got in zip(range(0, len(bins), 7), kept, strict=True):
-        assert bins_equal(got, bins[k])
-    kept[0].input_ids[0] += 1  # copies: writable, independent of the file
-
-
+# -- the reader's cache (forked workers, pickling, lifetimes: test_format_contract) ----------
 def test_lru_cache_is_bounded_and_batched_reads_decode_each_group_once(
         shard: Path, bins: list[PackedBin]) -> None:
     reader = Reader(shard, cache_row_groups=2)
@@ -169,15 +134,6 @@ def test_lru_cache_is_bounded_and_batched_reads_decode_each_group_once(
     assert batched.cache_stats()["misses"] == groups
     assert all(bins_equal(g, bins[int(i)]) for g, i in zip(got, indices, strict=True))
     assert reader.row_group_of(indices).tolist() == [*range(groups), *range(groups)]
-
-
-def test_index_errors(shard: Path, bins: list[PackedBin]) -> None:
-    reader = Reader(shard)
-    assert bins_equal(reader.read_bin(-1), bins[-1])
-    with pytest.raises(IndexError, match="shard.parquet"):
-        reader.read_bin(len(bins))
-    with pytest.raises(IndexError, match="shard.parquet"):
-        reader.read_bins([0, len(bins)])
 
 
 def test_one_row_group_reader_reproduces_the_baseline(shard: Path,
@@ -299,16 +255,7 @@ def test_hugging_face_datasets_reads_the_shard(shard: Path, bins: list[PackedBin
     assert np.array_equal(row["loss_mask"], bins[11].loss_mask)
 
 
-# -- corruption -------------------------------------------------------------------------------
-@pytest.mark.parametrize("keep", [0, 3, 100, 0.5, -8, -1])
-def test_truncated_file_is_a_clear_error(shard: Path, keep: float) -> None:
-    data = shard.read_bytes()
-    cut = int(len(data) * keep) if isinstance(keep, float) else keep % len(data)
-    shard.write_bytes(data[:cut])
-    with pytest.raises(FormatError, match="shard.parquet"):
-        Reader(shard).validate()
-
-
+# -- corruption (a truncated file: test_format_contract) --------------------------------------
 def data_page_position(path: Path, group: int, column: int) -> int:
     """A byte in the middle of a column chunk written as one plain data page (no dictionary)."""
     chunk = pq.read_metadata(path).row_group(group).column(column)
@@ -356,84 +303,3 @@ def test_random_bit_flips_never_give_silently_wrong_bins(tmp_path: Path,
             continue
         assert all(bins_equal(g, b) for g, b in zip(got, bins[:60], strict=True)), position
     assert caught > 20
-
-
-# -- crashes and memory -----------------------------------------------------------------------
-_CHILD = textwrap.dedent("""
-    import json, sys
-    import numpy as np
-    import pyarrow as pa
-    from packlab.formats import get_format, open_writer
-
-    def hwm():
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-
-    fmt, path, num_bins, pack_size, options = sys.argv[1:6]
-    num_bins, pack_size, options = int(num_bins), int(pack_size), json.loads(options)
-    group = options.get("row_group_size", options.get("batch_size"))
-    rng = np.random.default_rng(0)
-    pool = rng.integers(0, 50_000, size=4 * pack_size, dtype=np.int32)
-    learn = rng.integers(0, 2, size=4 * pack_size, dtype=np.uint8)
-    get_format(fmt)  # imports done before the baseline
-    base = hwm()
-    with open_writer(fmt, path, pack_size=pack_size, **options) as writer:
-        i = 0
-        while num_bins < 0 or i < num_bins:
-            n = int(rng.integers(pack_size // 2, pack_size + 1))
-            at = int(rng.integers(0, 3 * pack_size))
-            mask = learn[at:at + n].copy()
-            mask[[n // 2 - 1, n - 1]] = 0
-            writer.write_bin(i, pool[at:at + n], mask, np.array([0, n // 2], dtype=np.int32))
-            i += 1
-            if i == 3 * group:
-                print("flushed", flush=True)
-    print(json.dumps({"base": base, "peak": hwm(),
-                      "pool_peak": pa.default_memory_pool().max_memory()}))
-""")
-
-
-def run_child(fmt: str, path: Path, num_bins: int, pack_size: int, options: dict) -> dict:
-    done = subprocess.run([sys.executable, "-c", _CHILD, fmt, str(path), str(num_bins),
-                           str(pack_size), json.dumps(options)],
-                          capture_output=True, text=True, check=True, timeout=300)
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_writer_killed_mid_shard_leaves_nothing_under_the_final_name(tmp_path: Path) -> None:
-    final = tmp_path / "killed.parquet"
-    child = subprocess.Popen([sys.executable, "-c", _CHILD, "parquet", str(final), "-1", "256",
-                              json.dumps({"row_group_size": 20})],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "flushed"
-        os.kill(child.pid, signal.SIGKILL)
-    finally:
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL
-    assert not final.exists()
-    leftovers = list(tmp_path.iterdir())
-    assert len(leftovers) == 1 and leftovers[0].name.startswith(".killed.parquet.tmp-")
-    assert leftovers[0].stat().st_size > 0  # it was killed mid-write, not before
-    write_shard(final, [PackedBin(np.arange(4, dtype=np.int32), np.zeros(4, np.uint8),
-                                  np.array([0], np.int32))], 8)
-    assert Reader(final).validate()["num_bins"] == 1
-
-
-def test_writer_peak_memory_is_flat_as_the_shard_grows(tmp_path: Path) -> None:
-    options = {"row_group_size": 200}
-    small = run_child("parquet", tmp_path / "small.parquet", 2_000, 2048, options)
-    large = run_child("parquet", tmp_path / "large.parquet", 20_000, 2048, options)
-    grew_small = small["peak"] - small["base"]
-    grew_large = large["peak"] - large["base"]
-    raw_small = Reader(tmp_path / "small.parquet").num_tokens * 5  # int32 tokens + uint8 mask
-    raw_large = Reader(tmp_path / "large.parquet").num_tokens * 5
-    print(f"parquet writer peak RSS growth: {grew_small / 2**20:.1f} MiB for "
-          f"{raw_small / 2**20:.0f} MiB of bins, {grew_large / 2**20:.1f} MiB for "
-          f"{raw_large / 2**20:.0f} MiB; Arrow pool peak {small['pool_peak'] / 2**20:.1f} / "
-          f"{large['pool_peak'] / 2**20:.1f} MiB")
-    assert raw_large > 9 * raw_small
-    # ten times the data, the same memory (within allocator noise)
-    assert grew_large < grew_small + 16 * 2**20
-    assert large["pool_peak"] < small["pool_peak"] + 8 * 2**20

@@ -328,7 +328,8 @@ class Reader(ParquetFacts, ShardReader):
                               f"{parse_error(exc)}") from None
 
     def _handles(self) -> Sequence[str]:
-        return ("_pf", "_cache", "_meta", "_input")
+        # _lengths: decoded from every row group, 8 bytes a bin; a worker recomputes it if asked
+        return ("_pf", "_cache", "_meta", "_input", "_lengths")
 
     def _file(self) -> pq.ParquetFile:
         """The open file, reopened after pickling or in a forked worker."""
