@@ -89,8 +89,6 @@ def detect(path: Path) -> bool:
     return starts_with(path, _MAGIC)
 
 
-
-
 class ArrowIpcFacts(FormatFacts):
     """What ``arrow_ipc`` is: one Arrow IPC file, memory-mapped."""
 

@@ -108,8 +108,6 @@ def detect(path: Path) -> bool:
     return path.is_dir() and starts_with(path / INDEX, _IdxHeader.MAGIC)
 
 
-
-
 class BinidxFacts(FormatFacts):
     """What ``binidx`` is: a Megatron bin/idx shard with sidecars (RFC Option C)."""
 
@@ -159,12 +157,11 @@ class ScratchArray:
         self._file.close()
 
     def chunks(self, step: int = 1 << 20) -> Iterator[np.ndarray]:
-        """The values back, ``step`` at a time (read from the file, bounded memory)."""
-        if self.size == 0:
-            return
-        values = np.memmap(self.path, dtype=self.dtype, mode="r", shape=(self.size,))
-        for lo in range(0, self.size, step):
-            yield np.array(values[lo : lo + step])
+        """The values back, ``step`` at a time, read with ``fromfile`` (a map held over the
+        whole loop would keep every page it touched counted in the writer's memory)."""
+        with open(self.path, "rb") as f:
+            for lo in range(0, self.size, step):
+                yield np.fromfile(f, dtype=self.dtype, count=min(step, self.size - lo))
 
     def discard(self) -> None:
         if not self._file.closed:

@@ -45,8 +45,6 @@ def detect(path: Path) -> bool:
     return path.is_file() and (path.suffix == SUFFIX or npy_is_pickled(path))
 
 
-
-
 class LegacyFacts(FormatFacts):
     """What ``legacy_npy_pickle`` is: today's pickled .npy (loaded whole)."""
 

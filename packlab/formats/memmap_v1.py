@@ -81,8 +81,6 @@ def detect(path: Path) -> bool:
         return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
 
 
-
-
 class MemmapFacts(FormatFacts):
     """What ``memmap_v1`` is: a padded memmap shard (RFC Option A)."""
 

@@ -76,8 +76,6 @@ def detect(path: Path) -> bool:
     return path.is_dir() and (path / OFFSETS).is_file() and (path / INDICES).is_file()
 
 
-
-
 class PackedIndexFacts(FormatFacts):
     """What ``packed_index`` is: a bin assignment over a spool (no token copy)."""
 

@@ -81,8 +81,6 @@ def detect(path: Path) -> bool:
     return starts_with(path, _MAGIC)
 
 
-
-
 class ParquetFacts(FormatFacts):
     """What ``parquet`` is: one Parquet file (RFC Option B)."""
 

@@ -154,7 +154,6 @@ def _writer_default(format: str, option: str) -> Any:
     return _NO_OPTION if param is None else param.default
 
 
-
 def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | os.PathLike[str],
                  variants: Sequence[Variant], *, bins_per_shard: int | None = None
                  ) -> list[dict[str, Any]]:
