@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.errors import PacklabError
+from packlab.errors import FormatError, PacklabError
 from packlab.formats import open_shard
 from packlab.mapping import FORKS as _FORKS
 
@@ -38,6 +38,18 @@ def item_from_bin(packed: PackedBin) -> dict[str, np.ndarray]:
     }
 
 
+def check_place(path: Path, reader: Any, bins: tuple[int, int]) -> None:
+    """A shard a dataset manifest lists holds its bins: as many, and (where its format records
+    them) the very ones; else it is another shard in its place, or a damaged one."""
+    if reader.num_bins != bins[1] - bins[0]:
+        raise FormatError(f"{path}: {reader.num_bins} bins, its dataset manifest puts bins "
+                          f"{bins[0]}..{bins[1] - 1} here (replaced by another shard?)")
+    recorded = reader.metadata.get("bins")
+    if recorded is not None and list(recorded) != list(bins):
+        raise FormatError(f"{path}: holds bins {list(recorded)}, its dataset manifest puts "
+                          f"bins {list(bins)} here (shards swapped or duplicated)")
+
+
 class PackedDataset:
     """Bins of many shards as one map-style dataset (``len``, ``[i]``, ``__getitems__``)."""
 
@@ -47,6 +59,9 @@ class PackedDataset:
         *,
         reader_options: dict[str, Any] | None = None,
     ) -> None:
+        """``shards``: ``(path, format)`` pairs, as :func:`packlab.discovery.find_shards` gives
+        them; where a dataset manifest lists a shard (its pair carries ``bins``), the shard must
+        hold exactly those bins."""
         if not shards:
             raise PacklabError("no shards to open")
         self.shards: list[Path] = [Path(p) for p, _ in shards]
@@ -56,6 +71,10 @@ class PackedDataset:
         self._pid = os.getpid()
         self._fork = _FORKS[0]
         readers = self._open_readers()
+        for shard, reader in zip(shards, readers, strict=True):
+            expected = getattr(shard, "bins", None)
+            if expected is not None:
+                check_place(Path(shard[0]), reader, expected)
         counts = np.array([r.num_bins for r in readers], dtype=np.int64)
         self.num_bins_per_shard = counts
         self.cumulative = np.zeros(counts.shape[0] + 1, dtype=np.int64)

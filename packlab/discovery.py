@@ -15,10 +15,12 @@ import glob as globlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format
+from packlab.pipeline.manifest import listed_shards, read_manifest
 from packlab.spool import read_spool_manifest
 
 PathLike = str | os.PathLike[str]
@@ -29,6 +31,21 @@ IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
 
 class NoShardsError(FormatError):
     """A directory that holds no shard at all (a layout root, say: its caller may know more)."""
+
+
+class ShardRef(tuple):
+    """``(path, format)``, and where a dataset manifest lists the shard, ``bins``: the range of
+    the dataset's bins it must hold (:class:`packlab.dataset.PackedDataset` checks it)."""
+
+    bins: tuple[int, int] | None
+
+    def __new__(cls, path: Path, format: str, bins: tuple[int, int] | None = None) -> ShardRef:
+        ref = super().__new__(cls, (path, format))
+        ref.bins = bins
+        return ref
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return (self[0], self[1], self.bins)
 
 
 def is_ignored_name(name: str) -> bool:
@@ -133,6 +150,11 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
         own = _detect(p)
         if own is not None and _is_main_entry(p, own):
             return [(p, expect_format(p, own, format))]
+        manifest = read_manifest(p)
+        if manifest is not None:
+            return [ShardRef(path, expect_format(path, manifest["format"], format),
+                             (entry["bins"][0], entry["bins"][1]))
+                    for path, entry in listed_shards(p, manifest, lambda c: not _ignored(c))]
         if _is_spool(p):
             raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
                               "(`packlab pack`)")

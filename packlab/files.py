@@ -49,6 +49,17 @@ def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind
     return obj
 
 
+def canonical(obj: Any) -> bytes:
+    """The one JSON spelling of ``obj`` that is hashed (sorted keys, compact)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                      default=json_default).encode()
+
+
+def short_hash(obj: Any, digits: int = 16) -> str:
+    """A short, stable identity of a JSON-able object (run, configuration and job hashes)."""
+    return hashlib.sha256(canonical(obj)).hexdigest()[:digits]
+
+
 def json_default(value: Any) -> Any:
     """``json.dumps(..., default=json_default)``: numpy arrays as lists, numpy scalars as Python
     numbers, anything else as its string. (``tolist`` does both for numpy; ``item`` alone fails

@@ -9,6 +9,7 @@ then fills a bin alone) or dropped; both are counted in the :class:`PackingRepor
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -58,6 +59,14 @@ class BinAssignment:
         kept = np.minimum(np.asarray(lengths, dtype=np.int64)[self.seq_indices], self.pack_size)
         sums = np.add.reduceat(kept, self.bin_offsets[:-1]) if kept.size else kept
         return sums.astype(np.int64)
+
+    def digest(self) -> str:
+        """SHA-256 of the assignment (bins, their sequences, pack size, over-long policy): what
+        a job writing it is, whatever algorithm produced it."""
+        h = hashlib.sha256(f"{self.pack_size}|{self.overlong}|".encode())
+        h.update(np.ascontiguousarray(self.bin_offsets, dtype="<i8").tobytes())
+        h.update(np.ascontiguousarray(self.seq_indices, dtype="<i8").tobytes())
+        return h.hexdigest()
 
     def save(self, path: str | Path) -> None:
         np.savez(

@@ -46,9 +46,9 @@ def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) 
         with pytest.raises(PacklabError, match="row_group_size must be a positive"):
             write_shards(spool, assignment, tmp_path / "bad", format="parquet",
                          bins_per_shard=7, executor="ray", row_group_size=0)
-        with pytest.raises(PacklabError, match="already holds shards"):
+        with pytest.raises(PacklabError, match="already holds another output"):
             write_shards(spool, assignment, tmp_path / "ray" / "parquet", format="parquet",
-                         bins_per_shard=7, executor="ray")
+                         bins_per_shard=6, executor="ray")
         # the command line, in this process: it reuses the running session
         assert main(["pack", str(spool.path), str(tmp_path / "cli"), "--format", "parquet",
                      "--pack-size", "1024", "--algorithm", "first_fit_decreasing",

@@ -93,13 +93,19 @@ def test_existing_shards_need_overwrite_and_stale_ones_are_removed(packed, tmp_p
     name = "parquet" if "parquet" in FORMATS else FORMATS[0]
     out = tmp_path / "out"
     many = write_shards(spool, assignment, out, format=name, bins_per_shard=4, workers=2)
-    with pytest.raises(PacklabError, match="already holds shards"):
-        write_shards(spool, assignment, out, format=name, bins_per_shard=4)
+    with pytest.raises(PacklabError, match="already holds another output"):
+        write_shards(spool, assignment, out, format=name, bins_per_shard=5)  # another job
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    again = write_shards(spool, assignment, out, format=name, bins_per_shard=4)  # the same job
+    assert again == many  # nothing rewritten: every receipt still vouches for its shard
+    mtimes.pop("dataset.json")  # rewritten: "writing", then "complete" again
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "dataset.json"
+            } == mtimes
     few = write_shards(spool, assignment, out, format=name, bins_per_shard=1000, workers=2,
                        existing="overwrite")
     assert len(many) > 1 and len(few) == 1
     left = sorted(p.name for p in out.iterdir())
-    assert left == [few[0]["shard"], f"{few[0]['shard']}{RECEIPT_SUFFIX}"]
+    assert left == ["dataset.json", few[0]["shard"], f"{few[0]['shard']}{RECEIPT_SUFFIX}"]
     assert len(open_dataset(out)) == assignment.num_bins
 
 

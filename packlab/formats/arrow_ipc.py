@@ -212,6 +212,11 @@ class Reader(ArrowIpcFacts, ShardReader):
     the file is compressed. Zero-copy reads are proven by :meth:`validate` instead).
     """
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = (self.packlab or {}).get("metadata")
+        return found if isinstance(found, dict) else {}
+
     def __init__(
         self,
         path: str | os.PathLike[str],

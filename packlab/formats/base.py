@@ -352,6 +352,12 @@ class ShardReader(FormatFacts, ABC):
     def __len__(self) -> int:
         return self.num_bins
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What the writer was given as ``metadata=`` and recorded with the shard (the pipeline
+        records ``bins``: the shard's place in its dataset); empty when the format has none."""
+        return {}
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle paths and metadata only; handles and maps are reopened in the new process."""
         state = self.__dict__.copy()

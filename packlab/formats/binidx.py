@@ -328,6 +328,11 @@ class Reader(BinidxFacts, ShardReader):
     waits for the bin's own bytes only (see :mod:`packlab.mapping`).
     """
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = self.manifest.get("metadata")
+        return found if isinstance(found, dict) else {}
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self.manifest = read_manifest(self.path)

@@ -274,6 +274,11 @@ class Reader(MemmapFacts, ShardReader):
     :mod:`packlab.mapping` for how those are fetched.
     """
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = self.manifest.get("metadata")
+        return found if isinstance(found, dict) else {}
+
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path)
         self.manifest = read_manifest(self.path)

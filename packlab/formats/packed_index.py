@@ -228,6 +228,11 @@ def write_packed_index(
 class Reader(PackedIndexFacts, ShardReader):
     """Gathers bins from the referenced spool; opening reads the manifests, not the index."""
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = self.manifest.get("metadata")
+        return found if isinstance(found, dict) else {}
+
     def __init__(self, path: str | os.PathLike[str], *,
                  spool: str | os.PathLike[str] | None = None) -> None:
         super().__init__(path)

@@ -195,6 +195,11 @@ class Reader(ParquetFacts, ShardReader):
     ``one_row_group_cache`` (the Megatron-Bridge baseline instead, see below).
     """
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = (self.packlab or {}).get("metadata")
+        return found if isinstance(found, dict) else {}
+
     COPY_BINS: ClassVar[bool] = True
 
     def __new__(cls, *args: Any, one_row_group_cache: bool = False, **options: Any) -> Reader:

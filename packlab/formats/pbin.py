@@ -270,6 +270,11 @@ class Reader(PbinFacts, ShardReader):
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
     """
 
+    @property
+    def metadata(self) -> dict[str, Any]:
+        found = (self.footer or {}).get("metadata")
+        return found if isinstance(found, dict) else {}
+
     def __init__(self, path: str | os.PathLike[str], *, lossy: bool = False,
                  pack_size: int | None = None) -> None:
         super().__init__(path)

@@ -8,22 +8,12 @@ not by its path, so moving a spool or the output keeps every hash (and every sha
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
+from packlab.files import canonical, short_hash
 from packlab.spool import SpoolReader
 
-HASH_DIGITS = 16
-
-
-def canonical(obj: Any) -> bytes:
-    """The one JSON spelling of ``obj`` that is hashed (sorted keys, compact)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-def short_hash(obj: Any) -> str:
-    return hashlib.sha256(canonical(obj)).hexdigest()[:HASH_DIGITS]
+__all__ = ["canonical", "short_hash", "spool_identity"]
 
 
 def spool_identity(spool: SpoolReader) -> dict[str, Any]:

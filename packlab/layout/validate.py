@@ -13,21 +13,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from packlab.dataset import check_place
 from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import open_shard
 from packlab.layout.blend import SPLITS_DIR, is_layout, known_splits, read_blend, split_source
-from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt
+from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest
+from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt, shard_checksum
 
 
-def validate_shard(path: Path, format: str) -> dict[str, Any]:
-    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt.
+def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = None
+                   ) -> dict[str, Any]:
+    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt, and
+    (``bins``: where a dataset manifest places it) that it holds exactly those bins.
 
     Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
     """
     try:
         reader = open_shard(path, format=format)
         try:
+            if bins is not None:
+                check_place(path, reader, bins)
             summary = dict(reader.validate())
             summary.setdefault("num_bins", reader.num_bins)
             summary.setdefault("num_tokens", reader.num_tokens)
@@ -63,8 +69,15 @@ def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
             shard = receipt.name[: -len(RECEIPT_SUFFIX)]
             if shard not in names:
                 raise FormatError(f"{root / shard}: missing (its receipt {receipt.name} exists)")
-    rows = [validate_shard(p, name) for p, name in shards]
-    return {"path": str(root), **_totals(rows)}
+    rows = [validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None)) for ref in shards]
+    manifest = read_manifest(root) if root.is_dir() else None
+    if manifest is not None:
+        for row, entry in zip(rows, manifest["shards"], strict=True):
+            digest, _ = shard_checksum(Path(row["path"]))
+            if digest != entry["sha256"]:
+                raise FormatError(f"{row['path']}: checksum differs from {MANIFEST_FILE}'s "
+                                  "(replaced or corrupted)")
+    return {"path": str(root), **_totals(rows), "manifest": manifest is not None}
 
 
 def validate_layout(root: Path) -> dict[str, Any]:

@@ -9,9 +9,14 @@ a worker's memory is bounded by one shard's writer, never by the dataset. Its re
 Output is deterministic: the same spool, assignment and options give the same bytes whatever
 the number of workers or the executor (:mod:`packlab.pipeline.executors`).
 
+Every shard directory carries a dataset manifest (:mod:`packlab.pipeline.manifest`), written
+before the first shard and finished after the last, and is locked while a job writes it.
+
 What happens to shards already in the output directory is one choice, ``existing``:
 
-- ``"refuse"`` (the default): an error naming the first one;
+- ``"refuse"`` (the default): an error naming the first one, unless the directory's manifest
+  says the very same job wrote them (same spool, assignment, format, options): then it was
+  interrupted, and this run finishes it as ``"reuse"`` would;
 - ``"overwrite"``: every shard is written again, and shards left over from a larger earlier
   run are removed, so the directory reads as exactly this dataset;
 - ``"reuse"``: a shard whose receipt still vouches for it (same format, bins and pack size;
@@ -25,16 +30,25 @@ import os
 import re
 import time
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from packlab.errors import PacklabError
-from packlab.files import remove
+from packlab.errors import FormatError, PacklabError
+from packlab.files import remove, sha256_file
 from packlab.formats import get_format, open_writer
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.pipeline.executors import run_jobs
+from packlab.pipeline.manifest import (
+    MANIFEST_FILE,
+    completed,
+    new_manifest,
+    read_manifest,
+    write_manifest,
+    writing_lock,
+)
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
     receipt_path,
@@ -43,6 +57,7 @@ from packlab.pipeline.receipts import (
     shard_checksum,
     write_receipt,
 )
+from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader
 
 SHARD_NAME = re.compile(r"^shard_(\d{6,})")
@@ -137,12 +152,26 @@ def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
     return gone
 
 
+def job_identity(spool: str, assignment: BinAssignment, *, format: str, bins_per_shard: int,
+                 format_options: dict[str, Any]) -> dict[str, Any]:
+    """What a shard job is, for its dataset manifest: the same identity means the same bytes.
+    The spool enters by its manifest's checksum, not its path (moving it changes nothing)."""
+    reader = SpoolReader(spool)
+    return {
+        "spool": {"manifest_sha256": sha256_file(Path(spool) / SPOOL_MANIFEST),
+                  "num_sequences": reader.num_sequences, "num_tokens": reader.num_tokens},
+        "assignment_sha256": assignment.digest(), "format": format,
+        "bins_per_shard": int(bins_per_shard), "format_options": format_options,
+    }
+
+
 @dataclass
 class ShardPlan:
     """What :func:`plan_shards` decided for one shard directory."""
 
     out: Path
     names: list[str]
+    manifest: dict[str, Any] = field(default_factory=dict)  # written before the first shard
     reused: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard number -> receipt
     jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # shard number -> job
 
@@ -175,15 +204,24 @@ def plan_shards(
         raise PacklabError("shards already there are handled by existing= "
                            f"({', '.join(EXISTING)}), not overwrite=")
     path = spool_path(spool)
-    SpoolReader(path)  # fail early, naming the spool, if it is missing or damaged
     get_format(format)
     out = Path(out_dir)
-    present = existing_shards(out)
-    if present and existing == "refuse":
-        raise PacklabError(f"{out}: already holds shards ({present[0].name}, ...); "
-                           "pass overwrite=True (--overwrite) to replace them")
+    job = job_identity(path, assignment, format=format, bins_per_shard=bins_per_shard,
+                       format_options=format_options)
     ranges = shard_ranges(assignment.num_bins, bins_per_shard)
-    plan = ShardPlan(out, [shard_name(i, format) for i in range(len(ranges))])
+    names = [shard_name(i, format) for i in range(len(ranges))]
+    manifest = new_manifest(format=format, pack_size=assignment.pack_size, job=job,
+                            shards=list(zip(names, ranges, strict=True)))
+    before = _manifest_before(out, existing)
+    same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
+    present = existing_shards(out)
+    if existing == "refuse" and not same_job and (present or before is not None):
+        what = present[0].name if present else MANIFEST_FILE
+        raise PacklabError(f"{out}: already holds another output ({what}, ...); "
+                           "pass overwrite=True (--overwrite) to replace it")
+    if same_job and existing == "refuse":
+        existing = "reuse"  # the same job, interrupted: finish it
+    plan = ShardPlan(out, names, manifest=manifest)
     for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
         target = out / name
         kept = reusable_receipt(target, format=format, bins=(start, stop),
@@ -202,20 +240,33 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
                   ) -> list[list[dict[str, Any]]]:
     """Write the jobs of many plans in one pool, drop stale shards; receipts per plan."""
     flat = [(k, i, job) for k, plan in enumerate(plans) for i, job in sorted(plan.jobs.items())]
-    for plan in plans:
-        plan.out.mkdir(parents=True, exist_ok=True)
-        for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
-            remove(receipt_path(plan.out / plan.names[i]))
-    receipts = run_jobs(write_shard, [job for _, _, job in flat], workers, desc=desc,
-                        executor=executor, address=address)
-    written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
-    for (k, i, _), receipt in zip(flat, receipts, strict=True):
-        written[k][i] = receipt
-    out = []
-    for plan, done in zip(plans, written, strict=True):
-        remove_stale_shards(plan.out, plan.names)
-        out.append(plan.receipts(done))
+    with ExitStack() as locks:
+        for plan in plans:
+            locks.enter_context(writing_lock(plan.out))
+            write_manifest(plan.out, plan.manifest)  # "writing": the shards to expect
+            for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
+                remove(receipt_path(plan.out / plan.names[i]))
+        receipts = run_jobs(write_shard, [job for _, _, job in flat], workers, desc=desc,
+                            executor=executor, address=address)
+        written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
+        for (k, i, _), receipt in zip(flat, receipts, strict=True):
+            written[k][i] = receipt
+        out = []
+        for plan, done in zip(plans, written, strict=True):
+            remove_stale_shards(plan.out, plan.names)
+            out.append(plan.receipts(done))
+            write_manifest(plan.out, completed(plan.manifest, out[-1]))  # last: "complete"
     return out
+
+
+def _manifest_before(out: Path, existing: str) -> dict[str, Any] | None:
+    """The dataset manifest already in ``out``; a damaged one only matters when refusing."""
+    try:
+        return read_manifest(out)
+    except FormatError:
+        if existing == "refuse":
+            raise
+        return None
 
 
 def write_shards(

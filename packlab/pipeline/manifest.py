@@ -1,0 +1,199 @@
+"""The dataset manifest: what a shard directory holds, written first, finished last.
+
+``packlab pack`` (and every shard directory of an output layout) writes ``OUT/dataset.json``
+*before* the first shard, listing the shards to expect, and rewrites it *after* the last one,
+with each shard's size and checksum. So a reader can tell a whole dataset from an interrupted
+or tampered one without hashing anything:
+
+- ``"state": "writing"``: the job has not finished; ``open_dataset`` and ``validate`` refuse
+  the directory, and the same job run again finishes it (shards whose receipts vouch for them
+  are kept);
+- a shard listed but missing, a shard-like entry not listed, or a shard whose size differs is
+  refused at open, naming it;
+- a shard in another shard's place (swapped or copied over, receipts and all) is refused at
+  open where its format records the bins it holds (every packlab shard does, in its metadata),
+  and by ``validate`` (full checksums) everywhere.
+
+A literal manifest (``state`` complete)::
+
+    {"version": "packlab_dataset_v1", "state": "complete", "format": "parquet",
+     "pack_size": 4096, "packlab_version": "0.1.0",
+     "job": {"spool": {"path": "/data/chat", "manifest_sha256": "9f2c...",
+                       "num_sequences": 20000, "num_tokens": 10234112},
+             "assignment_sha256": "41d0...", "bins_per_shard": 2048,
+             "format_options": {}},
+     "job_hash": "c0ffee0123456789",
+     "num_shards": 3, "num_bins": 4502, "num_tokens": 10234112,
+     "shards": [{"name": "shard_000000.parquet", "bins": [0, 2048], "num_bins": 2048,
+                 "num_tokens": 4655873, "bytes": 4417028, "sha256": "77a1...",
+                 "sha256_of": "shard_000000.parquet"}, ...]}
+
+While ``"writing"``, a shard's ``num_tokens``, ``bytes``, ``sha256`` and ``sha256_of`` are
+null. ``sha256`` is the receipt's: the file, or a directory shard's own manifest (which lists
+every file's checksum). Directories written before manifests existed (and Nemotron's output)
+have none: they open with the checks they allow (receipts, when present).
+
+An exclusive ``flock`` on the directory keeps two jobs from writing it at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import FormatError, PacklabError
+from packlab.files import json_default, parse_versioned_json, short_hash, staged
+from packlab.pipeline.receipts import shard_bytes
+from packlab.version import __version__
+
+MANIFEST_FILE = "dataset.json"
+VERSION = "packlab_dataset_v1"
+STATES = ("writing", "complete")
+_IDENTITY = ("num_tokens", "bytes", "sha256", "sha256_of")
+
+
+def manifest_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / MANIFEST_FILE
+
+
+def new_manifest(*, format: str, pack_size: int, job: dict[str, Any],
+                 shards: Sequence[tuple[str, tuple[int, int]]]) -> dict[str, Any]:
+    """The manifest a job writes before its first shard: names and bin ranges, no checksums."""
+    return {
+        "version": VERSION, "state": "writing", "format": format, "pack_size": int(pack_size),
+        "packlab_version": __version__, "job": job, "job_hash": short_hash(job),
+        "num_shards": len(shards), "num_bins": int(shards[-1][1][1]) if shards else 0,
+        "num_tokens": None,
+        "shards": [{"name": name, "bins": [int(a), int(b)], "num_bins": int(b - a),
+                    **dict.fromkeys(_IDENTITY)} for name, (a, b) in shards],
+    }
+
+
+def completed(manifest: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The manifest with every shard's identity from its receipt, ``state`` complete."""
+    shards = manifest["shards"]
+    if len(receipts) != len(shards):
+        raise PacklabError(f"{len(receipts)} receipts for {len(shards)} shards (a pipeline bug)")
+    out = []
+    for entry, receipt in zip(shards, receipts, strict=True):
+        if receipt.get("shard") != entry["name"] or receipt.get("bins") != entry["bins"]:
+            raise PacklabError(f"receipt of {receipt.get('shard')} does not match "
+                               f"{entry['name']} (a pipeline bug)")
+        out.append({**entry, **{k: receipt.get(k) for k in _IDENTITY}})
+    return {**manifest, "state": "complete", "shards": out,
+            "num_tokens": sum(int(s["num_tokens"]) for s in out)}
+
+
+def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
+    """Publish ``dataset.json`` atomically (readers may be looking)."""
+    final = manifest_path(directory)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with staged(final, overwrite=True) as tmp:
+        tmp.write_text(json.dumps(manifest, indent=2, default=json_default) + "\n")
+    return final
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The dataset manifest of ``directory``, checked field by field; None when it has none."""
+    path = manifest_path(directory)
+    if not path.is_file():
+        return None
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{path}: unreadable dataset manifest: {exc.strerror}") from None
+    manifest = parse_versioned_json(raw, path, version=VERSION, kind="dataset manifest",
+                                    unreadable="unreadable dataset manifest")
+    return check_manifest(manifest, path)
+
+
+def check_manifest(manifest: dict[str, Any], where: object) -> dict[str, Any]:
+    """Every field a reader relies on, of the right kind, or one error naming ``where``."""
+    def bad(what: str) -> FormatError:
+        return FormatError(f"{where}: {what} (a damaged dataset manifest)")
+
+    if manifest.get("state") not in STATES:
+        raise bad(f"state {manifest.get('state')!r} is not one of {STATES}")
+    shards = manifest.get("shards")
+    if not isinstance(shards, list) or not isinstance(manifest.get("format"), str):
+        raise bad("no 'shards' list or 'format'")
+    names: set[str] = set()
+    stop = 0
+    for k, entry in enumerate(shards):
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise bad(f"shard entry {k} has no name")
+        name, bins = entry["name"], entry.get("bins")
+        if "/" in name or name in ("", ".", "..") or name in names:
+            raise bad(f"shard entry {k}: name {name!r} is not a plain, unique file name")
+        names.add(name)
+        if not (isinstance(bins, list) and len(bins) == 2 and all(_is_int(b) for b in bins)
+                and bins[0] == stop and bins[1] > bins[0]):
+            raise bad(f"{name}: bins {bins!r} do not continue the previous shard's at {stop}")
+        stop = bins[1]
+        if manifest["state"] == "complete" and not (_is_int(entry.get("bytes"))
+                                                    and isinstance(entry.get("sha256"), str)):
+            raise bad(f"{name}: no bytes/sha256 in a complete manifest")
+    if _is_int(manifest.get("num_bins")) and manifest["num_bins"] != stop:
+        raise bad(f"num_bins {manifest['num_bins']} but the shards hold {stop}")
+    return manifest
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def require_complete(directory: Path, manifest: dict[str, Any]) -> None:
+    """Refuse a directory whose job has not finished, saying how far it got."""
+    if manifest["state"] == "complete":
+        return
+    present = sum(1 for s in manifest["shards"] if (directory / s["name"]).exists())
+    raise FormatError(f"{directory}: incomplete output ({present} of {len(manifest['shards'])} "
+                      "shards written; the job that writes it was interrupted or is running: "
+                      "run the same `packlab pack` again to finish it)")
+
+
+def listed_shards(directory: Path, manifest: dict[str, Any],
+                  is_shard_like: Any) -> list[tuple[Path, dict[str, Any]]]:
+    """The shards the manifest lists, in order, each present with its recorded size; an extra
+    shard-like entry (``is_shard_like(path)``) is refused. Cheap: names and ``stat`` only."""
+    require_complete(directory, manifest)
+    listed = {s["name"] for s in manifest["shards"]}
+    extra = sorted(p.name for p in directory.iterdir()
+                   if p.name not in listed and is_shard_like(p))
+    if extra:
+        raise FormatError(f"{directory / extra[0]}: a shard {MANIFEST_FILE} does not list "
+                          "(copied in from elsewhere? remove it, or rewrite the output)")
+    out = []
+    for entry in manifest["shards"]:
+        path = directory / entry["name"]
+        if not path.exists():
+            raise FormatError(f"{path}: missing ({MANIFEST_FILE} lists it: bins "
+                              f"{entry['bins'][0]}..{entry['bins'][1] - 1})")
+        size = shard_bytes(path)
+        if size != entry["bytes"]:
+            raise FormatError(f"{path}: {size} bytes, {MANIFEST_FILE} says {entry['bytes']} "
+                              "(replaced, truncated, or another shard in its place)")
+        out.append((path, entry))
+    return out
+
+
+@contextmanager
+def writing_lock(directory: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on the directory itself for the block (no lock file to
+    leave behind); another job already writing there is refused at once, never waited for."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PacklabError(f"{directory}: another packlab job is writing here; wait for it "
+                               "to finish, or write elsewhere") from None
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -1,0 +1,160 @@
+"""The dataset manifest (OUT/dataset.json): written first, finished last; an output directory
+knows its shards, so an interrupted, shortened, swapped or duplicated dataset is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import write_random_spool
+
+from packlab import open_dataset
+from packlab.bins import bin_digest
+from packlab.errors import FormatError, PacklabError
+from packlab.formats import format_names
+from packlab.layout.validate import validate_path
+from packlab.packing import pack
+from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
+from packlab.pipeline.receipts import receipt_path
+from packlab.pipeline.shards import plan_shards, write_shard, write_shards
+
+FORMATS = format_names()
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("manifest")
+    spool = write_random_spool(root / "spool", num_sequences=90, max_len=300, seed=4)
+    assignment, _ = pack(spool.lengths, 512, algorithm="first_fit_decreasing")
+    return spool, assignment
+
+
+def write(job, out: Path, name: str, **options) -> list[dict]:
+    spool, assignment = job
+    return write_shards(spool, assignment, out, format=name, bins_per_shard=4, workers=1,
+                        **options)
+
+
+def tree(directory: Path) -> dict[str, bytes]:
+    """Every file's bytes, receipts without their timing."""
+    out = {}
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        if path.name.endswith(".receipt.json"):
+            data = json.dumps({k: v for k, v in json.loads(data).items() if k != "seconds"}).encode()
+        out[str(path.relative_to(directory))] = data
+    return out
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_the_manifest_lists_every_shard_with_the_receipts_identity(job, tmp_path, name) -> None:
+    receipts = write(job, tmp_path / "out", name)
+    manifest = read_manifest(tmp_path / "out")
+    assert manifest["state"] == "complete" and manifest["format"] == name
+    assert [s["name"] for s in manifest["shards"]] == [r["shard"] for r in receipts]
+    for entry, receipt in zip(manifest["shards"], receipts, strict=True):
+        assert entry["bins"] == receipt["bins"] and entry["sha256"] == receipt["sha256"]
+        assert entry["bytes"] == receipt["bytes"] and entry["num_tokens"] == receipt["num_tokens"]
+    assert manifest["num_bins"] == job[1].num_bins
+    assert validate_path(tmp_path / "out")["manifest"] is True
+
+
+def interrupted(job, out: Path, name: str, written: int) -> None:
+    """What a job killed after ``written`` shards leaves: its manifest still "writing"."""
+    spool, assignment = job
+    plan = plan_shards(spool, assignment, out, format=name, bins_per_shard=4)
+    write_manifest(out, plan.manifest)
+    for i in sorted(plan.jobs)[:written]:
+        write_shard(*plan.jobs[i])
+
+
+@pytest.mark.parametrize("name", ["parquet", "memmap_v1"])
+def test_an_interrupted_job_is_refused_until_the_same_job_finishes_it(job, tmp_path, name) -> None:
+    write(job, tmp_path / "whole", name)
+    out = tmp_path / "out"
+    interrupted(job, out, name, written=3)
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=r"incomplete output \(3 of \d+ shards written"):
+            call()
+    with pytest.raises(PacklabError, match="already holds another output"):  # another job
+        write_shards(job[0], job[1], out, format=name, bins_per_shard=5, workers=1)
+    kept = {p.name: p.stat().st_ino for p in out.glob("shard_*")}
+    write(job, out, name)  # the same job: finishes what is missing
+    assert {p.name: p.stat().st_ino for p in out.glob("shard_*") if p.name in kept} == kept
+    assert tree(out) == tree(tmp_path / "whole")
+    assert len(open_dataset(out)) == job[1].num_bins
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_missing_or_extra_shard_is_refused(job, tmp_path, name) -> None:
+    out = tmp_path / "out"
+    write(job, out, name)
+    extra = tmp_path / "extra"
+    write(job, extra, name)
+    gone = out / read_manifest(out)["shards"][1]["name"]
+    moved = tmp_path / "moved"
+    shutil.move(gone, moved)
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{gone.name}: missing .*lists it: bins 4..7"):
+            call()
+    shutil.move(moved, gone)
+    assert len(open_dataset(out)) == job[1].num_bins
+    stranger = out / "shard_000099" if not gone.suffix else out / f"shard_000099{gone.suffix}"
+    (shutil.copytree if gone.is_dir() else shutil.copy)(extra / gone.name, stranger)
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{stranger.name}: a shard {MANIFEST_FILE} does "):
+            call()
+
+
+def _swap(a: Path, b: Path) -> None:
+    """Exchange two shards and their receipts (what the fuzzing found validate accepted)."""
+    tmp = a.with_name("swap-tmp")
+    for x, y in ((a, b), (receipt_path(a), receipt_path(b))):
+        x.rename(tmp)
+        y.rename(x)
+        tmp.rename(y)
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_swapped_or_duplicated_shards_are_refused(job, tmp_path, name) -> None:
+    out = tmp_path / "out"
+    write(job, out, name)
+    entries = read_manifest(out)["shards"]
+    first, second = out / entries[0]["name"], out / entries[1]["name"]
+    _swap(first, second)
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{first.name}: .*(swapped|replaced|bytes)"):
+            call()
+    _swap(first, second)
+    digests = [bin_digest(*open_dataset(out).read_bin(i)) for i in range(8)]
+    assert len(set(digests)) == 8
+    # a shard copied over another, its receipt adjusted to vouch for the copy
+    shutil.rmtree(second) if second.is_dir() else second.unlink()
+    (shutil.copytree if first.is_dir() else shutil.copy)(first, second)
+    receipt = json.loads(receipt_path(first).read_text())
+    receipt_path(second).write_text(json.dumps({**receipt, "shard": second.name}))
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{second.name}: "):
+            call()
+
+
+def test_a_damaged_manifest_is_one_error_naming_it(job, tmp_path) -> None:
+    out = tmp_path / "out"
+    write(job, out, "parquet")
+    path = out / MANIFEST_FILE
+    for damage in (b"{not json", b"\xff\xfe", json.dumps({"version": "packlab_dataset_v1",
+                                                          "state": "done"}).encode()):
+        path.write_bytes(damage)
+        with pytest.raises(FormatError, match=f"{MANIFEST_FILE}: "):
+            open_dataset(out)
+
+
+def test_a_second_job_into_one_directory_is_refused_while_the_first_writes(job, tmp_path) -> None:
+    out = tmp_path / "out"
+    with writing_lock(out), pytest.raises(PacklabError, match="another packlab job is writing"):
+        write(job, out, "parquet")
+    assert not list(out.glob("shard_*"))
+    write(job, out, "parquet")  # the lock went with the first job
+    assert read_manifest(out)["state"] == "complete"
