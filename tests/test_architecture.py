@@ -23,7 +23,7 @@ NOT_FORMAT_NAMES = {
 # ARCHITECTURE.md, "Layers": a module may import only from its own layer or the ones before it.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "progress", "safe_pickle", "mapping", "results", "bins",
-     "invariants", "tables"),
+     "invariants", "executors", "tables"),
     ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
      "materialize"),
     ("formats",),

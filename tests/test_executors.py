@@ -12,8 +12,8 @@ from conftest import write_random_spool
 
 from packlab.cli import main
 from packlab.errors import PacklabError
+from packlab.executors import ray_session, run_jobs
 from packlab.packing import pack
-from packlab.pipeline.executors import ray_session, run_jobs
 from packlab.pipeline.shards import write_shard, write_shards
 
 

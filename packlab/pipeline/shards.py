@@ -7,7 +7,7 @@ a worker's memory is bounded by one shard's writer, never by the dataset. Its re
 (:mod:`packlab.pipeline.receipts`) is written after the shard is published.
 
 Output is deterministic: the same spool, assignment and options give the same bytes whatever
-the number of workers or the executor (:mod:`packlab.pipeline.executors`).
+the number of workers or the executor (:mod:`packlab.executors`).
 
 Every shard directory carries a dataset manifest (:mod:`packlab.pipeline.manifest`), written
 before the first shard and finished after the last, and is locked while a job writes it.
@@ -36,11 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
+from packlab.executors import run_jobs
 from packlab.files import remove, sha256_file
 from packlab.formats import get_format, open_writer
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
-from packlab.pipeline.executors import run_jobs
 from packlab.pipeline.manifest import (
     MANIFEST_FILE,
     completed,
