@@ -37,7 +37,7 @@ test: $(STAMP)
 	fi
 
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	$(BIN)/python -m packlab.lab
 
 lint: $(STAMP)
 	$(BIN)/ruff check packlab tests

@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloud",),
     ("sources",),
     ("measure", "query"),
-    ("commands", "cli", "notebooks", "report", ""),
+    ("commands", "cli", "notebooks", "lab", "report", ""),
 ]
 
 
