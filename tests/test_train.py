@@ -31,7 +31,12 @@ from packlab.train import (  # noqa: E402
     thd_view,
     train,
 )
-from packlab.train.runs import compare_curves, step_rows, train_every_format  # noqa: E402
+from packlab.train.runs import (  # noqa: E402
+    compare_curves,
+    step_rows,
+    step_time_spread,
+    train_every_format,
+)
 from packlab.train.traps import (  # noqa: E402
     RolledMaskDataset,
     cross_attending_share,
@@ -340,8 +345,35 @@ def test_training_every_format_in_fresh_processes_gives_one_curve(shards) -> Non
     for row in rows:
         assert row["step_seconds"] > 0 and 0 < row["wait_share"] < 1
         assert row["startup_seconds"] >= row["open_seconds"] > 0
-        assert row["peak_rss_bytes"] > 0
+        assert row["compute_seconds"] > 0 and row["wait_seconds"] > 0
         assert (row["workers_rss_bytes"] > 0) == (row["workers"] > 0)
+    spread = step_time_spread(rows)
+    assert set(spread) == {0, 1}
+    for workers, s in spread.items():
+        group = [r for r in rows if r["workers"] == workers]
+        assert s["ratio"] >= 1 and s["compute_ratio"] >= 1
+        assert s["wait_added"] == pytest.approx(
+            (max(r["wait_seconds"] for r in group) - min(r["wait_seconds"] for r in group))
+            / min(r["step_seconds"] for r in group))
+
+
+def test_the_training_process_holds_the_dataset_only_with_a_format_that_loads_it_all(
+        tmp_path) -> None:
+    """Legacy's reader loads every bin at open: the training process grows by at least the
+    bins' bytes; a memory-mapped format's open costs next to nothing."""
+    spool = synthesize(tmp_path / "spool", num_sequences=12_000, profile="short",
+                       vocab_size=VOCAB, seed=1)
+    assignment, report = pack(spool.lengths, PACK_SIZE, seed=0)
+    chosen = {}
+    for name in ("memmap_v1", "legacy_npy_pickle"):
+        write_shards(spool, assignment, tmp_path / name, format=name,
+                     bins_per_shard=assignment.num_bins, workers=1)
+        chosen[name] = tmp_path / name
+    data_bytes = 5 * report.num_tokens  # int32 tokens + uint8 loss mask
+    results = train_every_format(chosen, model=config().to_dict(), steps=1, batch_size=2,
+                                 workers=[0], timeout=600)
+    assert results["legacy_npy_pickle"]["memory"]["open_rss_bytes"] >= 0.8 * data_bytes
+    assert results["memmap_v1"]["memory"]["open_rss_bytes"] < 0.1 * data_bytes
 
 
 def test_compare_curves_names_the_first_step_that_differs() -> None:

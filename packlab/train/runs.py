@@ -1,33 +1,40 @@
-"""Training from every format, each in a fresh process, and what the runs say side by side.
+"""Training from every format in a fresh process, and what the runs say side by side.
 
 :func:`training_job` is the job a fresh process runs (through :mod:`packlab.measure.harness`,
-so its peak RSS is its own): open the dataset (a format that loads everything pays it here),
-then train the same model with the same sampler for each DataLoader worker count.
-:func:`train_every_format` runs it once per format. Then:
+so no memory of the caller's is in its figures): a warm-up step, then for each format, open
+the dataset (a format that loads everything pays it here) and train the same model with the
+same sampler once per DataLoader worker count; the memory of each phase is recorded apart
+(peaks reset at every phase). :func:`train_every_format` runs it. Then:
 
 - :func:`compare_curves`: are the loss curves identical bit for bit across formats and worker
   counts, and if not, the first step that differs and whether its batch differed too;
 - :func:`step_rows`: per format and worker count, the startup (open + first batch), the
-  steady step time, data wait, compute, the data-wait share of the step, and peak memory;
-- :func:`step_time_spread`: the slowest format's steady step time over the fastest's, per
-  worker count (the RFC: "storage format does not change step time").
+  steady step time, data wait, compute, the data-wait share of the step, and memory;
+- :func:`step_time_spread`: per worker count, the slowest format's steady step over the
+  fastest's, the most data wait a format adds over the least (as a share of the step: what a
+  format can change), and the spread of compute (identical work in every run: the noise).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import statistics
 import time
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
 
+import numpy as np
+import torch
+
 from packlab.errors import PacklabError
 from packlab.measure.harness import run_job
+from packlab.measure.jobs import format_imports
 from packlab.samplers import BlockShuffleSampler, ShuffleSampler
-from packlab.sources import open_dataset
-from packlab.train.batch import make_collator
+from packlab.sources import local_shards, open_dataset
+from packlab.train.batch import make_collator, thd_view
 from packlab.train.loop import train
-from packlab.train.model import ModelConfig
+from packlab.train.model import ModelConfig, build_model, deterministic, masked_loss
 
 
 def make_sampler(num_items: int, *, seed: int = 0, block_size: int | None = None
@@ -40,8 +47,22 @@ def make_sampler(num_items: int, *, seed: int = 0, block_size: int | None = None
     return BlockShuffleSampler(num_items, block_size=block_size, seed=seed)
 
 
+def warm_up(config: ModelConfig, *, batch_size: int, threads: int = 1) -> None:
+    """One optimizer step on a synthetic batch: torch's one-time allocations (thread pools,
+    kernels, autograd) land before the first format, not in its figures."""
+    length = config.max_positions
+    item = {"input_ids": np.arange(length, dtype=np.int32) % config.vocab_size,
+            "loss_mask": np.ones(length, dtype=np.uint8),
+            "seq_boundaries": np.array([0, length // 2, length], dtype=np.int32)}
+    view = thd_view(make_collator()([item] * batch_size))
+    model = build_model(config)
+    with deterministic(threads):
+        masked_loss(model(view), view)[0].backward()
+        torch.optim.AdamW(model.parameters()).step()
+
+
 def training_job(
-    path: str,
+    sources: dict[str, str],
     *,
     model: dict[str, Any],
     steps: int,
@@ -53,21 +74,34 @@ def training_job(
     lr: float = 1e-3,
     threads: int = 1,
 ) -> Generator[str, None, dict[str, Any]]:
-    """Open ``path`` (phase ``open``), then train from scratch once per worker count (phase
-    ``train_<n>_workers``); the per-step records come back."""
-    began = time.perf_counter()
-    dataset = open_dataset(path)
-    opened = time.perf_counter() - began
-    yield "open"
-    runs = []
-    for n in workers:
-        run = train(dataset, ModelConfig(**model), steps=steps, batch_size=batch_size,
-                    sampler=make_sampler(len(dataset), seed=sampler_seed, block_size=block_size),
-                    collate_fn=make_collator(collate_style), num_workers=int(n), lr=lr,
-                    threads=threads)
-        runs.append({"workers": int(n), "records": run.records})
-        yield f"train_{n}_workers"
-    return {"open_seconds": opened, "num_bins": len(dataset), "runs": runs}
+    """In one fresh process: a warm-up step (phase ``warmup``), then per format: open its
+    dataset (phase ``FORMAT:open``; a format that loads everything pays it here) and train
+    from scratch once per worker count (phase ``FORMAT:train_<n>_workers``), then close it.
+    Returns the per-step records of every run, per format."""
+    config = ModelConfig(**model)
+    warm_up(config, batch_size=batch_size, threads=threads)
+    yield "warmup"
+    out: dict[str, Any] = {}
+    for name, path in sources.items():
+        began = time.perf_counter()
+        dataset = open_dataset(path)
+        opened = time.perf_counter() - began
+        yield f"{name}:open"
+        runs = []
+        for n in workers:
+            run = train(dataset, config, steps=steps, batch_size=batch_size,
+                        sampler=make_sampler(len(dataset), seed=sampler_seed,
+                                             block_size=block_size),
+                        collate_fn=make_collator(collate_style), num_workers=int(n), lr=lr,
+                        threads=threads)
+            runs.append({"workers": int(n), "records": run.records})
+            del run
+            yield f"{name}:train_{n}_workers"
+        out[name] = {"open_seconds": opened, "num_bins": len(dataset), "runs": runs}
+        dataset.close()
+        del dataset
+        gc.collect()
+    return out
 
 
 def train_every_format(
@@ -76,15 +110,42 @@ def train_every_format(
     timeout: float = 3600.0,
     **job: Any,
 ) -> dict[str, dict[str, Any]]:
-    """:func:`training_job` over each ``{format: path}``, each in a new interpreter (DataLoader
-    workers need a process that may have children); per format the job's result plus
-    ``phases`` (peak RSS growth per phase over the post-import baseline)."""
-    out = {}
-    for name, path in sources.items():
-        payload = run_job(training_job, str(path), imports=("torch", "packlab.train"),
-                          isolation="subprocess", interval=0.01, timeout=timeout, **job)
-        out[name] = {**payload["result"], "phases": payload["phases"]}
-    return out
+    """:func:`training_job` over ``{format: path}`` in one new interpreter (DataLoader workers
+    need a process that may have children; one process pays torch's import and warm-up once).
+    Per format: the job's result plus ``memory``: the peak RSS and anonymous-RSS growth of the
+    open phase (the dataset held before the first step) and of the whole format (open and
+    training) over the RSS the format started from."""
+    imports = ["torch", "torch.utils.data", "packlab.train"]
+    for path in sources.values():
+        for fmt in {fmt for _, fmt in local_shards(path)}:
+            imports += format_imports(fmt, "dataset")
+    payload = run_job(training_job, {n: str(p) for n, p in sources.items()},
+                      imports=sorted(set(imports)), isolation="subprocess", interval=0.005,
+                      timeout=timeout, **job)
+    phases = payload["phases"]
+    return {name: {**result, "memory": format_memory(phases, name)}
+            for name, result in payload["result"].items()}
+
+
+def format_memory(phases: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, int]:
+    """Memory growth of one format's phases over the resident memory it started from (the
+    end of the phase before its ``open``): at open (what the process holds once the dataset
+    is open) and at the peak of the format (open and every training run)."""
+    names = list(phases)
+    first = names.index(f"{name}:open")
+    own = [phases[p] for p in names if p.split(":", 1)[0] == name]
+    before = phases[names[first - 1]] if first else None
+    start = before["end_rss_growth_bytes"] if before else 0
+    opened = phases[f"{name}:open"]
+    figures = {
+        "open_rss_bytes": opened["peak_rss_phase_growth_bytes"],
+        "open_anon_bytes": opened["peak_anon_phase_growth_bytes"],
+        "peak_rss_bytes": max(p["peak_rss_growth_bytes"] for p in own) - start,
+        "peak_anon_bytes": max(p["peak_anon_phase_growth_bytes"] for p in own),
+    }
+    # The kernel counts RSS in per-CPU batches: a growth of a few hundred KB either way is
+    # counting noise, and a "negative peak growth" is one; it is reported as 0.
+    return {key: max(0, int(value)) for key, value in figures.items()}
 
 
 def _runs(results: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, int, list[dict]]]:
@@ -117,17 +178,13 @@ def compare_curves(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "differences": differences}
 
 
-def _peak(phases: Mapping[str, Mapping[str, Any]], name: str) -> int:
-    return int(phases.get(name, {}).get("peak_rss_growth_bytes", 0))
-
-
 def step_rows(results: Mapping[str, Mapping[str, Any]], *, warmup: int = 1
               ) -> list[dict[str, Any]]:
     """Per format and worker count: ``startup_seconds`` (open + the first batch's wait, which
     holds worker start-up), then over the steps after ``warmup``: median ``step_seconds``,
     mean ``wait_seconds`` and ``compute_seconds``, ``wait_share`` (wait over wait + compute),
-    and the peak RSS growth of the training process (``peak_rss_bytes``: open and this run)
-    and the largest resident total of its workers (``workers_rss_bytes``)."""
+    the format's memory (:func:`format_memory`: the same for each of its worker counts), and
+    the largest resident total of the run's workers (``workers_rss_bytes``)."""
     rows = []
     for name, result in results.items():
         for run in result["runs"]:
@@ -135,7 +192,6 @@ def step_rows(results: Mapping[str, Mapping[str, Any]], *, warmup: int = 1
             steady = records[warmup:] or records
             wait = sum(r["wait_seconds"] for r in steady)
             compute = sum(r["compute_seconds"] for r in steady)
-            phase = f"train_{run['workers']}_workers"
             rows.append({
                 "format": name, "workers": run["workers"],
                 "open_seconds": result["open_seconds"],
@@ -144,23 +200,31 @@ def step_rows(results: Mapping[str, Mapping[str, Any]], *, warmup: int = 1
                                                   for r in steady),
                 "wait_seconds": wait / len(steady), "compute_seconds": compute / len(steady),
                 "wait_share": wait / (wait + compute),
-                "peak_rss_bytes": max(_peak(result["phases"], "open"),
-                                      _peak(result["phases"], phase)),
-                "open_rss_bytes": _peak(result["phases"], "open"),
+                **result["memory"],
                 "workers_rss_bytes": max(r["workers_rss_bytes"] for r in records),
             })
     return rows
 
 
-def step_time_spread(rows: Sequence[Mapping[str, Any]], key: str = "step_seconds"
-                     ) -> dict[int, dict[str, Any]]:
-    """Per worker count: the fastest and slowest format by ``key`` and their ratio."""
+def step_time_spread(rows: Sequence[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """Per worker count: the fastest and slowest format by median step and their ``ratio``;
+    ``wait_added``: the largest data wait a format adds over the format that waits least, as a
+    share of the fastest step (``wait_added_by``: which format); ``compute_ratio``: the
+    largest mean compute over the smallest (the same computation in every run, so this is the
+    machine's noise, the floor under ``ratio``)."""
     out: dict[int, dict[str, Any]] = {}
     for workers in sorted({r["workers"] for r in rows}):
         group = [r for r in rows if r["workers"] == workers]
-        fast = min(group, key=lambda r: r[key])
-        slow = max(group, key=lambda r: r[key])
+        fast = min(group, key=lambda r: r["step_seconds"])
+        slow = max(group, key=lambda r: r["step_seconds"])
+        least = min(r["wait_seconds"] for r in group)
+        most = max(group, key=lambda r: r["wait_seconds"])
+        compute = [r["compute_seconds"] for r in group]
         out[workers] = {"fastest": fast["format"], "slowest": slow["format"],
-                        "fastest_seconds": fast[key], "slowest_seconds": slow[key],
-                        "ratio": slow[key] / fast[key]}
+                        "fastest_seconds": fast["step_seconds"],
+                        "slowest_seconds": slow["step_seconds"],
+                        "ratio": slow["step_seconds"] / fast["step_seconds"],
+                        "wait_added": (most["wait_seconds"] - least) / fast["step_seconds"],
+                        "wait_added_by": most["format"],
+                        "compute_ratio": max(compute) / min(compute)}
     return out

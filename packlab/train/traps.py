@@ -18,6 +18,7 @@ positions whose attention would reach another sequence.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -25,11 +26,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from packlab.errors import PacklabError
 from packlab.materialize import BinMaterializer, bin_masks
 from packlab.packing import BinAssignment
 from packlab.spool import SpoolReader
 from packlab.train.batch import ThdView, thd_view
-from packlab.train.model import TinyDecoder, masked_loss
+from packlab.train.model import TinyDecoder, build_model, masked_loss
 
 
 class RolledMaskDataset:
@@ -158,3 +160,30 @@ def cross_attending_share(batches: Iterable[Any]) -> float:
         crossing += int((mask & (view.segment_ids > 0)).sum())
         kept += int(mask.sum())
     return crossing / max(kept, 1)
+
+
+def with_attention(model: TinyDecoder, attention: str) -> TinyDecoder:
+    """The same weights under another attention (a model trained without the block-diagonal
+    mask, run on one sequence at a time as at inference)."""
+    other = build_model(dataclasses.replace(model.config, attention=attention))
+    other.load_state_dict(model.state_dict())
+    return other
+
+
+def attention_effect(reference: TinyDecoder, causal: TinyDecoder, batches: Sequence[Any]
+                     ) -> dict[str, Any]:
+    """What training without the block-diagonal mask changed, on the same ``batches``:
+    how far one sub-sequence's logits move when the others change, under each model
+    (``block_change``: 0.0), the share of loss positions attending across a boundary, and the
+    loss of each model (the causal one also run one sequence at a time, as at inference)."""
+    probes = [b for b in batches if probe_segment(thd_view(b)) is not None]
+    if not probes:
+        raise PacklabError("no batch packs two sequences in a row: nothing crosses a boundary")
+    return {
+        "block_change": cross_sequence_change(reference, probes[0])["max_abs_change"],
+        "causal_change": cross_sequence_change(causal, probes[0])["max_abs_change"],
+        "share": cross_attending_share(batches),
+        "eval_loss": evaluate(causal, batches),
+        "alone_eval_loss": evaluate(with_attention(causal, "block_causal"), batches),
+        "reference_eval_loss": evaluate(reference, batches),
+    }
