@@ -387,3 +387,40 @@ def test_compare_curves_names_the_first_step_that_differs() -> None:
     assert verdict["differences"] == [{"format": "b", "workers": 2, "step": 2,
                                        "loss": changed[1]["loss"], "reference_loss": 0.5,
                                        "batch_equal": True}]
+
+
+def test_verdicts_follow_the_numbers() -> None:
+    """The findings' verdicts are computed: the same rows with a format that adds a large data
+    wait, or holds no more memory than the others, turn them."""
+    from packlab.formats import formats_where
+    from packlab.train.report import findings, headline_numbers
+
+    in_ram = formats_where("IN_RAM")[0]
+    rows = [{"format": name, "workers": 0, "open_seconds": 0.01, "startup_seconds": startup,
+             "step_seconds": 0.1, "wait_seconds": wait, "compute_seconds": 0.1 - wait,
+             "wait_share": wait / 0.1, "open_rss_bytes": held, "peak_rss_bytes": held + 10,
+             "peak_anon_bytes": held,
+             "workers_rss_bytes": 0}
+            for name, startup, wait, held in (("memmap_v1", 0.01, 0.001, 0),
+                                              (in_ram, 2.0, 0.002, 10**8))]
+    curves = {"identical": True, "batches_identical": True, "runs": 2, "steps": 3,
+              "differences": []}
+    trap = {"cross_boundary": 3, "bins": 2, "targets": 10, "missed": 1, "spurious": 1,
+            "borrowed": 1, "eval_loss": 2.0, "reference_eval_loss": 1.9}
+    attention = {"causal_change": 0.5, "block_change": 0.0, "share": 0.5, "eval_loss": 2.0,
+                 "alone_eval_loss": 2.1, "reference_eval_loss": 1.9}
+
+    def verdicts(rows: list[dict]) -> list[str]:
+        spread = step_time_spread(rows)
+        return [f["verdict"] for f in findings(curves, spread, rows, tolerance=0.05,
+                                               resumed=True, trap=trap, attention=attention)]
+
+    assert set(verdicts(rows)) == {"holds"}
+    rows[1]["wait_seconds"], rows[1]["open_rss_bytes"] = 0.02, 0
+    worse = verdicts(rows)
+    assert worse[1].startswith("does not hold") and worse[3] == "does not hold"
+    numbers = headline_numbers({"memmap_v1": {}, in_ram: {}}, curves, rows,
+                               step_time_spread(rows), resumed=True, trap=trap,
+                               attention=attention)
+    assert numbers["formats"] == ["memmap_v1", in_ram] and numbers["losses_identical"] is True
+    assert numbers["wait_seconds"][in_ram] == {"0": 0.02}

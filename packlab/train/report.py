@@ -22,11 +22,12 @@ def step_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """Per format and worker count: startup, steady step, data wait, compute, share, memory."""
     return markdown_table(
         ["format", "workers", "startup (s)", "step (ms)", "data wait (ms)", "compute (ms)",
-         "wait share", "RSS at open", "peak RSS", "workers' RSS"],
+         "wait share", "RSS at open", "peak RSS (anonymous)", "workers' RSS"],
         [[r["format"], r["workers"], f"{r['startup_seconds']:.3f}",
           f"{r['step_seconds'] * 1e3:.1f}", f"{r['wait_seconds'] * 1e3:.2f}",
           f"{r['compute_seconds'] * 1e3:.1f}", f"{r['wait_share']:.1%}",
-          human_bytes(r["open_rss_bytes"]), human_bytes(r["peak_rss_bytes"]),
+          human_bytes(r["open_rss_bytes"]),
+          f"{human_bytes(r['peak_rss_bytes'])} ({human_bytes(r['peak_anon_bytes'])})",
           human_bytes(r["workers_rss_bytes"])] for r in rows])
 
 
@@ -40,14 +41,16 @@ def by_format(rows: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[str
 
 def memory_split(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Per format the memory its dataset holds once opened (``open_rss_bytes``) and its peak
-    while training (``peak_rss_bytes``), both as growth over what the process held before;
-    the formats that load everything at open against the others, on the opened dataset."""
+    while training (``peak_rss_bytes``; ``peak_anon_bytes``: anonymous only, without the pages
+    of mapped files), all as growth over its process's baseline; the
+    formats that load everything at open against the others, on the opened dataset."""
     first = {r["format"]: r for r in rows}
     opened = {n: int(r["open_rss_bytes"]) for n, r in first.items()}
     in_ram = [n for n in formats_where("IN_RAM") if n in opened]
     others = [n for n in opened if n not in in_ram]
     return {"open_rss_bytes": opened,
             "peak_rss_bytes": {n: int(r["peak_rss_bytes"]) for n, r in first.items()},
+            "peak_anon_bytes": {n: int(r["peak_anon_bytes"]) for n, r in first.items()},
             "in_ram": in_ram,
             "in_ram_min_bytes": min((opened[n] for n in in_ram), default=None),
             "others_max_bytes": max((opened[n] for n in others), default=None),
@@ -123,7 +126,9 @@ def findings(
             "not with the others",
             f"RSS growth once the dataset is open: {', '.join(memory['in_ram'])} at least "
             f"{human_bytes(memory['in_ram_min_bytes'])}; the others at most "
-            f"{human_bytes(memory['others_max_bytes'])} ({memory['others_max_format']})",
+            f"{human_bytes(memory['others_max_bytes'])} ({memory['others_max_format']}). "
+            "Peak while training: " + ", ".join(
+                f"{n} {human_bytes(v)}" for n, v in memory["peak_rss_bytes"].items()),
             holds(memory["in_ram_min_bytes"] > memory["others_max_bytes"])))
     out += [
         finding("Resume: stop at step k, restart from the consumed-samples count, the curve "
@@ -184,6 +189,7 @@ def headline_numbers(
         "open_seconds": {r["format"]: r["open_seconds"] for r in rows},
         "open_rss_bytes": memory_split(rows)["open_rss_bytes"],
         "peak_rss_bytes": memory_split(rows)["peak_rss_bytes"],
+        "peak_anon_bytes": memory_split(rows)["peak_anon_bytes"],
         "workers_rss_bytes": by_format(rows, "workers_rss_bytes"),
         "step_time_ratio": {str(w): s["ratio"] for w, s in spread.items()},
         "wait_added_share": {str(w): s["wait_added"] for w, s in spread.items()},

@@ -1,10 +1,11 @@
-"""Training from every format in a fresh process, and what the runs say side by side.
+"""Training from every format, each in a fresh process, and what the runs say side by side.
 
-:func:`training_job` is the job a fresh process runs (through :mod:`packlab.measure.harness`,
-so no memory of the caller's is in its figures): a warm-up step, then for each format, open
-the dataset (a format that loads everything pays it here) and train the same model with the
-same sampler once per DataLoader worker count; the memory of each phase is recorded apart
-(peaks reset at every phase). :func:`train_every_format` runs it. Then:
+:func:`train_every_format` starts one new interpreter (:mod:`packlab.measure.harness`), which
+imports torch and takes a warm-up step once, then forks a process per format from that state
+(``isolation="fork"``): each format's memory is its own, every format starts from the same
+allocator and library state, and torch's import is paid once. In each fork
+:func:`training_job` opens the dataset (a format that loads everything pays it here) and
+trains the same model with the same sampler once per DataLoader worker count. Then:
 
 - :func:`compare_curves`: are the loss curves identical bit for bit across formats and worker
   counts, and if not, the first step that differs and whether its batch differed too;
@@ -17,7 +18,6 @@ same sampler once per DataLoader worker count; the memory of each phase is recor
 
 from __future__ import annotations
 
-import gc
 import os
 import statistics
 import time
@@ -62,7 +62,7 @@ def warm_up(config: ModelConfig, *, batch_size: int, threads: int = 1) -> None:
 
 
 def training_job(
-    sources: dict[str, str],
+    path: str,
     *,
     model: dict[str, Any],
     steps: int,
@@ -74,33 +74,35 @@ def training_job(
     lr: float = 1e-3,
     threads: int = 1,
 ) -> Generator[str, None, dict[str, Any]]:
-    """In one fresh process: a warm-up step (phase ``warmup``), then per format: open its
-    dataset (phase ``FORMAT:open``; a format that loads everything pays it here) and train
-    from scratch once per worker count (phase ``FORMAT:train_<n>_workers``), then close it.
-    Returns the per-step records of every run, per format."""
+    """One format: open its dataset (phase ``open``; a format that loads everything pays it
+    here), then train from scratch once per worker count (phase ``train_<n>_workers``).
+    Returns the per-step records of every run."""
     config = ModelConfig(**model)
-    warm_up(config, batch_size=batch_size, threads=threads)
-    yield "warmup"
-    out: dict[str, Any] = {}
+    began = time.perf_counter()
+    dataset = open_dataset(path)
+    opened = time.perf_counter() - began
+    yield "open"
+    runs = []
+    for n in workers:
+        run = train(dataset, config, steps=steps, batch_size=batch_size,
+                    sampler=make_sampler(len(dataset), seed=sampler_seed, block_size=block_size),
+                    collate_fn=make_collator(collate_style), num_workers=int(n), lr=lr,
+                    threads=threads)
+        runs.append({"workers": int(n), "records": run.records})
+        yield f"train_{n}_workers"
+    return {"open_seconds": opened, "num_bins": len(dataset), "runs": runs}
+
+
+def formats_job(sources: dict[str, str], **job: Any) -> dict[str, Any]:
+    """In a fresh process: one warm-up step, then :func:`training_job` for each format in a
+    fork of this warmed-up process (every format starts from the same state, its memory is
+    its own, and its DataLoader workers may start)."""
+    warm_up(ModelConfig(**job["model"]), batch_size=job["batch_size"],
+            threads=job.get("threads", 1))
+    out = {}
     for name, path in sources.items():
-        began = time.perf_counter()
-        dataset = open_dataset(path)
-        opened = time.perf_counter() - began
-        yield f"{name}:open"
-        runs = []
-        for n in workers:
-            run = train(dataset, config, steps=steps, batch_size=batch_size,
-                        sampler=make_sampler(len(dataset), seed=sampler_seed,
-                                             block_size=block_size),
-                        collate_fn=make_collator(collate_style), num_workers=int(n), lr=lr,
-                        threads=threads)
-            runs.append({"workers": int(n), "records": run.records})
-            del run
-            yield f"{name}:train_{n}_workers"
-        out[name] = {"open_seconds": opened, "num_bins": len(dataset), "runs": runs}
-        dataset.close()
-        del dataset
-        gc.collect()
+        payload = run_job(training_job, path, isolation="fork", interval=0.005, **job)
+        out[name] = {**payload["result"], "memory": format_memory(payload["phases"])}
     return out
 
 
@@ -110,41 +112,33 @@ def train_every_format(
     timeout: float = 3600.0,
     **job: Any,
 ) -> dict[str, dict[str, Any]]:
-    """:func:`training_job` over ``{format: path}`` in one new interpreter (DataLoader workers
-    need a process that may have children; one process pays torch's import and warm-up once).
-    Per format: the job's result plus ``memory``: the peak RSS and anonymous-RSS growth of the
-    open phase (the dataset held before the first step) and of the whole format (open and
-    training) over the RSS the format started from."""
+    """:func:`formats_job` over ``{format: path}`` in a new interpreter (it imports torch and
+    warms it up once; each format then trains in a fork of it). Per format: the per-step
+    records of every worker count, ``open_seconds``, and ``memory`` (:func:`format_memory`).
+    ``job``: the keyword arguments of :func:`training_job`."""
     imports = ["torch", "torch.utils.data", "packlab.train"]
     for path in sources.values():
         for fmt in {fmt for _, fmt in local_shards(path)}:
             imports += format_imports(fmt, "dataset")
-    payload = run_job(training_job, {n: str(p) for n, p in sources.items()},
-                      imports=sorted(set(imports)), isolation="subprocess", interval=0.005,
+    payload = run_job(formats_job, {n: str(p) for n, p in sources.items()},
+                      imports=sorted(set(imports)), isolation="subprocess", interval=0.5,
                       timeout=timeout, **job)
-    phases = payload["phases"]
-    return {name: {**result, "memory": format_memory(phases, name)}
-            for name, result in payload["result"].items()}
+    return payload["result"]
 
 
-def format_memory(phases: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, int]:
-    """Memory growth of one format's phases over the resident memory it started from (the
-    end of the phase before its ``open``): at open (what the process holds once the dataset
-    is open) and at the peak of the format (open and every training run)."""
-    names = list(phases)
-    first = names.index(f"{name}:open")
-    own = [phases[p] for p in names if p.split(":", 1)[0] == name]
-    before = phases[names[first - 1]] if first else None
-    start = before["end_rss_growth_bytes"] if before else 0
-    opened = phases[f"{name}:open"]
+def format_memory(phases: Mapping[str, Mapping[str, Any]]) -> dict[str, int]:
+    """A format's memory, as growth over its process's baseline: once the dataset is open
+    (``open_*``: what the process holds before the first step) and at the peak of the whole
+    job (``peak_*``: open and every training run). RSS and anonymous RSS. (The kernel counts
+    RSS in per-CPU batches, so a few hundred KB either way is counting noise; a negative
+    growth is reported as 0.)"""
+    opened = phases["open"]
     figures = {
-        "open_rss_bytes": opened["peak_rss_phase_growth_bytes"],
-        "open_anon_bytes": opened["peak_anon_phase_growth_bytes"],
-        "peak_rss_bytes": max(p["peak_rss_growth_bytes"] for p in own) - start,
-        "peak_anon_bytes": max(p["peak_anon_phase_growth_bytes"] for p in own),
+        "open_rss_bytes": opened["peak_rss_growth_bytes"],
+        "open_anon_bytes": opened["peak_anon_growth_bytes"],
+        "peak_rss_bytes": max(p["peak_rss_growth_bytes"] for p in phases.values()),
+        "peak_anon_bytes": max(p["peak_anon_growth_bytes"] for p in phases.values()),
     }
-    # The kernel counts RSS in per-CPU batches: a growth of a few hundred KB either way is
-    # counting noise, and a "negative peak growth" is one; it is reported as 0.
     return {key: max(0, int(value)) for key, value in figures.items()}
 
 
@@ -183,7 +177,7 @@ def step_rows(results: Mapping[str, Mapping[str, Any]], *, warmup: int = 1
     """Per format and worker count: ``startup_seconds`` (open + the first batch's wait, which
     holds worker start-up), then over the steps after ``warmup``: median ``step_seconds``,
     mean ``wait_seconds`` and ``compute_seconds``, ``wait_share`` (wait over wait + compute),
-    the format's memory (:func:`format_memory`: the same for each of its worker counts), and
+    the format's memory (:func:`format_memory`: one figure for all its worker counts), and
     the largest resident total of the run's workers (``workers_rss_bytes``)."""
     rows = []
     for name, result in results.items():
