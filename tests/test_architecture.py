@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("layout",),
     ("cloud",),
     ("sources",),
-    ("measure", "query"),
+    ("measure", "query", "train"),
     ("commands", "cli", "notebooks", "lab", "report", ""),
 ]
 

@@ -48,7 +48,7 @@ def shard(tmp_path: Path, spool, assignment) -> Path:
 
 
 # -- the memory harness --------------------------------------------------------------------
-@pytest.mark.parametrize("isolation", ["forkserver", "subprocess"])
+@pytest.mark.parametrize("isolation", ["forkserver", "fork", "subprocess"])
 def test_harness_finds_a_touched_200mb_allocation_within_10_percent(isolation: str) -> None:
     report = profile("packlab.measure.jobs:allocate", 200_000_000, isolation=isolation)
     job = report["phases"]["job"]

@@ -1,8 +1,10 @@
 """Run a job in a fresh Python process and bring back its memory, phase by phase.
 
 Every measured job gets a process of its own, forked from a clean forkserver that imported the
-libraries once (or, with ``isolation="subprocess"``, a new ``python -m packlab.measure.child``):
-nothing the caller allocated or cached can hide in or leak into the figure. The job is named by
+libraries once (or, with ``isolation="subprocess"``, a new ``python -m packlab.measure.child``;
+with ``isolation="fork"``, a fork of a caller that is itself a fresh measuring process, so that
+its jobs start from one warmed-up state and may start processes of their own, as DataLoader
+workers do): nothing the caller allocated or cached can hide in or leak into the figure. The job is named by
 import path (``"packlab.measure.jobs:allocate"`` or an importable function), never defined in
 a notebook. :func:`profile` runs a job twice, once for RSS and once under tracemalloc, and puts
 the Python heap beside the RSS figures, never instead of them.
@@ -59,8 +61,9 @@ def run_job(
     Arguments travel as JSON (paths as strings). ``imports`` are modules imported before the
     baseline, so their code and tables are not counted as the job's memory. ``isolation``:
     ``forkserver`` (default: a child forked from a clean server process that imported the
-    libraries once; nothing of the caller's memory is in it) or ``subprocess`` (a new
-    interpreter per job, slower). A job that raises comes back as a :class:`PacklabError`
+    libraries once; nothing of the caller's memory is in it), ``subprocess`` (a new
+    interpreter per job, slower) or ``fork`` (a non-daemonic fork of the caller: only from a
+    process that is itself a fresh measuring process, whose state every job shares). A job that raises comes back as a :class:`PacklabError`
     naming the job and the child's error.
     """
     name = job_name(job)
@@ -73,11 +76,15 @@ def run_job(
         "interval": interval,
     }
     if isolation == "forkserver":
-        payload = _run_forked(spec, name, timeout)
+        payload = _run_forked(spec, name, timeout, _forkserver(), daemon=True)
+    elif isolation == "fork":
+        payload = _run_forked(spec, name, timeout, multiprocessing.get_context("fork"),
+                              daemon=False)
     elif isolation == "subprocess":
         payload = _run_subprocess(spec, name, timeout)
     else:
-        raise PacklabError(f"isolation must be 'forkserver' or 'subprocess', got {isolation!r}")
+        raise PacklabError(f"isolation must be 'forkserver', 'fork' or 'subprocess', got "
+                           f"{isolation!r}")
     if "error" in payload:
         raise PacklabError(f"job {name}: {payload['type']}: {payload['error']}")
     return payload
@@ -101,16 +108,21 @@ def _importable(name: str) -> bool:
         return False
 
 
-def _run_forked(spec: dict[str, Any], name: str, timeout: float) -> dict[str, Any]:
+def _forkserver() -> Any:
     global _CONTEXT
     if _CONTEXT is None:
         _CONTEXT = multiprocessing.get_context("forkserver")
         _CONTEXT.set_forkserver_preload(_preload())
+    return _CONTEXT
+
+
+def _run_forked(spec: dict[str, Any], name: str, timeout: float, context: Any, *,
+                daemon: bool) -> dict[str, Any]:
     from packlab.measure.child import forked
 
-    receive, send = _CONTEXT.Pipe(duplex=False)
-    proc = _CONTEXT.Process(target=forked, args=(spec, send), daemon=True,
-                            name=f"packlab-measure-{name}")
+    receive, send = context.Pipe(duplex=False)
+    proc = context.Process(target=forked, args=(spec, send), daemon=daemon,
+                           name=f"packlab-measure-{name}")
     proc.start()
     send.close()
     try:
