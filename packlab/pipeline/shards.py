@@ -222,6 +222,8 @@ def plan_shards(
     if same_job and existing == "refuse":
         existing = "reuse"  # the same job, interrupted: finish it
     plan = ShardPlan(out, names, manifest=manifest)
+    if get_format(format).Writer.NEEDS_SPOOL:  # the spool's checksums, hashed once for all
+        format_options = {**format_options, "spool_files": SpoolReader(path).file_checksums()}
     for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
         target = out / name
         kept = reusable_receipt(target, format=format, bins=(start, stop),
