@@ -37,7 +37,6 @@ import numpy as np
 from packlab.errors import PacklabError
 from packlab.files import json_default, staged
 from packlab.formats import get_format
-from packlab.interop.bridge_metadata import PACK_METADATA_FILE, read_pack_metadata
 from packlab.layout.blend import (
     BLEND_FILE,
     BLEND_VERSION,
@@ -219,8 +218,7 @@ def _splits_entry(root: Path, fractions: Mapping[str, float], parts: list[dict[s
 
 
 def _publish_links(root: Path, splits: dict[str, Any]) -> None:
-    """Build ``splits/`` (relative links to each shard and its receipt, and the split's
-    Megatron-Bridge pack metadata: one entry per dataset feeding it) aside, rename it in."""
+    """Build ``splits/`` (relative links to each shard and its receipt) aside, rename it in."""
     final = root / SPLITS_DIR
     root.mkdir(parents=True, exist_ok=True)
     with staged(final, overwrite=True, directory=True) as tmp:
@@ -232,11 +230,6 @@ def _publish_links(root: Path, splits: dict[str, Any]) -> None:
                 os.symlink(target, folder / link)
                 if (root / f"{shard}{RECEIPT_SUFFIX}").is_file():
                     os.symlink(f"{target}{RECEIPT_SUFFIX}", folder / f"{link}{RECEIPT_SUFFIX}")
-            sources = dict.fromkeys((root / shard).parent for shard in entry["shards"])
-            metadata = [m for d in sources if (d / PACK_METADATA_FILE).is_file()
-                        for m in read_pack_metadata(d / PACK_METADATA_FILE)]
-            if metadata:
-                _write_json(folder / PACK_METADATA_FILE, metadata)
 
 
 def _write_json(path: Path, obj: Any) -> None:
