@@ -175,6 +175,35 @@ def test_bridge_recipe_settings_accept_packlab_output(bridge: Any, packed: dict[
         len(dataset[i]["seq_boundaries"]) - 1 for i in range(len(dataset)))
 
 
+def test_bridge_reads_a_split_of_a_blended_layout(bridge: Any, spool: SpoolReader,
+                                                  tmp_path: Path, capsys) -> None:
+    """``splits/train/`` (links to two datasets' shards) read by Bridge; its fixed-shape
+    metadata is the list of the two datasets' entries (Bridge takes the max and min over a
+    list), gathered from the folders ``blend.json`` names."""
+    out = tmp_path / "layout"
+    code, _, err = run_cli(capsys, "pack", spool.path, spool.path, out, "--format", "parquet",
+                           "--pack-size", PACK_SIZE, "--split", "train=0.8,valid=0.2",
+                           "--names", "a,b")
+    assert code == 0, err
+    train = out / "splits" / "train"
+    blend = json.loads((out / "blend.json").read_text())
+    entries = [e for d in blend["splits"]["train"]["datasets"]
+               for e in read_pack_metadata(out / d["dir"] / PACK_METADATA_FILE)]
+    metadata = tmp_path / "train_pack_metadata.json"
+    metadata.write_text(json.dumps(entries))
+    assert len(entries) == 2
+    theirs = bridge_split(bridge, train, pack_metadata_path=metadata, pad_cu_seqlens=True,
+                          pad_to_max_length=True)
+    ours = open_dataset(out, split="train")
+    assert len(theirs) == len(ours)
+    assert all(same_item(theirs[i], ours[i]) for i in range(len(ours)))
+    collator = Collator(style="megatron_bridge", max_seq_length=PACK_SIZE, eos_id=EOS,
+                        pad_to_max_length=True, pad_cu_seqlens=True, pack_metadata=entries)
+    indices = [0, len(ours) // 2, len(ours) - 1]
+    assert_same_batch(theirs.collate_fn([theirs[i] for i in indices]),
+                      collator([ours[i] for i in indices]))
+
+
 # -- packlab's Bridge-style batch equals Bridge's collate_fn --------------------------------------
 MODES = {
     "variable": {},
