@@ -259,3 +259,19 @@ def test_bins_of_a_nemotron_spool_match_the_materializer(big: tuple[Path, list])
         np.testing.assert_array_equal(b.loss_mask[pos:pos + n - 1], mask[1:n])
         assert b.loss_mask[pos + n - 1] == 0
         pos += n
+
+
+def test_spools_without_checksums_keep_distinct_identities(tmp_path: Path) -> None:
+    """Two Nemotron spools of equal counts but different tokens hash apart (a layout rerun
+    must never take one for the other)."""
+    from packlab.layout.hashes import spool_identity
+
+    sequences = random_sequences(length_mix(50, seed=1), seed=2)
+    changed = [(t.copy(), m) for t, m in sequences]
+    changed[10][0][0] ^= 1
+    write_nemotron_spool(tmp_path / "a", sequences)
+    write_nemotron_spool(tmp_path / "b", changed)
+    a, b = SpoolReader(tmp_path / "a"), SpoolReader(tmp_path / "b")
+    assert (a.num_sequences, a.num_tokens) == (b.num_sequences, b.num_tokens)
+    assert spool_identity(a) != spool_identity(b)
+    assert spool_identity(a) == spool_identity(SpoolReader(tmp_path / "a"))
