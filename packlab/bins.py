@@ -4,6 +4,12 @@
 - ``loss_mask``: uint8 0/1, same length, aligned for next-token prediction within each
   sub-sequence (the last position of every sub-sequence is 0);
 - ``seq_start_id``: start offsets ``[0, s1, ...]``, strictly increasing, last ``< packed_len``.
+
+What ``pack_size`` counts differs between projects (:data:`CONVENTIONS`): packlab and Nemotron
+count the tokens a bin stores; Megatron-Bridge counts the next-token positions it trains on,
+``L - 1`` for a sub-sequence of ``L`` tokens (its packer bins ``len(input_ids) - 1``), so its
+bins store up to ``pack_size + num_seqs`` tokens. Readers of files without a manifest take
+``convention=`` to check bins under the convention their writer used.
 """
 
 from __future__ import annotations
@@ -12,6 +18,28 @@ import hashlib
 from typing import NamedTuple
 
 import numpy as np
+
+from packlab.errors import PacklabError
+
+CONVENTIONS = {
+    "packlab": "pack_size counts stored tokens: packed_len <= pack_size (also Nemotron's)",
+    "megatron_bridge": "pack_size counts next-token positions: packed_len - num_seqs <= "
+                       "pack_size (Megatron-Bridge's packer)",
+}
+
+
+def check_convention(convention: str) -> str:
+    """``convention`` if it is one of :data:`CONVENTIONS`, else a PacklabError listing them."""
+    if convention not in CONVENTIONS:
+        raise PacklabError(f"unknown pack-size convention {convention!r}: "
+                           f"{', '.join(CONVENTIONS)}")
+    return convention
+
+
+def budget_used(packed_len: np.ndarray | int, num_seqs: np.ndarray | int, convention: str
+                ) -> np.ndarray | int:
+    """What a bin spends of its ``pack_size`` under ``convention`` (elementwise for arrays)."""
+    return packed_len - num_seqs if convention == "megatron_bridge" else packed_len
 
 
 class PackedBin(NamedTuple):

@@ -1,13 +1,35 @@
-"""Collate packed bins into the THD batch Megatron-Bridge expects.
+"""Collate packed bins into a training batch, in one of two styles (``Collator(style=...)``).
 
-Follows ``GPTSFTPackedDataset.collate_fn`` of Megatron-Bridge (``data/datasets/sft.py``):
+``style="thd"`` (the default) is packlab's own THD batch, described below. ``style=
+"megatron_bridge"`` is Megatron-Bridge's batch exactly as its packed ``collate_fn`` builds it
+(megatron-bridge 0.6.2, ``megatron/bridge/data/packing/gpt_sft.py``), for a training loop that
+expects Bridge's keys: :mod:`packlab.interop.bridge_batch`. Side by side:
+
+=====================  =========================================  =============================================
+                       ``thd`` (packlab)                          ``megatron_bridge`` (Bridge's ``collate_fn``)
+=====================  =========================================  =============================================
+boundaries             ``cu_seqlens`` int32, ``-1``-terminated,   ``cu_seqlens_q``/``_kv`` int32, rows extended
+                       ``cu_seqlens_argmin`` int64 ``[B, 1]``     by repeating their last value
+longest segment        ``max_seqlen`` int32 ``[B, 1]``            ``max_seqlen_q``/``_kv`` int32 ``[B, 1]``
+                                                                  (``[B]`` with ``pad_cu_seqlens``)
+row width              the longest row (or ``pad_to_length``)     longest row rounded up to 16, capped at
+                                                                  ``max_seq_length`` (or ``max_seq_length``)
+padding tokens         ``pad_token_id`` (default 0)               ``eos_id``
+loss                   the stored mask                            the stored mask, 0 wherever a token is EOS
+``pad_seq_to_mult``    pads every segment here (loss 0),          describes segments padded at pack time:
+                       ``cu_seqlens_unpadded`` for the real ones  ``cu_seqlens_q_padded``/``_kv_padded``
+fixed shape            ``cu_seqlens_size=K``                      ``pad_cu_seqlens`` + the pack-metadata JSON
+others                 ``token_count`` int64 ``[B]``              ``token_count`` list, ``attention_mask`` None
+=====================  =========================================  =============================================
+
+The ``thd`` style:
 
 - each sub-sequence of length ``L`` contributes ``L - 1`` positions: ``tokens`` are its first
   ``L - 1`` tokens, ``labels`` its last ``L - 1`` (the real next token, never ``-100``: the
   ``loss_mask`` decides what counts), ``loss_mask`` the stored (already next-token aligned)
   mask over the same positions; ``position_ids`` restart at 0 for every sub-sequence;
-- rows are padded to one width with ``pad_token_id`` in ``tokens`` and ``labels``
-  (Megatron-Bridge pads with the tokenizer's EOS id), 0 in ``loss_mask`` and ``position_ids``;
+- rows are padded to one width with ``pad_token_id`` in ``tokens`` and ``labels``, 0 in
+  ``loss_mask`` and ``position_ids``;
 - ``cu_seqlens`` (int32) are the cumulative sub-sequence lengths; when the row is wider than
   its sequences, the row width is appended (the padding is one more segment, as the attention
   kernels expect no unaccounted tail); rows are then padded with ``-1`` to the longest row
@@ -15,15 +37,14 @@ Follows ``GPTSFTPackedDataset.collate_fn`` of Megatron-Bridge (``data/datasets/s
   cuts, without a device-to-host sync);
 - ``pad_seq_to_mult`` pads every sub-sequence to a multiple (for context parallelism); the
   padding then lives inside the segment (positions keep counting, loss 0), ``cu_seqlens``
-  count padded lengths and ``cu_seqlens_unpadded`` the real ones, as Megatron-Bridge does;
+  count padded lengths and ``cu_seqlens_unpadded`` the real ones;
 - ``cu_seqlens_size`` fixes the width of ``cu_seqlens`` (CUDA graphs need one shape): the
-  real entries, then the last value repeated (zero-length sequences), then one ``-1``, which
-  is Megatron-Bridge's ``pad_cu_seqlens`` layout. Pair it with ``pad_to_length`` so tokens
-  have one shape too.
+  real entries, then the last value repeated (zero-length sequences), then one ``-1``. Pair it
+  with ``pad_to_length`` so tokens have one shape too.
 
 ``max_seqlen`` (int32, ``[batch, 1]``) is the longest segment of each row; ``token_count``
 (int64, ``[batch]``) the real (unpadded) THD positions of each row. Everything else is int64
-(``torch.LongTensor`` with ``return_tensors="pt"``), as Megatron-Bridge builds it.
+(``torch.LongTensor`` with ``return_tensors="pt"``).
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.interop.bridge_batch import megatron_bridge_batch
 
 
 def _ceil_to(n: np.ndarray, mult: int) -> np.ndarray:
@@ -168,11 +190,24 @@ def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
     return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in batch.items()}
 
 
-class Collator:
-    """``collate`` with its options bound: a picklable ``collate_fn`` for a DataLoader."""
+STYLES = ("thd", "megatron_bridge")
 
-    def __init__(self, **options: Any) -> None:
+
+class Collator:
+    """A picklable ``collate_fn`` for a DataLoader: ``style`` and its options bound.
+
+    ``Collator(pad_seq_to_mult=2)`` is :func:`collate` (``style="thd"``);
+    ``Collator(style="megatron_bridge", max_seq_length=4096, eos_id=2)`` is
+    :func:`packlab.interop.bridge_batch.megatron_bridge_batch` (Bridge's keys and values).
+    """
+
+    def __init__(self, style: str = "thd", **options: Any) -> None:
+        if style not in STYLES:
+            raise PacklabError(f"collate: unknown style {style!r}: {', '.join(STYLES)}")
+        self.style = style
         self.options = options
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        if self.style == "megatron_bridge":
+            return megatron_bridge_batch(items, **self.options)
         return collate(items, **self.options)

@@ -5,6 +5,10 @@ Every shard is returned with its format, detected by the registry
 manifests (``*.json``), notes and layout folders are skipped; anything else that no format
 claims is an error, so a damaged shard is never silently left out.
 
+A spool beside the shards, or a folder of spools, is no shard and is skipped too: Nemotron's
+output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
+spools it packed them from (finished, empty or still being written).
+
 Layouts (``splits/``, ``blend.json``) and object storage sit above this module
 (:mod:`packlab.layout`, :mod:`packlab.cloud`); :func:`packlab.open_dataset` resolves them all.
 """
@@ -21,7 +25,7 @@ from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format
 from packlab.pipeline.manifest import listed_shards, read_manifest
-from packlab.spool import read_spool_manifest
+from packlab.spool import FILES as SPOOL_FILES
 
 PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
@@ -79,11 +83,21 @@ def _is_main_entry(path: Path, name: str) -> bool:
 
 
 def _is_spool(path: Path) -> bool:
-    try:
-        read_spool_manifest(path)
-    except FormatError:
+    """A spool directory, finished or not (Nemotron writes ``tokens.bin.tmp`` first): it holds
+    a spool data file. (No shard format keeps files of those names.)"""
+    names = [*SPOOL_FILES.values()]
+    return path.is_dir() and any((path / n).exists() or (path / f"{n}.tmp").exists()
+                                 for n in names)
+
+
+def holds_spools(path: Path) -> bool:
+    """A spool, or a folder of nothing but spools (Nemotron's ``spool/``): never a shard."""
+    if _is_spool(path):
+        return True
+    if not path.is_dir() or path.is_symlink():
         return False
-    return True
+    entries = [c for c in path.iterdir() if not c.name.startswith(".")]
+    return bool(entries) and all(_is_spool(c) for c in entries)
 
 
 def _stem(name: str) -> str:
@@ -100,7 +114,7 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     found: list[tuple[Path, str]] = []
     unknown: list[Path] = []
     for child in sorted(directory.iterdir()):
-        if _ignored(child):
+        if _ignored(child) or holds_spools(child):
             continue
         if child.is_symlink() and not child.exists():
             raise FormatError(f"{child}: broken link to {os.readlink(child)} (its shard is "
@@ -155,8 +169,9 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
             return [ShardRef(path, expect_format(path, manifest["format"], format),
                              (entry["bins"][0], entry["bins"][1]))
                     for path, entry in listed_shards(p, manifest, lambda c: not _ignored(c))]
-        if _is_spool(p):
-            raise FormatError(f"{p}: a spool (spool_v1), not packed shards: pack it first "
+        if holds_spools(p):
+            what = "a spool (spool_v1)" if _is_spool(p) else "a folder of spools (spool_v1)"
+            raise FormatError(f"{p}: {what}, not packed shards: pack it first "
                               "(`packlab pack`)")
         shards = shards_in_directory(p, format=format)
         if not shards:

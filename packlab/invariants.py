@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from packlab.bins import budget_used, check_convention
 from packlab.errors import InvariantError
 
 
@@ -20,14 +21,17 @@ def check_bin(
     pack_size: int,
     source: str = "<bin>",
     bin_id: int = 0,
+    convention: str = "packlab",
 ) -> None:
-    """Raise :class:`InvariantError` naming ``source`` and ``bin_id`` if the bin breaks a rule."""
+    """Raise :class:`InvariantError` naming ``source`` and ``bin_id`` if the bin breaks a rule
+    (``pack_size`` counted as ``convention`` says: :data:`packlab.bins.CONVENTIONS`)."""
     where = f"{source}: bin {bin_id}"
     n = int(np.shape(input_ids)[0]) if np.ndim(input_ids) == 1 else -1
     if n < 0 or np.ndim(loss_mask) != 1 or np.ndim(seq_start_id) != 1:
         raise InvariantError(f"{where}: input_ids, loss_mask and seq_start_id must be 1-D")
-    if not 0 < n <= pack_size:
-        raise InvariantError(f"{where}: packed_len {n} not in (0, {pack_size}]")
+    used = budget_used(n, int(np.shape(seq_start_id)[0]), check_convention(convention))
+    if not 0 < n or used > pack_size:
+        raise InvariantError(f"{where}: {_over(n, n - used, pack_size, convention)}")
     if loss_mask.shape[0] != n:
         raise InvariantError(f"{where}: loss_mask has {loss_mask.shape[0]} values, input_ids {n}")
     if input_ids.dtype.kind not in "iu":
@@ -69,13 +73,16 @@ def check_csr(
     source: str,
     first_bin: int = 0,
     input_ids: np.ndarray | None = None,
+    convention: str = "packlab",
 ) -> None:
     """Check many bins at once, given in CSR form.
 
     ``token_offsets`` (num_bins+1) delimit each bin's tokens in the flat ``loss_mask`` (and
     the flat ``input_ids``, when given: integer, non-negative);
-    ``seq_offsets`` (num_bins+1) delimit each bin's starts in the flat ``seq_starts``.
+    ``seq_offsets`` (num_bins+1) delimit each bin's starts in the flat ``seq_starts``;
+    ``pack_size`` is counted as ``convention`` says (:data:`packlab.bins.CONVENTIONS`).
     """
+    check_convention(convention)
     tok = np.asarray(token_offsets, dtype=np.int64)
     so = np.asarray(seq_offsets, dtype=np.int64)
     starts = np.asarray(seq_starts, dtype=np.int64)
@@ -89,11 +96,12 @@ def check_csr(
     if tok[0] != 0 or so[0] != 0:
         raise InvariantError(f"{source}: offsets must start at 0")
     packed_len = np.diff(tok)
-    bad = (packed_len <= 0) | (packed_len > pack_size)
+    nseq = np.diff(so)
+    bad = (packed_len <= 0) | (budget_used(packed_len, np.maximum(nseq, 0), convention)
+                               > pack_size)
     if bad.any():
         b = int(np.argmax(bad))
-        raise fail(b, f"packed_len {int(packed_len[b])} not in (0, {pack_size}]")
-    nseq = np.diff(so)
+        raise fail(b, _over(int(packed_len[b]), int(nseq[b]), pack_size, convention))
     if (nseq <= 0).any():
         raise fail(int(np.argmax(nseq <= 0)), "seq_start_id is empty")
     if so[-1] != starts.shape[0]:
@@ -149,3 +157,12 @@ def check_csr(
         b = int(bin_of_start[k])
         raise fail(b, f"loss_mask is 1 at position {int(ends[k] - 1)}, the last token of a "
                       "sub-sequence: loss would cross a sequence boundary")
+
+
+def _over(packed_len: int, num_seqs: int, pack_size: int, convention: str) -> str:
+    """Why a bin's length breaks ``pack_size`` (or is empty), in its convention's words."""
+    if convention == "megatron_bridge" and packed_len > 0:
+        return (f"{packed_len - num_seqs} next-token positions ({packed_len} tokens, "
+                f"{num_seqs} sequences) over pack_size {pack_size} (Megatron-Bridge's "
+                "convention)")
+    return f"packed_len {packed_len} not in (0, {pack_size}]"

@@ -8,13 +8,25 @@ Layout ``spool_v1`` (compatible with Nemotron's spool), one directory::
     lengths.bin    uint32   length of each sequence
     manifest.json  written last
 
-A literal manifest::
+A literal manifest, as :class:`SpoolWriter` writes it::
 
-    {"version": "spool_v1", "num_sequences": 3, "num_tokens": 17,
+    {"version": "spool_v1", "num_sequences": 3, "num_tokens": 17, "total_tokens": 17,
+     "tokens_dtype": "int32", "mask_dtype": "uint8", "offsets_dtype": "uint64",
+     "lengths_dtype": "uint32",
      "dtypes": {"tokens": "<i4", "masks": "|u1", "offsets": "<u8", "lengths": "<u4"},
      "vocab_size": 131072,
      "files": {"tokens.bin": {"bytes": 68, "sha256": "..."}, ...},
      "source": {"generator": "synth", "profile": "chat", "seed": 0}}
+
+Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a manifest of its
+own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the four
+``*_dtype`` keys above, whatever ``extra_manifest`` its caller passes (its chat SFT stage:
+``shard_id``, ``input_files``, ``chat_template``, ``seed``, ``tokenization_stats``...) and no
+checksums. Both are read (:func:`read_spool_manifest`): either count key, either spelling of
+the dtypes, unknown keys kept (:func:`manifest_extra`; ``packlab inspect`` shows them). A
+packlab manifest carries Nemotron's keys too, so a packlab spool is a Nemotron spool. Where a
+spool records no checksums, :meth:`SpoolReader.file_checksums` computes them (once) for those
+who must notice a change later (``packed_index``).
 
 The writer builds the directory under a temporary name and renames it once, after the
 manifest: a crash never leaves a half spool under the final name.
@@ -34,6 +46,7 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import (
     HashedFile,
     Staging,
+    file_entry,
     read_versioned_json,
     sha256_file,
 )
@@ -47,6 +60,12 @@ DTYPES = {
 }
 FILES = {name: f"{name}.bin" for name in DTYPES}
 MANIFEST = "manifest.json"
+# Nemotron's names for the dtypes (its SequenceSpoolWriter.finalize), written as numpy names.
+NEMOTRON_DTYPE_KEYS = {"tokens": "tokens_dtype", "masks": "mask_dtype",
+                       "offsets": "offsets_dtype", "lengths": "lengths_dtype"}
+COUNT_KEYS = ("num_tokens", "total_tokens")  # packlab's, Nemotron's: either, equal when both
+KNOWN_KEYS = frozenset({"version", "num_sequences", *COUNT_KEYS, "dtypes",
+                        *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "source"})
 _FLUSH_TOKENS = 1 << 20
 
 
@@ -162,6 +181,8 @@ class SpoolWriter:
             "version": SPOOL_VERSION,
             "num_sequences": self.num_sequences,
             "num_tokens": self.num_tokens,
+            "total_tokens": self.num_tokens,
+            **{key: DTYPES[name].name for name, key in NEMOTRON_DTYPE_KEYS.items()},
             "dtypes": {name: dt.str for name, dt in DTYPES.items()},
             "vocab_size": self.vocab_size,
             "files": files,
@@ -191,6 +212,20 @@ class SpoolReader:
         self.vocab_size: int | None = self.manifest.get("vocab_size")
         self._check_sizes()
         self._maps: dict[str, np.ndarray] | None = None
+        self._checksums: dict[str, dict[str, Any]] | None = None
+
+    def file_checksums(self) -> dict[str, dict[str, Any]]:
+        """``{file: {"bytes", "sha256"}}`` of the four data files: the manifest's when it
+        records them (packlab's), else computed once per reader (Nemotron's records none)."""
+        recorded = self.manifest.get("files")
+        if isinstance(recorded, dict) and all(
+            isinstance(recorded.get(name), dict) and "sha256" in recorded[name]
+            for name in FILES.values()
+        ):
+            return {name: dict(recorded[name]) for name in FILES.values()}
+        if self._checksums is None:
+            self._checksums = {name: file_entry(self.path / name) for name in FILES.values()}
+        return {name: dict(entry) for name, entry in self._checksums.items()}
 
     def _check_sizes(self) -> None:
         expected = {
@@ -283,7 +318,11 @@ class SpoolReader:
 
 
 def read_spool_manifest(path: Path) -> dict[str, Any]:
-    """Read and check a spool manifest; errors name the file."""
+    """Read and check a spool manifest, packlab's or Nemotron's; errors name the file.
+
+    Returns the manifest as written, plus ``num_tokens`` where only Nemotron's
+    ``total_tokens`` is there (so every reader asks one key).
+    """
     if not path.exists():
         raise FormatError(f"{path}: no such spool")
     manifest_path = path / MANIFEST
@@ -291,13 +330,50 @@ def read_spool_manifest(path: Path) -> dict[str, Any]:
                                    unreadable="unreadable manifest")
     if manifest is None:
         raise FormatError(f"{manifest_path}: missing (not a spool, or an unfinished one)")
-    for key in ("num_sequences", "num_tokens"):
-        if not isinstance(manifest.get(key), int) or manifest[key] < 0:
-            raise FormatError(f"{manifest_path}: bad or missing {key!r}")
+    if not _is_count(manifest.get("num_sequences")):
+        raise FormatError(f"{manifest_path}: bad or missing 'num_sequences'")
+    counts = {key: manifest[key] for key in COUNT_KEYS if key in manifest}
+    if not counts or not all(_is_count(v) for v in counts.values()):
+        raise FormatError(f"{manifest_path}: bad or missing 'num_tokens' (or Nemotron's "
+                          f"'total_tokens'): {counts or 'neither is there'}")
+    if len(set(counts.values())) > 1:
+        raise FormatError(f"{manifest_path}: num_tokens {counts['num_tokens']} but "
+                          f"total_tokens {counts['total_tokens']}")
+    manifest = {**manifest, "num_tokens": next(iter(counts.values()))}
     if manifest["num_sequences"] == 0:
-        raise FormatError(f"{path}: empty spool (no sequences)")
-    dtypes = manifest.get("dtypes", {})
-    for name, dt in DTYPES.items():
-        if dtypes.get(name, dt.str) != dt.str:
-            raise FormatError(f"{manifest_path}: {name} dtype {dtypes[name]}, expected {dt.str}")
+        raise FormatError(f"{path}: empty spool (0 sequences, {manifest['num_tokens']} tokens): "
+                          "nothing to read or pack")
+    _check_dtypes(manifest, manifest_path)
+    if not isinstance(manifest.get("files", {}), dict):
+        raise FormatError(f"{manifest_path}: 'files' must map file names to sizes and checksums")
     return manifest
+
+
+def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
+    ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
+    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS}
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:
+    """The dtypes a manifest states (packlab's ``dtypes`` or Nemotron's ``*_dtype`` keys) must
+    be the layout's: the files are read as exactly those."""
+    dtypes = manifest.get("dtypes", {})
+    if not isinstance(dtypes, dict):
+        raise FormatError(f"{where}: 'dtypes' must map tokens/masks/offsets/lengths to dtypes")
+    for name, expected in DTYPES.items():
+        stated = [(f"dtypes.{name}", dtypes[name])] if name in dtypes else []
+        if NEMOTRON_DTYPE_KEYS[name] in manifest:
+            stated.append((NEMOTRON_DTYPE_KEYS[name], manifest[NEMOTRON_DTYPE_KEYS[name]]))
+        for key, value in stated:
+            try:
+                same = isinstance(value, str) and np.dtype(value) == expected
+            except TypeError:
+                same = False
+            if not same:
+                raise FormatError(f"{where}: {name} dtype {value} ({key}), expected "
+                                  f"{expected.str} ({expected.name})")

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.spool import FILES, MANIFEST, SpoolReader
+from packlab.spool import FILES, MANIFEST, SpoolReader, manifest_extra
 
 _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
 
@@ -60,6 +60,7 @@ def describe_spool(reader: SpoolReader) -> dict[str, Any]:
         "bytes_per_token": total / max(reader.num_tokens, 1),
         "files": files,
         "source": reader.manifest.get("source", {}),
+        "extra": manifest_extra(reader.manifest),  # keys packlab does not read (Nemotron's)
     }
 
 

@@ -27,7 +27,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
      "materialize"),
     ("formats",),
-    ("dataset", "discovery", "samplers", "collate", "convert", "pipeline", "sharded"),
+    ("dataset", "discovery", "samplers", "collate", "convert", "pipeline", "sharded", "interop"),
     ("layout",),
     ("cloud",),
     ("sources",),

@@ -16,6 +16,7 @@ from packlab.bins import PackedBin, bins_equal
 from packlab.errors import PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import BinColumns
+from packlab.interop.bridge_metadata import PACK_METADATA_FILE
 from packlab.materialize import iter_bins
 from packlab.measure import compression as C
 from packlab.measure import size as S
@@ -329,7 +330,7 @@ def test_format_sizes_count_every_byte(spool: SpoolReader, assignment: BinAssign
     for i, variant in enumerate(variants):
         out = tmp_path / f"v{i:02d}_{variant.format}"
         files = [p for p in out.rglob("*") if p.is_file() and not p.name.endswith(RECEIPT_SUFFIX)
-                 and p.name != "dataset.json"]  # bookkeeping beside the shards, not shards
+                 and p.name not in ("dataset.json", PACK_METADATA_FILE)]  # bookkeeping
         on_disk = sum(p.stat().st_size for p in files)
         row = rows[variant.label]
         assert row["bytes"] == on_disk, variant.label

@@ -105,7 +105,8 @@ def test_existing_shards_need_overwrite_and_stale_ones_are_removed(packed, tmp_p
                        existing="overwrite")
     assert len(many) > 1 and len(few) == 1
     left = sorted(p.name for p in out.iterdir())
-    assert left == ["dataset.json", few[0]["shard"], f"{few[0]['shard']}{RECEIPT_SUFFIX}"]
+    assert left == ["dataset.json", "pack_metadata.json", few[0]["shard"],
+                    f"{few[0]['shard']}{RECEIPT_SUFFIX}"]
     assert len(open_dataset(out)) == assignment.num_bins
 
 

@@ -195,10 +195,12 @@ class BinColumns(NamedTuple):
     def packed_lengths(self) -> np.ndarray:
         return np.diff(self.token_offsets)
 
-    def check(self, *, pack_size: int, source: str, first_bin: int) -> None:
+    def check(self, *, pack_size: int, source: str, first_bin: int,
+              convention: str = "packlab") -> None:
         """Every invariant of every bin (plus token ids >= 0), naming the first bad bin."""
         check_csr(self.token_offsets, self.seq_offsets, self.seq_start_id, self.loss_mask,
-                  pack_size=pack_size, source=source, first_bin=first_bin)
+                  pack_size=pack_size, source=source, first_bin=first_bin,
+                  convention=convention)
         if self.input_ids.size and int(self.input_ids.min()) < 0:
             pos = int(np.argmax(self.input_ids < 0))
             b = first_bin + int(np.searchsorted(self.token_offsets, pos, side="right") - 1)

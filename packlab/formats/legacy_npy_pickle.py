@@ -13,7 +13,9 @@ memory, is what the lab measures against the streaming formats.
 The reader never runs pickle code (:mod:`packlab.safe_pickle`). It loads the whole file on
 first access (that is the format) and returns numpy arrays: int32 ``input_ids``, uint8
 ``loss_mask``, int32 ``seq_start_id``. The format has no manifest, no checksum and no
-``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin. ``validate``
+``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin, and for a file
+Megatron-Bridge's packer wrote, ``convention="megatron_bridge"`` (its pack size counts
+``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). ``validate``
 can therefore only catch damage that breaks the pickle or an invariant; a flipped token digit
 passes unseen (one more reason to move off this format).
 """
@@ -26,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, check_convention
 from packlab.errors import FormatError
 from packlab.files import fsync_file
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
@@ -101,8 +103,10 @@ def _as_array(value: Any, key: str, where: str) -> np.ndarray:
 class Reader(LegacyFacts, ShardReader):
     """Loads the whole pickled file on first access, safely; bins come back as numpy arrays."""
 
-    def __init__(self, path: str | os.PathLike[str], *, pack_size: int | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, pack_size: int | None = None,
+                 convention: str = "packlab") -> None:
         super().__init__(path)
+        self.convention = check_convention(convention)
         if not self.path.is_file():
             raise FormatError(f"{self.path}: not a file (a legacy packed shard is one .npy file)")
         with open(self.path, "rb") as fp:
@@ -181,9 +185,10 @@ class Reader(LegacyFacts, ShardReader):
         num_tokens = num_seqs = 0
         for i in range(self.num_bins):
             ids, mask, starts = self.read_bin(i)
-            check_bin(ids, mask, starts, pack_size=pack_size, source=str(self.path), bin_id=i)
+            check_bin(ids, mask, starts, pack_size=pack_size, source=str(self.path), bin_id=i,
+                      convention=self.convention)
             num_tokens += ids.shape[0]
             num_seqs += starts.shape[0]
         return {"format": FORMAT, "path": str(self.path), "num_bins": self.num_bins,
                 "num_tokens": num_tokens, "num_seqs": num_seqs, "pack_size": pack_size,
-                "checksums": False}
+                "convention": self.convention, "checksums": False}

@@ -125,8 +125,12 @@ class IndexWriter:
     def add(self, token_lengths: np.ndarray) -> None:
         nbytes = np.asarray(token_lengths, dtype=np.int64) * self.width
         ends = np.cumsum(nbytes) + self.offset
-        self.out.write(_MARK + encode_index(ends - nbytes, nbytes) + _APPENDS)
+        self.add_entries(ends - nbytes, nbytes)
         self.offset = int(ends[-1]) if ends.size else self.offset
+
+    def add_entries(self, offsets: np.ndarray, lengths: np.ndarray) -> None:
+        """Append ``(offset, length)`` pairs as they are (a JSONL line index's, say)."""
+        self.out.write(_MARK + encode_index(offsets, lengths) + _APPENDS)
 
     def close(self) -> None:
         self.out.write(_STOP)

@@ -26,6 +26,13 @@ absolute one (or where ``Reader(path, spool=...)`` says), and accepts it only if
 still matches what the shard recorded; ``validate`` also re-hashes the spool files. A changed
 or missing spool is a :class:`~packlab.errors.FormatError`, never silently different bins.
 
+The spool's ``files`` are its data files' sizes and checksums: copied from the spool's
+manifest when it records them (packlab's), else computed once at pack time (Nemotron's spool
+records none; ``"files_from": "computed"``; the pipeline hashes the spool once for all its
+shards and passes ``spool_files=``). Opening checks them against the spool's manifest, or
+against the files' sizes where the manifest has none; ``validate`` re-hashes the files
+against them either way.
+
 The writer needs the spool and the assignment (``NEEDS_SPOOL`` tells the pipeline):
 ``Writer(path, *, pack_size, spool=..., assignment=..., first_bin=0)``. Bins passed through
 ``write_bin`` are compared with the bins gathered from the spool (``verify=True``; with
@@ -88,16 +95,37 @@ class PackedIndexFacts(FormatFacts):
     detect = staticmethod(detect)
 
 
-def spool_identity(spool: SpoolReader) -> dict[str, Any]:
-    """What a shard records about its spool, to recognise it (and notice a change) later."""
+def spool_identity(spool: SpoolReader, files: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a shard records about its spool, to recognise it (and notice a change) later:
+    counts, and its data files' sizes and checksums (``files``: computed already, else the
+    spool's own or computed now)."""
     manifest = spool.manifest
+    recorded = _recorded_files(manifest)
     return {
         "manifest_sha256": sha256_file(spool.path / SPOOL_MANIFEST),
         "num_sequences": manifest["num_sequences"],
         "num_tokens": manifest["num_tokens"],
         "vocab_size": manifest.get("vocab_size"),
-        "files": manifest.get("files", {}),
+        "files": files if files is not None else spool.file_checksums(),
+        "files_from": "manifest" if recorded else "computed",
     }
+
+
+def _recorded_files(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The checksums a spool's manifest records (packlab's), or {} (Nemotron's has none)."""
+    files = manifest.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def _check_given_files(spool: SpoolReader, files: dict[str, Any], where: Path) -> None:
+    """``spool_files=`` computed by a caller must describe this spool's files."""
+    if set(files) != set(SPOOL_FILES.values()):
+        raise PacklabError(f"{where}: spool_files must list {sorted(SPOOL_FILES.values())}")
+    for name, entry in files.items():
+        size = (spool.path / name).stat().st_size
+        if not isinstance(entry, dict) or entry.get("bytes") != size or "sha256" not in entry:
+            raise PacklabError(f"{where}: spool_files[{name!r}] does not describe "
+                               f"{spool.path / name} ({size} bytes)")
 
 
 def _as_spool(spool: str | os.PathLike[str] | SpoolReader | None, where: Path) -> SpoolReader:
@@ -124,10 +152,14 @@ class Writer(PackedIndexFacts, ShardWriter):
         assignment: BinAssignment | str | os.PathLike[str] | None = None,
         first_bin: int = 0,
         verify: bool = True,
+        spool_files: dict[str, Any] | None = None,
         **options: Any,
     ) -> None:
         where = Path(path)
         self.spool = _as_spool(spool, where)
+        if spool_files is not None:
+            _check_given_files(self.spool, spool_files, where)
+        self.spool_files = spool_files
         self.assignment = _as_assignment(assignment, where)
         self.first_bin = int(first_bin)
         self.verify = verify
@@ -199,7 +231,7 @@ class Writer(PackedIndexFacts, ShardWriter):
             spool={
                 "path": str(spool_abs),
                 "relative": os.path.relpath(spool_abs, self.path.absolute()),
-                **spool_identity(self.spool),
+                **spool_identity(self.spool, self.spool_files),
             },
             files=files,
         )
@@ -287,7 +319,8 @@ class Reader(PackedIndexFacts, ShardReader):
         for key in ("num_sequences", "num_tokens"):
             if manifest.get(key) != recorded.get(key):
                 return f"{key} {manifest.get(key)}, the shard recorded {recorded.get(key)}"
-        if manifest.get("files") != recorded.get("files"):
+        own = _recorded_files(manifest)
+        if own and own != recorded.get("files"):
             return "its files' checksums differ from the ones the shard recorded"
         for name, entry in recorded.get("files", {}).items():
             file = candidate / name
@@ -356,7 +389,9 @@ class Reader(PackedIndexFacts, ShardReader):
         self._open_index()
         assert self._spool is not None
         if spool_checksums:
-            self._spool.verify()
+            if not _recorded_files(self._spool.manifest):  # none of its own: the pack-time ones
+                verify_files(self.spool_path, self.manifest["spool"]["files"], checksums=True)
+            self._spool.verify()  # structure; and the hashes its manifest records, if any
         lengths = self.assignment.bin_lengths(self._spool.lengths)
         _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))
         if int(lengths.sum()) != self.num_tokens:
@@ -503,7 +538,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     spool = manifest.get("spool")
     if not isinstance(spool, dict) or not all(
         isinstance(spool.get(k), str) for k in ("path", "relative", "manifest_sha256")
-    ):
+    ) or not isinstance(spool.get("files"), dict):
         raise FormatError(f"{file}: bad or missing 'spool' reference")
     if manifest.get("overlong") not in ("truncate", "drop"):
         raise FormatError(f"{file}: bad 'overlong' policy {manifest.get('overlong')!r}")

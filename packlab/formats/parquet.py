@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, check_convention
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.arrow_lists import (
     ARROW_ERRORS,
@@ -190,6 +190,8 @@ class Reader(ParquetFacts, ShardReader):
 
     ``read_bin`` returns copies (writable, and they do not pin a row group in memory).
     Options: ``pack_size`` (for files without packlab metadata; otherwise must agree),
+    ``convention`` (what that pack size counts, for files without packlab metadata:
+    ``"megatron_bridge"`` for Megatron-Bridge's packer, see :data:`packlab.bins.CONVENTIONS`),
     ``cache_row_groups`` (decoded row groups kept, default 4), ``memory_map``,
     ``verify_checksums`` (page CRCs on every read, default on), ``use_threads``,
     ``one_row_group_cache`` (the Megatron-Bridge baseline instead, see below).
@@ -212,6 +214,7 @@ class Reader(ParquetFacts, ShardReader):
         path: str | os.PathLike[str],
         *,
         pack_size: int | None = None,
+        convention: str = "packlab",
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
         memory_map: bool = True,
         verify_checksums: bool = True,
@@ -254,7 +257,11 @@ class Reader(ParquetFacts, ShardReader):
         self.packlab = _packlab_metadata(meta, self.path)
         codec = meta.row_group(0).column(0).compression.lower()
         self.compression = "none" if codec == "uncompressed" else codec
+        self.convention = check_convention(convention)
         if self.packlab is not None:
+            if convention != "packlab":
+                raise PacklabError(f"{self.path}: written by packlab, whose bins follow the "
+                                   f"'packlab' pack-size convention, not {convention!r}")
             self._check_metadata(pack_size)
         else:
             self.pack_size = int(pack_size) if pack_size else int(self.packed_lengths().max())
@@ -447,7 +454,8 @@ class Reader(ParquetFacts, ShardReader):
             for group in range(self.num_row_groups):
                 first = int(self.row_group_offsets[group])
                 cols = decode(self._decode(pf, group), source=source, first_bin=first)
-                cols.check(pack_size=self.pack_size, source=source, first_bin=first)
+                cols.check(pack_size=self.pack_size, source=source, first_bin=first,
+                           convention=self.convention)
                 tokens += int(cols.token_offsets[-1])
                 seqs += int(cols.seq_offsets[-1])
         finally:

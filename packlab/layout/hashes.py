@@ -21,6 +21,8 @@ def spool_identity(spool: SpoolReader) -> dict[str, Any]:
 
     The checksums are the manifest's (written by the spool writer as it streamed the bytes);
     they are not recomputed here: ``SpoolReader.verify`` proves a spool matches its manifest.
+    A spool whose manifest records none (Nemotron's) is hashed once, so two such spools with
+    equal counts never share an identity.
     """
     m = spool.manifest
     return {
@@ -29,5 +31,6 @@ def spool_identity(spool: SpoolReader) -> dict[str, Any]:
         "num_tokens": int(m["num_tokens"]),
         "vocab_size": m.get("vocab_size"),
         "dtypes": m.get("dtypes", {}),
-        "files": {name: entry.get("sha256") for name, entry in sorted(m.get("files", {}).items())},
+        "files": {name: entry.get("sha256")
+                  for name, entry in sorted(spool.file_checksums().items())},
     }

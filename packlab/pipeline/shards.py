@@ -10,7 +10,9 @@ Output is deterministic: the same spool, assignment and options give the same by
 the number of workers or the executor (:mod:`packlab.executors`).
 
 Every shard directory carries a dataset manifest (:mod:`packlab.pipeline.manifest`), written
-before the first shard and finished after the last, and is locked while a job writes it.
+before the first shard and finished after the last, and is locked while a job writes it; and,
+beside it, the pack-metadata JSON Megatron-Bridge reads for fixed-shape batches
+(``pack_metadata.json``, :mod:`packlab.interop.bridge_metadata`), computed from the plan.
 
 What happens to shards already in the output directory is one choice, ``existing``:
 
@@ -39,6 +41,7 @@ from packlab.errors import FormatError, PacklabError
 from packlab.executors import run_jobs
 from packlab.files import remove, sha256_file
 from packlab.formats import get_format, open_writer
+from packlab.interop.bridge_metadata import metadata_of_assignment, write_pack_metadata
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.pipeline.manifest import (
@@ -174,6 +177,8 @@ class ShardPlan:
     manifest: dict[str, Any] = field(default_factory=dict)  # written before the first shard
     reused: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard number -> receipt
     jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # shard number -> job
+    spool: str = ""  # the spool and the whole assignment: for OUT's pack metadata
+    assignment: BinAssignment | None = None
 
     def receipts(self, written: dict[int, dict[str, Any]]) -> list[dict[str, Any]]:
         """Receipts in shard order, each marked ``reused`` true or false."""
@@ -221,7 +226,9 @@ def plan_shards(
                            "pass overwrite=True (--overwrite) to replace it")
     if same_job and existing == "refuse":
         existing = "reuse"  # the same job, interrupted: finish it
-    plan = ShardPlan(out, names, manifest=manifest)
+    plan = ShardPlan(out, names, manifest=manifest, spool=path, assignment=assignment)
+    if get_format(format).Writer.NEEDS_SPOOL:  # the spool's checksums, hashed once for all
+        format_options = {**format_options, "spool_files": SpoolReader(path).file_checksums()}
     for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
         target = out / name
         kept = reusable_receipt(target, format=format, bins=(start, stop),
@@ -255,6 +262,9 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
         for plan, done in zip(plans, written, strict=True):
             remove_stale_shards(plan.out, plan.names)
             out.append(plan.receipts(done))
+            if plan.assignment is not None:  # Megatron-Bridge's, from the lengths alone
+                write_pack_metadata(plan.out, metadata_of_assignment(
+                    plan.assignment, SpoolReader(plan.spool).lengths))
             write_manifest(plan.out, completed(plan.manifest, out[-1]))  # last: "complete"
     return out
 

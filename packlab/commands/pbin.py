@@ -1,0 +1,66 @@
+"""``packlab pbin SRC OUT.pbin``: Modalities' ``data pack_encoded_data``, written by packlab.
+
+A Modalities packed data file from a JSONL of documents (tokenized offline, one document per
+record, end-of-document token appended) or from a spool (one document per sequence):
+:mod:`packlab.interop.modalities`, :func:`packlab.formats.modalities.write_pbin`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from packlab.commands import emit
+
+ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without importing it
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "pbin",
+        help="write a Modalities packed data file from a JSONL or a spool (its "
+             "pack_encoded_data)",
+        description="Write a Modalities .pbin (`modalities data pack_encoded_data`): from a "
+                    "JSONL, each record's text field tokenized with an offline BPE encoding "
+                    "and closed with the end-of-document token; from a spool directory, one "
+                    "document per sequence. Modalities' PackedMemMapDatasetBase reads it.",
+    )
+    parser.add_argument("src", help="a JSONL file of documents, or a spool directory")
+    parser.add_argument("out", help="the .pbin file to write")
+    parser.add_argument("--field", default="text",
+                        help="JSONL: the record's text field, dotted for nested keys (default "
+                             "text; Modalities' jq_pattern .text)")
+    parser.add_argument("--encoding", default="cl100k_base",
+                        help=f"JSONL: BPE encoding, {' or '.join(ENCODINGS)}")
+    parser.add_argument("--eod-id", type=int, default=None,
+                        help="JSONL: end-of-document token id (default: the encoding's "
+                             "<|endoftext|>)")
+    parser.add_argument("--token-width", default="auto",
+                        help="bytes per token: 1, 2, 4 or auto (from the vocabulary)")
+    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    width = args.token_width if args.token_width == "auto" else _width(args.token_width)
+    if Path(args.src).is_dir():
+        from packlab.formats.modalities import write_pbin
+
+        summary = write_pbin(args.src, args.out, token_width=width, overwrite=args.overwrite)
+    else:
+        from packlab.interop.modalities import encode_jsonl_pbin
+
+        summary = encode_jsonl_pbin(args.src, args.out, encoding=args.encoding,
+                                    field=args.field, eod_id=args.eod_id, token_width=width,
+                                    overwrite=args.overwrite)
+    emit(summary, args.json)
+    return 0
+
+
+def _width(text: str) -> int | str:
+    try:
+        return int(text)
+    except ValueError:
+        return text  # check_width names it

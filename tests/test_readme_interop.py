@@ -1,0 +1,101 @@
+"""README, "Using packlab outputs in Megatron-Bridge, Nemotron and Modalities": every block of
+that section runs, in order, exactly as written.
+
+The section's ``sh`` blocks are ``packlab`` commands, run line by line (each must exit 0); its
+``python`` blocks run in one namespace, in a scratch directory holding the inputs the section
+names: ``chat_spool`` (a packlab spool), ``nemotron_out`` (Nemotron's output layout, written
+by ``tests/nemotron_layout.py``), ``documents.jsonl`` and ``packed/`` (Megatron-Bridge's own
+offline packer output). ``tokenizer`` is an object with ``eos_id``, all Bridge's packed
+datasets read of one; Bridge's imports go through the stand-ins of
+``tests/megatron_bridge_stubs.py`` (listed there), as its section says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import numpy as np
+import pytest
+from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bridge
+from nemotron_layout import (
+    chat_sft_extra,
+    length_mix,
+    random_sequences,
+    write_nemotron_parquet,
+    write_nemotron_spool,
+)
+
+from packlab.cli import main
+from packlab.materialize import iter_bins
+from packlab.packing import pack
+from packlab.spool import SpoolReader, SpoolWriter
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+TITLE = "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities"
+EOS = 2
+
+
+def section_blocks() -> list[tuple[str, str]]:
+    """``(language, code)`` of every fenced block of the section, in order."""
+    text = README.read_text()
+    start = text.index(TITLE)
+    end = text.find("\n## ", start + len(TITLE))
+    body = text[start:end if end > 0 else len(text)]
+    fences = re.findall(r"^```(\w*)$", body, flags=re.M)
+    blocks = re.findall(r"^```(\w+)\n(.*?)^```$", body, flags=re.M | re.S)
+    assert len(fences) == 2 * len(blocks), "every block of the section names its language"
+    assert {lang for lang, _ in blocks} <= {"sh", "python"}
+    return blocks
+
+
+def make_inputs(root: Path, bridge) -> None:
+    rng = np.random.default_rng(4)
+    with SpoolWriter(root / "chat_spool", vocab_size=1000) as writer:
+        for n in rng.integers(2, 900, 400).tolist():
+            tokens = rng.integers(3, 1000, n)
+            tokens[-1] = EOS
+            writer.append(tokens, (np.arange(n) >= n // 3).astype(np.uint8))
+    spool_dir = root / "nemotron_out" / "spool" / "shard_000000"
+    write_nemotron_spool(spool_dir, random_sequences(length_mix(2000, seed=5), seed=6),
+                         chat_sft_extra(0))
+    spool = SpoolReader(spool_dir)
+    assignment, _ = pack(spool.lengths, 4096, seed=0)
+    write_nemotron_parquet(root / "nemotron_out" / "shard_000000.parquet",
+                           [b.copy() for b in iter_bins(spool, assignment)])
+    with open(root / "documents.jsonl", "w") as f:
+        for i in range(50):
+            f.write(json.dumps({"id": i, "text": f"Document {i}: " + "words " * i}) + "\n")
+    chat = SpoolReader(root / "chat_spool")
+    (root / "packed").mkdir()
+    bridge.offline.prepare_gpt_sft_packed_data(
+        input_path=root / "training.jsonl", output_path=root / "packed/training_4096.idx.parquet",
+        output_metadata_path=root / "packed/4096_metadata.jsonl", packed_sequence_size=4096,
+        tokenizer=Tokenizer(EOS), max_seq_length=4096, seed=0,
+        dataset_builder=lambda path, **kw: SpoolAsTokenizedDataset(
+            chat, EOS, kw["dataset_kwargs"]["pad_seq_length_to_mult"]))
+
+
+def test_the_section_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bridge = import_bridge()
+    make_inputs(tmp_path, bridge)
+    monkeypatch.chdir(tmp_path)
+    namespace = {"tokenizer": Tokenizer(EOS)}
+    blocks = section_blocks()
+    assert [lang for lang, _ in blocks].count("python") >= 4
+    commands = 0
+    for number, (lang, code) in enumerate(blocks):
+        if lang == "python":
+            exec(compile(code, f"{README.name} block {number}", "exec"), namespace)
+            continue
+        for line in code.splitlines():
+            argv = shlex.split(line, comments=True)
+            if not argv:
+                continue
+            assert argv[0] == "packlab", line
+            assert main(argv[1:]) == 0, line
+            commands += 1
+    assert commands >= 10
+    assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0
