@@ -191,9 +191,32 @@ def test_bad_batches_and_models_are_clear_errors(shards) -> None:
         build_model(config(vocab_size=4))(thd_view(batch))
     with pytest.raises(PacklabError, match="attention must be one of"):
         config(attention="full")
-    with pytest.raises(PacklabError, match="collate style"):
+    with pytest.raises(PacklabError, match="unknown style 'nemo'"):
         make_collator("nemo")
 
+
+
+@pytest.mark.parametrize("options", [{}, {"pad_to_max_length": True}])
+def test_the_model_reads_megatron_bridges_own_batch_as_packlabs(shards, options: dict) -> None:
+    """``Collator(style="megatron_bridge")`` (equal to Bridge's collate_fn, tested in
+    test_megatron_bridge.py) gives the model the segments, positions and, with an EOS id no
+    token has, the loss that packlab's THD batch gives."""
+    dataset = open_dataset(shards[2]["memmap_v1"])
+    items = [dataset[i] for i in range(3)]
+    eos = VOCAB  # no token of the data
+    ours = thd_view(make_collator("thd", pad_token_id=eos)(items))  # Bridge pads with EOS
+    theirs = thd_view(make_collator("megatron_bridge", max_seq_length=PACK_SIZE, eos_id=eos,
+                                    **options)(items))
+    width = ours.tokens.shape[1]
+    assert torch.equal(theirs.tokens[:, :width], ours.tokens)
+    assert torch.equal(theirs.position_ids[:, :width], ours.position_ids)
+    assert torch.equal(theirs.loss_mask[:, :width], ours.loss_mask)
+    assert not theirs.loss_mask[:, width:].any()
+    model = build_model(config(vocab_size=VOCAB + 1))
+    with deterministic(), torch.no_grad():  # equal to rounding: Bridge's rows are wider (a
+        # multiple of 16), so the loss sums run over other shapes; within one style, bit for bit
+        assert float(masked_loss(model(ours), ours)[0]) == pytest.approx(
+            float(masked_loss(model(theirs), theirs)[0]), rel=1e-6)
 
 # -- every format: equal batches, equal losses ----------------------------------------------------
 def loader_batches(path: Path, steps: int, batch_size: int, workers: int = 0) -> list[dict]:

@@ -32,7 +32,6 @@ from packlab.errors import PacklabError
 
 #: the batch keys holding physical cumulative offsets, in the order they are looked for
 OFFSET_KEYS = ("cu_seqlens_q_padded", "cu_seqlens_q", "cu_seqlens")
-STYLES = ("packlab", "megatron_bridge")
 
 
 class ThdView(NamedTuple):
@@ -94,14 +93,10 @@ def attention_mask(segments: torch.Tensor, *, block_diagonal: bool = True) -> to
     return causal & (segments[:, :, None] == segments[:, None, :])
 
 
-def make_collator(style: str = "packlab", **options: Any) -> Collator:
+def make_collator(style: str = "thd", **options: Any) -> Collator:
     """The ``collate_fn`` of a training run: packlab's THD batch, or Megatron-Bridge's
     (``style="megatron_bridge"``), as torch tensors. The model reads both through
     :func:`thd_view`."""
-    if style not in STYLES:
-        raise PacklabError(f"collate style must be one of {STYLES}, got {style!r}")
-    if style == "packlab":
-        return Collator(return_tensors="pt", **options)
     return Collator(style=style, return_tensors="pt", **options)
 
 

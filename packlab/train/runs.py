@@ -70,7 +70,8 @@ def training_job(
     workers: Sequence[int] = (0,),
     sampler_seed: int = 0,
     block_size: int | None = None,
-    collate_style: str = "packlab",
+    collate_style: str = "thd",
+    collate_options: dict[str, Any] | None = None,
     lr: float = 1e-3,
     threads: int = 1,
 ) -> Generator[str, None, dict[str, Any]]:
@@ -86,7 +87,8 @@ def training_job(
     for n in workers:
         run = train(dataset, config, steps=steps, batch_size=batch_size,
                     sampler=make_sampler(len(dataset), seed=sampler_seed, block_size=block_size),
-                    collate_fn=make_collator(collate_style), num_workers=int(n), lr=lr,
+                    collate_fn=make_collator(collate_style, **(collate_options or {})),
+                    num_workers=int(n), lr=lr,
                     threads=threads)
         runs.append({"workers": int(n), "records": run.records})
         yield f"train_{n}_workers"
