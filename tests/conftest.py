@@ -29,6 +29,17 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-scale", type=float, default=1.0,
+                     help="multiply the mutations per format of tests/test_fuzz.py (CI: 1; "
+                          "a long run: 10 or more)")
+
+
+@pytest.fixture(scope="session")
+def fuzz_scale(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--fuzz-scale"))
+
+
 def write_random_spool(
     path: Path,
     *,

@@ -58,7 +58,14 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list, starts_with
+from packlab.formats.base import (
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    count_field,
+    index_list,
+    starts_with,
+)
 from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise, sequential
 
 FORMAT = "arrow_ipc"
@@ -280,8 +287,7 @@ class Reader(ArrowIpcFacts, ShardReader):
         if info.get("format") != FORMAT:
             raise FormatError(f"{self.path}: packlab metadata names format {info.get('format')!r}")
         for key in ("pack_size", "batch_size"):
-            if not isinstance(info.get(key), int) or info[key] < 1:
-                raise FormatError(f"{self.path}: packlab metadata: bad or missing {key!r}")
+            count_field(info, key, f"{self.path}: packlab metadata", minimum=1)
         self.pack_size = int(info["pack_size"])
         if pack_size is not None and int(pack_size) != self.pack_size:
             raise PacklabError(f"{self.path}: pack_size {pack_size} given, the file says "
@@ -339,8 +345,8 @@ class Reader(ArrowIpcFacts, ShardReader):
         _, info = self._read_batch(k)
         keys = ("first_bin", "num_bins", "num_tokens", "num_seqs", "total_bins", "total_tokens",
                 "total_seqs", "crc32")
-        if not all(isinstance(info.get(key), int) for key in keys):
-            raise FormatError(f"{self.path}: record batch {k}: missing packlab batch metadata")
+        for key in keys:
+            count_field(info, key, f"{self.path}: record batch {k}: packlab batch metadata")
         return info
 
     def _load(self, k: int, first_bin: int | None = None) -> BinColumns:

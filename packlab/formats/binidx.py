@@ -52,6 +52,7 @@ from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     index_list,
     read_directory_manifest,
     starts_with,
@@ -341,6 +342,8 @@ class Reader(BinidxFacts, ShardReader):
         self.num_tokens = _int_field(self.manifest, "num_tokens", self.path)
         self.num_seqs = _int_field(self.manifest, "num_seqs", self.path)
         self.vocab_size: int | None = self.manifest.get("vocab_size")
+        if self.vocab_size is not None:
+            count_field(self.manifest, "vocab_size", self.path / MANIFEST, minimum=1)
         self.token_dtype = self._read_headers()
         self._check_sizes()
         self._maps: _Mapped | None = None
@@ -547,10 +550,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
-    value = manifest.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FormatError(f"{path / MANIFEST}: bad or missing {key!r}")
-    return value
+    return count_field(manifest, key, path / MANIFEST)
 
 
 def _unpack(file: Path, header: Any) -> tuple[Any, ...]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,11 +40,12 @@ from numpy.lib import format as npy_format
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
+from packlab.files import HashedFile, fsync_directory, fsync_file, read_json, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     index_list,
     read_directory_manifest,
 )
@@ -75,9 +77,9 @@ def detect(path: Path) -> bool:
     if not path.is_dir():
         return False
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = read_json(path / MANIFEST)
         return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
-    except (OSError, ValueError):
+    except FormatError:
         return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
 
 
@@ -234,9 +236,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     manifest = read_directory_manifest(path, MANIFEST, kind="memmap",
                                        expect={"format": MANIFEST_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
-        value = manifest.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise FormatError(f"{manifest_path}: bad or missing {key!r}")
+        count_field(manifest, key, manifest_path)
     if manifest["num_bins"] == 0 or manifest["pack_size"] == 0:
         raise FormatError(f"{manifest_path}: empty shard (num_bins or pack_size is 0)")
     dtypes = manifest.get("dtypes")
@@ -414,7 +414,7 @@ class Reader(MemmapFacts, ShardReader):
             file = self.path / FILES[name]
             with open(file, "rb") as fp:
                 header = read_npy_header(fp, source=str(file))
-            size = header.data_offset + int(np.prod(shape, dtype=np.int64)) * DTYPES[name].itemsize
+            size = header.data_offset + math.prod(shape) * DTYPES[name].itemsize
             if header.dtype != DTYPES[name] or header.shape != shape or header.fortran_order:
                 raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                                   f"expected {DTYPES[name].str}{list(shape)}")

@@ -57,6 +57,7 @@ from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     index_list,
     read_directory_manifest,
 )
@@ -64,6 +65,7 @@ from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
+from packlab.safe_pickle import read_npy_header
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader, read_spool_manifest
@@ -330,14 +332,11 @@ class Reader(PackedIndexFacts, ShardReader):
 
     def _open_index(self) -> BinMaterializer:
         if self._materializer is None:
-            offsets = _load_npy(self.path / OFFSETS)
-            indices = _load_npy(self.path / INDICES)
-            self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
-            if offsets.shape[0] != self.num_bins + 1 or indices.shape[0] != self.num_seqs:
-                raise FormatError(f"{self.path}: index holds {offsets.shape[0] - 1} bins and "
-                                  f"{indices.shape[0]} sequences, the manifest says "
-                                  f"{self.num_bins} and {self.num_seqs}")
+            offsets = _load_npy(self.path / OFFSETS, self.num_bins + 1)
+            indices = _load_npy(self.path / INDICES, self.num_seqs)
             self._spool = SpoolReader(self.spool_path)
+            _check_index(self.path, offsets, indices, self._spool.num_sequences)
+            self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
             try:
                 self._materializer = BinMaterializer(self._spool, self._assignment)
             except PacklabError as exc:
@@ -417,6 +416,23 @@ class _Gather(NamedTuple):
     files: tuple[MappedFile, MappedFile]
 
 
+def _check_index(path: Path, offsets: np.ndarray, indices: np.ndarray, num_sequences: int
+                 ) -> None:
+    """The CSR read from disk, before anything indexes with it (vectorized, once per process):
+    bins of one sequence or more, ending where the sequences do, each sequence in the spool."""
+    steps = offsets[1:] - offsets[:-1]
+    if offsets[0] != 0 or offsets[-1] != indices.shape[0] or (steps <= 0).any():
+        b = int(np.argmax(steps <= 0)) if (steps <= 0).any() else 0
+        raise FormatError(f"{path / OFFSETS}: bin {b}: bin offsets must rise strictly from 0 "
+                          f"to {indices.shape[0]} (corrupted)")
+    outside = (indices < 0) | (indices >= num_sequences)
+    if outside.any():
+        k = int(np.argmax(outside))
+        b = int(np.searchsorted(offsets, k, side="right") - 1)
+        raise FormatError(f"{path / INDICES}: bin {b}: sequence {int(indices[k])} is not in the "
+                          f"spool ({num_sequences} sequences; corrupted)")
+
+
 def _build_gather(reader: Reader, materializer: BinMaterializer) -> _Gather:
     """Gather tables from the assignment and the spool, checked as the materializer checks."""
     spool, part = materializer.spool, materializer.assignment
@@ -429,16 +445,19 @@ def _build_gather(reader: Reader, materializer: BinMaterializer) -> _Gather:
         raise FormatError(f"{reader.path}: bin {b}: a sequence longer than pack_size "
                           f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
     kept = np.minimum(lengths, part.pack_size)
-    starts = spool.offsets[indices].astype(np.int64)
+    starts = spool.offsets[indices]  # uint64: compared before any conversion can wrap
     ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
     np.cumsum(kept, out=ends[1:])
     packed = ends[offsets[1:]] - ends[offsets[:-1]]
     bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
-    if bad.any() or (starts + kept > spool.num_tokens).any():
+    outside = (kept <= 0) | (starts > np.uint64(spool.num_tokens)) | (
+        starts.astype(np.int64) > spool.num_tokens - kept)
+    if bad.any() or outside.any():
         b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
-            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
+            offsets, int(np.argmax(outside)), side="right") - 1)
         raise FormatError(f"{reader.path}: bin {b} does not fit its spool {spool.path} "
                           "(empty, over pack_size or past the spool's tokens; run validate)")
+    starts = starts.astype(np.int64)
     files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
              MappedFile(spool.path / SPOOL_FILES["masks"]))
     return _Gather(files[0].view("<i4", 0, spool.num_tokens),
@@ -515,15 +534,23 @@ def _save_npy(path: Path, values: np.ndarray) -> dict[str, Any]:
     return file_entry(path)
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    """A 1-D int64 .npy, memory-mapped, never unpickled; a FormatError naming the file."""
+def _load_npy(path: Path, count: int) -> np.ndarray:
+    """The ``count`` values of a 1-D int64 .npy, memory-mapped, never unpickled; its header
+    parsed by :func:`~packlab.safe_pickle.read_npy_header` and checked against the manifest's
+    count and the file's size first, so any damage is a FormatError naming the file."""
     try:
-        values = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise FormatError(f"{path}: not a readable .npy index: {exc}") from None
-    if values.ndim != 1 or values.dtype != np.dtype("<i8"):
-        raise FormatError(f"{path}: expected 1-D int64, found {values.dtype} {values.shape}")
-    return values
+        with open(path, "rb") as fp:
+            header = read_npy_header(fp, source=str(path))
+            size = os.fstat(fp.fileno()).st_size
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    if header.dtype != np.dtype("<i8") or header.shape != (count,) or header.fortran_order:
+        raise FormatError(f"{path}: header says {header.dtype.str}{list(header.shape)}, the "
+                          f"manifest needs <i8[{count}]")
+    if size != header.data_offset + 8 * count:
+        raise FormatError(f"{path}: {size} bytes, its header needs "
+                          f"{header.data_offset + 8 * count} (truncated or corrupted)")
+    return MappedFile(path, random=False).view("<i8", header.data_offset, count)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -532,9 +559,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     manifest = read_directory_manifest(path, MANIFEST, kind=FORMAT,
                                        expect={"format": FORMAT, "layout": LAYOUT})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
-        value = manifest.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise FormatError(f"{file}: bad or missing {key!r}")
+        count_field(manifest, key, file, minimum=1)
     spool = manifest.get("spool")
     if not isinstance(spool, dict) or not all(
         isinstance(spool.get(k), str) for k in ("path", "relative", "manifest_sha256")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import sha256_file, staged
+from packlab.files import read_json, sha256_file, staged
 from packlab.formats import open_shard
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -60,10 +60,7 @@ def check_receipt(shard: Path) -> dict[str, Any] | None:
     where = receipt_path(shard)
     if not where.is_file():
         return None
-    try:
-        receipt = json.loads(where.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{where}: unreadable receipt: {exc}") from None
+    receipt = read_json(where, unreadable="unreadable receipt")
     if not isinstance(receipt, dict):
         raise FormatError(f"{where}: unreadable receipt: not a JSON object")
     size = shard_bytes(shard)
