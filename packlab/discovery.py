@@ -24,7 +24,8 @@ from typing import Any
 from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format
-from packlab.pipeline.manifest import listed_shards, read_manifest
+from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards, read_manifest, require_complete
+from packlab.pipeline.receipts import read_receipt, receipt_places, shard_bytes
 from packlab.spool import FILES as SPOOL_FILES
 
 PathLike = str | os.PathLike[str]
@@ -110,9 +111,15 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
     that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
     anything else unrecognised is an error, so a damaged shard is never silently left out.
+
+    A directory without a dataset manifest (written before them) is checked as its receipts
+    allow: a receipt must name its shard, and their bins must follow one another (a gap is a
+    missing shard, an overlap a duplicated one); each shard then carries the bins its receipt
+    gives it (:class:`ShardRef`), as a link into a dataset directory carries its manifest's.
     """
     found: list[tuple[Path, str]] = []
     unknown: list[Path] = []
+    manifests: dict[Path, dict[str, Any] | None] = {}
     for child in sorted(directory.iterdir()):
         if _ignored(child) or holds_spools(child):
             continue
@@ -125,12 +132,49 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
             continue
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
-        found.append((child, expect_format(child, name, format)))
+        found.append(_placed(child, expect_format(child, name, format), manifests))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
         raise FormatError(f"{strays[0]}: not a shard of any known format (in a shard directory)")
-    return found
+    targets: dict[Path, Path] = {}
+    for link in (p for p, _ in found if p.is_symlink()):
+        first = targets.setdefault(link.resolve(), link)
+        if first != link:
+            raise FormatError(f"{link}: links to the same shard as {first.name} ({link.resolve()})"
+                              ": its bins would be served twice")
+    places = receipt_places([p for p, _ in found if not p.is_symlink()])
+    return [ShardRef(p, name, places[p]) if p in places else ref
+            for ref in found for p, name in [ref]]
+
+
+def _placed(child: Path, format: str, manifests: dict[Path, dict[str, Any] | None]
+            ) -> tuple[Path, str]:
+    """A shard reached through a link (a split of an output layout links the shards of its
+    datasets' directories): placed where the dataset manifest of the directory it lives in
+    puts it, so a shard swapped or copied over another there is refused as in that directory
+    itself. Directories without a manifest (written before them) give the plain pair."""
+    if not child.is_symlink():
+        return (child, format)
+    real = child.resolve()
+    home = real.parent
+    if home not in manifests:
+        manifests[home] = read_manifest(home)
+    manifest = manifests[home]
+    if manifest is None:  # written before dataset manifests: where its receipt puts it
+        receipt = read_receipt(real)
+        bins = None if receipt is None else receipt.get("bins")
+        return (child, format) if bins is None else ShardRef(child, format, tuple(bins))
+    require_complete(home, manifest)
+    entry = next((s for s in manifest["shards"] if s["name"] == real.name), None)
+    if entry is None:
+        raise FormatError(f"{child}: links to {real}, a shard {MANIFEST_FILE} there does not "
+                          "list (copied in from elsewhere?)")
+    size = shard_bytes(real)
+    if size != entry["bytes"]:
+        raise FormatError(f"{real}: {size} bytes, {MANIFEST_FILE} says {entry['bytes']} "
+                          "(replaced, truncated, or another shard in its place)")
+    return ShardRef(child, format, (entry["bins"][0], entry["bins"][1]))
 
 
 def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = None

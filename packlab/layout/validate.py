@@ -46,7 +46,8 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
         detail = " ".join(str(exc).split())[:300]
         raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
                           ) from None
-    receipt = check_receipt(path)
+    receipt = check_receipt(path.resolve() if path.is_symlink() else path)  # a split's link:
+    # the receipt is beside the shard it links to
     if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
         raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
                           f"{receipt.get('num_bins')}")
