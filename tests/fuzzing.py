@@ -540,11 +540,26 @@ def _stage(report: dict, name: str, fn: Callable[[], Any]) -> Any:
     return value
 
 
+def _command(*argv: object) -> tuple[int, str]:
+    """``packlab ARGV`` in this process; a failure must be one line and exit 2."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from packlab.cli import main
+
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    lines = err.getvalue().strip().splitlines()
+    if code not in (0, 2) or (code == 2 and len(lines) != 1):
+        raise AssertionError(f"packlab {argv[0]}: exit {code}, stderr {err.getvalue()[-2000:]!r}")
+    return code, err.getvalue()
+
+
 def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict[str, Any]:
     """Everything a user does with an output directory, each step recorded (never raises)."""
     from packlab import open_dataset
     from packlab.formats import open_shard
-    from packlab.layout.validate import validate_path
 
     report: dict[str, Any] = {"stages": [], "shards": {}}
     out = tree / "out"
@@ -562,6 +577,7 @@ def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict
             report["shards"][shard.name] = (got, summary is not None
                                             and summary.get("checksums", True))
         _stage(report, f"close {shard.name}", reader.close)
+        _stage(report, f"packlab inspect {shard.name}", lambda s=shard: _command("inspect", s))
     dataset = _stage(report, "open_dataset", lambda: open_dataset(out, **read_options))
     if dataset is not None:
         report["dataset"] = _stage(report, "read dataset", lambda: _digests(dataset))
@@ -570,7 +586,8 @@ def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict
         if batch is not None and batch != report["dataset"]:
             report["stages"].append(("read_bins dataset", "foreign", "Mismatch",
                                      "read_bins and read_bin disagree"))
-    report["validate"] = _stage(report, "validate_path", lambda: validate_path(out)) is not None
+    validated = _stage(report, "packlab validate", lambda: _command("validate", out))
+    report["validate"] = validated is not None and validated[0] == 0
     return report
 
 
@@ -700,6 +717,13 @@ def fuzz_format(format: str, root: Path, count: int, *, first: int = 0,
     options = read_options_for(format)
     strict = bool(options)
     run = FuzzRun(format, classes_for(ref), ref.reads_spool)
+    # the untouched reference passes every check (here, in this process: the children then
+    # inherit every module the checks import instead of importing it again each)
+    untouched = judge(Mutation(format, -1, "none"), ("ok", check_tree(ref.tree, ref, options)),
+                      ref, ref.tree, strict=strict)
+    if untouched.outcome != "harmless":
+        raise AssertionError(f"the reference itself fails its checks: {untouched.outcome}: "
+                             f"{untouched.detail}")
     for index in range(first, first + count):
         tree = root / f"case-{index}"
         shutil.copytree(ref.tree, tree, symlinks=True)

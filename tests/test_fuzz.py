@@ -12,7 +12,7 @@ from fuzzing import CLASSES, MARKER, Mutation, Reference, fuzz_format, judge
 
 from packlab.formats import format_names
 
-PER_FORMAT = 250  # mutations per format in CI (each in a forked child)
+PER_FORMAT = 200  # mutations per format in CI (each in a forked child)
 
 
 def report(run) -> str:

@@ -356,11 +356,14 @@ class Reader(ArrowIpcFacts, ShardReader):
             raise FormatError(f"{self.path}: record batch {k} has {batch.num_rows} bins, "
                               f"expected {int(self.batch_offsets[k + 1]) - first}")
         cols = decode(batch, source=str(self.path), first_bin=first)
+        where = f"{self.path}: record batch {k} (bins {first}..{first + cols.rows - 1})"
+        if info and (info.get("first_bin"), info.get("num_bins"), info.get("num_tokens"),
+                     info.get("num_seqs")) != (first, cols.rows, int(cols.token_offsets[-1]),
+                                               int(cols.seq_offsets[-1])):
+            raise FormatError(f"{where}: its metadata places it at bin {info.get('first_bin')} "
+                              f"with {info.get('num_bins')} bins, {info.get('num_tokens')} "
+                              f"tokens and {info.get('num_seqs')} sequences (corrupted)")
         if getattr(self, "verify_checksums", False):
-            where = f"{self.path}: record batch {k} (bins {first}..{first + cols.rows - 1})"
-            if info.get("first_bin") != first or info.get("num_bins") != cols.rows:
-                raise FormatError(f"{where}: its metadata places it at bin {info.get('first_bin')}"
-                                  f" with {info.get('num_bins')} bins")
             if cols.crc32() != info.get("crc32"):
                 raise FormatError(f"{where}: checksum mismatch (corrupted data)")
         return cols

@@ -409,11 +409,17 @@ class Reader(BinidxFacts, ShardReader):
         if self._maps is None:
             n, p = self.num_bins, self.path
             lengths, pointers, seq_offsets = self._load_index()
-            first, rem = np.divmod(pointers, self.token_dtype.itemsize)
-            stop = first + lengths
-            bad = ((rem != 0) | (lengths <= 0) | (first < 0) | (stop > self.num_tokens)
+            # the index read from disk, checked whole before any read uses it: bins of at
+            # least one token, each following the previous in data.bin (as the lengths say)
+            # up to its end, and starts rising from 0 to num_seqs
+            stop = np.cumsum(lengths)
+            first = stop - lengths
+            bad = ((pointers != first * self.token_dtype.itemsize) | (lengths <= 0)
                    | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
                    | (seq_offsets[1:] > self.num_seqs))
+            if not bad.any() and (stop[-1] != self.num_tokens or seq_offsets[0] != 0
+                                  or seq_offsets[-1] != self.num_seqs):
+                bad[-1] = True
             if bad.any():
                 i = int(np.argmax(bad))
                 raise FormatError(

@@ -330,6 +330,14 @@ class Reader(MemmapFacts, ShardReader):
             k = int(np.argmax(bad))
             raise self._corrupt(k, f"seq_offsets [{int(offsets[k])}, {int(offsets[k + 1])}) "
                                 f"outside [0, {self.num_seqs}]")
+        if offsets[0] != 0 or offsets[-1] != self.num_seqs:
+            raise FormatError(f"{self.path / FILES['seq_offsets']}: runs from {int(offsets[0])} "
+                              f"to {int(offsets[-1])}, not 0 to num_seqs {self.num_seqs} "
+                              "(corrupted shard; run validate)")
+        if int(lengths.sum(dtype=np.int64)) != self.num_tokens:
+            raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
+                              f"{int(lengths.sum(dtype=np.int64))} tokens, the manifest says "
+                              f"{self.num_tokens} (corrupted shard; run validate)")
 
     def _corrupt(self, index: int, what: str) -> FormatError:
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")

@@ -344,6 +344,9 @@ class Reader(PbinFacts, ShardReader):
             bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
                    | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
                    | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
+            if (token_offsets[0], token_offsets[-1], seq_offsets[0], seq_offsets[-1]) != (
+                    0, self.num_tokens, 0, self.num_seqs):  # offsets cover all, from 0
+                bad[-1] = True
             if bad.any():
                 i = int(np.argmax(bad))
                 raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"
