@@ -667,6 +667,8 @@ def judge(m: Mutation, ran: tuple[str, Any], ref: Reference, tree: Path, *,
     if served is None:
         return Verdict(m, "forged-refused" if m.forged else "refused")
     if served == ref.digests:
+        if m.cls == "pickle" and report["validate"]:
+            return Verdict(m, "silent", "a hostile pickle in the shard passes validate")
         outcome = "harmless" if report["validate"] else "validate-caught"
         return Verdict(m, f"forged-{outcome}" if m.forged else outcome)
     changed = sum(a != b for a, b in zip(served, ref.digests, strict=False)) + abs(
