@@ -169,3 +169,18 @@ def test_a_second_pack_into_a_directory_being_written_is_refused(spool, tmp_path
     assert first.wait(timeout=300) == 0, first.stderr.read().decode()
     assert read_manifest(out)["state"] == "complete"
     assert validate_path(out)["num_shards"] == len(read_manifest(out)["shards"])
+
+
+def test_gc_never_follows_a_link(tmp_path, capsys) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    precious = elsewhere / f".shard_000000.parquet.tmp-{dead_pid()}-0123abcd"
+    precious.write_bytes(b"not under OUT")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "linked").symlink_to(elsewhere)  # a link to a directory: not looked into
+    stale_link = out / f".shard_000001.parquet.tmp-{dead_pid()}-89abcdef"
+    stale_link.symlink_to(elsewhere)  # a killed writer's temporary that is a link: unlinked
+    code, stdout, _ = run_cli(capsys, "gc", out, "--json")
+    assert code == 0 and json.loads(stdout)["removed"] == [str(stale_link)]
+    assert not stale_link.is_symlink() and precious.read_bytes() == b"not under OUT"

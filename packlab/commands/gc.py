@@ -57,13 +57,11 @@ def temporaries(root: Path) -> Iterator[Path]:
     """Temporary entries under ``root``, not following links, not looking inside one."""
     from packlab.files import is_temporary
 
-    for directory, subdirs, files in os.walk(root):
+    for directory, subdirs, files in os.walk(root):  # links are listed, never followed
         here = Path(directory)
         for name in sorted(subdirs):
-            if (here / name).is_symlink():
-                subdirs.remove(name)  # os.walk would not descend; said here to be sure
             if is_temporary(here / name):
-                subdirs.remove(name)
+                subdirs.remove(name)  # swept whole, not looked into
                 yield here / name
         for name in sorted(files):
             if is_temporary(here / name):
