@@ -279,3 +279,14 @@ def test_a_layout_without_dataset_manifests_opens_and_validates(spools, tmp_path
         open_dataset(out, split="train")
     with pytest.raises(FormatError, match=f"{first.name}: "):
         validate_path(out)
+
+
+def test_validate_checks_each_receipt_against_its_place(job, tmp_path) -> None:
+    out = tmp_path / "out"
+    write(job, out, "parquet")
+    shard = out / read_manifest(out)["shards"][1]["name"]
+    receipt = json.loads(receipt_path(shard).read_text())
+    receipt_path(shard).write_text(json.dumps({**receipt, "bins": [8, 12]}))
+    with pytest.raises(FormatError, match=f"{shard.name}: its receipt puts it at bins "
+                                          r"\[8, 12\], its place in the dataset is \[4, 8\]"):
+        validate_path(out)

@@ -51,6 +51,9 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
     if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
         raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
                           f"{receipt.get('num_bins')}")
+    if receipt is not None and bins is not None and receipt.get("bins") not in (None, list(bins)):
+        raise FormatError(f"{path}: its receipt puts it at bins {receipt['bins']}, its place in "
+                          f"the dataset is {list(bins)}")
     summary["path"] = str(path)
     summary["format"] = format
     summary["receipt"] = receipt is not None
