@@ -388,3 +388,19 @@ def test_decoded_mask_is_never_the_header(encoders: dict[str, HFChatTokenizer]) 
     assert encoder.decode(tokens[mask == 1]) == "a<|eot_id|>"
     assert int(np.asarray(tokens)[np.flatnonzero(mask)[-1] + 1]) == SPECIAL_TOKENS.index(
         "<|start_header_id|>")
+
+
+def test_a_tokenizer_rewritten_in_place_is_loaded_again(built: tuple[Path, dict[str, Path]],
+                                                        tmp_path: Path) -> None:
+    from packlab.tokenize.hf import load_tokenizer
+    from packlab.tokenize.train import tokenizer_folder, train_bpe_tokenizer
+
+    corpus, folders = built
+    folder = tokenizer_folder(folders["chatml"] / "tokenizer.json", tmp_path / "tok", "chatml")
+    assert HFChatTokenizer(tokenizer_spec(folder)).vocab_size == 2048
+    spec = tokenizer_spec(folder)
+    train_bpe_tokenizer(corpus, folder / "tokenizer.json", vocab_size=600)
+    assert HFChatTokenizer(tokenizer_spec(folder)).vocab_size == 600
+    load_tokenizer.cache_clear()  # as in a fresh worker process given the old spec
+    with pytest.raises(PacklabError, match="changed while tokenizing"):
+        HFChatTokenizer(spec)

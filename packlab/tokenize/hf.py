@@ -95,13 +95,14 @@ def tokenizer_spec(path: str | os.PathLike[str],
         file, config = path, {}
     else:
         raise PacklabError(f"{path}: no such tokenizer file or folder")
-    load_tokenizer(str(file))  # fails here, once, if it is not a tokenizer
+    digest = _sha256(file)
+    load_tokenizer(str(file.resolve()), digest)  # fails here, once, if it is not a tokenizer
     templates, origin = _templates(path, config, chat_template)
     for name, source in templates:
         compile_template(source, f"{origin}{f' ({name})' if name else ''}")
     variables = tuple((key, token) for key in SPECIAL_TOKEN_KEYS
                       if (token := _token_text(config.get(key))) is not None)
-    return TokenizerSpec(str(file.resolve()), _sha256(file), templates, origin, variables)
+    return TokenizerSpec(str(file.resolve()), digest, templates, origin, variables)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
@@ -170,11 +171,15 @@ def _sha256(path: Path) -> str:
 
 
 @lru_cache(maxsize=4)
-def load_tokenizer(file: str) -> Any:
+def load_tokenizer(file: str, sha256: str) -> Any:
     """A ``tokenizers.Tokenizer`` from ``tokenizer.json``, ready to encode as Hugging Face does
-    in ``apply_chat_template``: no truncation, no padding, raw character offsets."""
+    in ``apply_chat_template``: no truncation, no padding, raw character offsets. Cached by
+    path and content (``sha256``), so a file rewritten in place is loaded again, and a file
+    that changed since the spec was made is refused."""
     from tokenizers import Tokenizer
 
+    if _sha256(Path(file)) != sha256:
+        raise PacklabError(f"{file}: changed while tokenizing (its sha256 is not {sha256})")
     try:
         tokenizer = Tokenizer.from_file(file)
     except Exception as exc:  # noqa: BLE001 - the Rust loader's errors are plain Exceptions
@@ -193,10 +198,7 @@ class HFChatTokenizer:
 
     def __init__(self, spec: TokenizerSpec) -> None:
         self.spec = spec
-        tokenizer = load_tokenizer(spec.tokenizer_file)
-        if _sha256(Path(spec.tokenizer_file)) != spec.tokenizer_sha256:
-            raise PacklabError(f"{spec.tokenizer_file}: changed while tokenizing")
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer = load_tokenizer(spec.tokenizer_file, spec.tokenizer_sha256)
         vocab = tokenizer.get_vocab(with_added_tokens=True)
         self.vocab_size = max(vocab.values()) + 1
         added = tokenizer.get_added_tokens_decoder()

@@ -7,9 +7,10 @@ records with the same loop as a one-process run (:func:`~packlab.tokenize.record
 into a part spool in a hidden folder beside the output; the parent appends the parts to the
 output in record order as they arrive (a part, once appended, is deleted), so the spool is the
 same, byte for byte, whatever ran it and however it was cut. Memory: each worker holds its
-tokenizer and one batch; the parent one chunk of a part. A failing job (a malformed line: the
-error names the file and line) cancels the rest; nothing is published and the parts are
-removed, so an existing output is left as it was.
+tokenizer and one batch; the parent one chunk of a part. A bad line (the error names the file
+and line) stops the run once every job before it has finished, so the error is the first bad
+line of the file, as with one worker; the jobs still running are cancelled, nothing is
+published and the parts are removed, so an existing output is left as it was.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.errors import FormatError
+from packlab.errors import FormatError, PacklabError
 from packlab.executors import iter_jobs
 from packlab.files import remove, temporary_sibling
 from packlab.jsonl_index import JsonlIndex, build_jsonl_index, index_path
@@ -57,6 +58,8 @@ def tokenize_in_parts(jsonl: Path, spec: Spec, writer: SpoolWriter, stats: Stats
                 bar.update(result["stats"]["records"])
             while merged in done:  # append in record order, as soon as the next part is in
                 ready = done.pop(merged)
+                if ready["error"] is not None:  # the first bad line in the file, as one worker
+                    raise ready["error"]
                 if ready["part"] is not None:
                     append_spool(writer, Path(ready["part"]))
                     remove(Path(ready["part"]))
@@ -71,7 +74,9 @@ def tokenize_in_parts(jsonl: Path, spec: Spec, writer: SpoolWriter, stats: Stats
 def tokenize_part(jsonl: str, index: str, start: int, stop: int, part: str, spec: Spec,
                   unlocated: str) -> dict[str, Any]:
     """One job: records ``start..stop-1`` into the part spool ``part`` (none when no record
-    gave a sequence); returns ``{"part", "stats"}``."""
+    gave a sequence); returns ``{"part", "stats", "error"}``. An error in use (a bad line) is
+    returned, not raised, so the parent reports the first one in file order, as one worker
+    would, whichever job fails first."""
     encoder = load_encoder(spec)
     stats = Stats()
     writer = SpoolWriter(part, vocab_size=encoder.vocab_size)
@@ -82,10 +87,13 @@ def tokenize_part(jsonl: str, index: str, start: int, stop: int, part: str, spec
             writer.finalize()
         else:
             writer.abort()
+    except PacklabError as exc:
+        writer.abort()
+        return {"part": None, "stats": stats.to_dict(), "error": exc}
     except BaseException:
         writer.abort()
         raise
-    return {"part": part if written else None, "stats": stats.to_dict()}
+    return {"part": part if written else None, "stats": stats.to_dict(), "error": None}
 
 
 def job_bounds(index: JsonlIndex, count: int, workers: int) -> list[tuple[int, int]]:

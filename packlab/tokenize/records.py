@@ -8,7 +8,7 @@ editor), the prefix of every error about it.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -134,3 +134,15 @@ def _flush(writer: SpoolWriter, batch: list[tuple[np.ndarray, np.ndarray]],
     count = len(batch)
     batch.clear()
     return count
+
+
+def masked_segments(decode: Callable[[np.ndarray], str], tokens: np.ndarray,
+                    mask: np.ndarray) -> list[tuple[int, str]]:
+    """``(mask value, text)`` of each run of equal mask values: what a sequence teaches, for
+    a person to read (``decode`` as the tokenizer's; runs split no character here)."""
+    tokens, mask = np.asarray(tokens), np.asarray(mask)
+    if tokens.shape[0] == 0:
+        return []
+    edges = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), mask.shape[0]]
+    return [(int(mask[a]), decode(tokens[a:b])) for a, b in zip(edges[:-1], edges[1:],
+                                                                 strict=True)]
