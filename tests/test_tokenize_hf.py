@@ -331,6 +331,7 @@ BAD_RECORDS = [
     ('{"messages": []}', '"messages" is empty'),
     ('{"messages": [{"content": "x"}]}', 'message 0: "role" must be a string'),
     ('{"messages": [{"role": "user", "content": "x"}], "tools": "lookup"}', '"tools" must be'),
+    ('{"messages": [{"role": "user", "content": "\\ud800"}]}', "not valid Unicode text"),
     ('{"messages": [}', "malformed JSON"),
     ("not json at all", "malformed JSON"),
 ]

@@ -37,6 +37,8 @@ def test_rates_time_the_real_spools_and_project_honestly(tmp_path: Path) -> None
         assert row["cpu_seconds"] > 0 and row["floor_tokens_per_cpu_second"] > 0
     assert rows[0]["speedup"] == 1.0 and rows[1]["efficiency"] == pytest.approx(
         rows[1]["speedup"] / 2)
+    assert rows[0]["cpu_efficiency"] == 1.0 and rows[1]["cpu_efficiency"] == pytest.approx(
+        rows[1]["tokens_per_cpu_second"] / rows[0]["tokens_per_cpu_second"])
     projection = projected_hours(rows, cores=(1, 10))
     hf_two = rows[3]["tokens_per_cpu_second"]
     assert [(p["path"], p["cores"]) for p in projection] == [("bpe", 1), ("bpe", 10), ("hf", 1),

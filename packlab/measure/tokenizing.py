@@ -61,8 +61,10 @@ def tokenize_rates(jsonl: str | os.PathLike[str], out_dir: str | os.PathLike[str
                    repeats: int = 1) -> list[dict[str, Any]]:
     """One row per (path, workers), medians over ``repeats``: wall seconds and tokens/s, CPU
     seconds (this process and its workers) and tokens per CPU second (the rate of one core,
-    whatever else the machine runs), speedup and efficiency over the fewest workers, the
-    floor's tokens per CPU second, and whether the spool's bytes equal the fewest workers'. ``paths`` maps a name to ``tokenize_chat_jsonl`` options
+    whatever else the machine runs), speedup and efficiency over the fewest workers (wall
+    clock), CPU efficiency (tokens per CPU second against the fewest workers': what the
+    parallel run costs in extra CPU), the floor's tokens per CPU second, and whether the
+    spool's bytes equal the fewest workers'. ``paths`` maps a name to ``tokenize_chat_jsonl`` options
     (``{"encoding": ...}`` or ``{"tokenizer": ..., "chat_template": ...}``)."""
     out_dir = Path(out_dir)
     runs: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -86,6 +88,7 @@ def tokenize_rates(jsonl: str | os.PathLike[str], out_dir: str | os.PathLike[str
         records, tokens = counts[name]
         fewest = min(worker_counts)
         base = tokens / float(np.median([w for w, _ in runs[(name, fewest)]]))
+        base_cpu = tokens / float(np.median([c for _, c in runs[(name, fewest)]]))
         floor = float(np.median(floors[name]))
         for workers in worker_counts:
             wall = float(np.median([w for w, _ in runs[(name, workers)]]))
@@ -95,6 +98,7 @@ def tokenize_rates(jsonl: str | os.PathLike[str], out_dir: str | os.PathLike[str
                          "seconds": wall, "tokens_per_second": tokens / wall,
                          "cpu_seconds": cpu, "tokens_per_cpu_second": tokens / cpu,
                          "speedup": speedup, "efficiency": speedup * fewest / workers,
+                         "cpu_efficiency": tokens / cpu / base_cpu,
                          "floor_tokens_per_cpu_second": floor,
                          "share_of_floor": tokens / cpu / floor, "load_average": load,
                          "same_bytes": digests[(name, workers)] == digests[(name, fewest)]})

@@ -164,8 +164,9 @@ def decode(tokens: Iterable[int] | np.ndarray, *, encoding: str = "cl100k_base",
 detokenize = decode
 
 
-def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """The record's messages, checked; errors start with ``where`` (file and line)."""
+def message_objects(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The record's ``messages``: a non-empty list of objects (what every template needs);
+    errors start with ``where`` (file and line)."""
     messages = record.get("messages")
     if not isinstance(messages, list):
         raise PacklabError(f"{where}: expected \"messages\": a list of "
@@ -176,6 +177,14 @@ def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]
         if not isinstance(message, dict):
             raise PacklabError(f"{where}: message {k}: expected an object, "
                                f"got {type(message).__name__}")
+    return messages
+
+
+def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """The record's messages, checked for this template: ``role`` and string ``content``
+    only; errors start with ``where`` (file and line)."""
+    messages = message_objects(record, where)
+    for k, message in enumerate(messages):
         extra = sorted(set(message) - {"role", "content"})
         if extra:
             raise PacklabError(f"{where}: message {k}: unsupported keys {extra} "

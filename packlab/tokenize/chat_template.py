@@ -21,9 +21,10 @@ replaced by a unique marker (``\\ue000packlab{k}\\ue001``, private-use character
 the contents back in place of the markers must give exactly the first rendering, character for
 character (or, for templates that ``| trim`` the content, with the stripped contents). Then
 the spans are exact by construction; otherwise the record is *unlocated* (:class:`Unlocated`)
-and never guessed. A template that inspects the content (``'</think>' in content``), renders it
-twice or changes it, and an assistant message with anything beside ``role`` and ``content``
-(``tool_calls``, ``reasoning_content``: text the mask would miss) are unlocated.
+and never guessed. A template whose output depends on the content beyond copying it (a branch
+on ``'</think>' in content`` that the marker takes the other way), one that renders it twice or
+changes it, and an assistant message with anything beside ``role`` and ``content``
+(``tool_calls``, ``reasoning_content``: text the mask would miss) leave the record unlocated.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.tokenize.bpe import message_objects
 from packlab.tokenize.chat_template import (
     TemplateFailed,
     Unlocated,
@@ -249,7 +250,12 @@ class HFChatTokenizer:
         text, spans, marked = self.render(record, where)
         try:
             encoding = self.tokenizer.encode(text, add_special_tokens=False)
-        except Exception as exc:  # noqa: BLE001 - e.g. lone surrogates, from Rust
+        except Exception as exc:  # noqa: BLE001 - the Rust encoder's errors
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as bad:  # a lone surrogate ("\ud800" in the JSON)
+                raise PacklabError(f"{where}: content is not valid Unicode text "
+                                   f"({bad.reason} at position {bad.start})") from None
             raise PacklabError(f"{where}: cannot encode the rendered chat "
                                f"({' '.join(str(exc).split())[:200]})") from None
         mask, missing_end = span_mask(encoding, spans, len(text), end_of_turn=not marked,
@@ -264,16 +270,8 @@ class HFChatTokenizer:
 def chat_inputs(record: dict[str, Any], where: str) -> tuple[list[dict[str, Any]], Any]:
     """A record's ``messages`` (checked: a non-empty list of objects with a string ``role``) and
     ``tools`` (a list, or None); errors start with ``where``."""
-    messages = record.get("messages")
-    if not isinstance(messages, list):
-        raise PacklabError(f"{where}: expected \"messages\": a list of {{\"role\", \"content\"}} "
-                           "objects")
-    if not messages:
-        raise PacklabError(f"{where}: \"messages\" is empty")
+    messages = message_objects(record, where)
     for k, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise PacklabError(f"{where}: message {k}: expected an object, "
-                               f"got {type(message).__name__}")
         if not isinstance(message.get("role"), str):
             raise PacklabError(f"{where}: message {k}: \"role\" must be a string")
     tools = record.get("tools")

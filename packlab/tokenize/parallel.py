@@ -30,7 +30,7 @@ from packlab.spool import DTYPES, FILES, SpoolReader, SpoolWriter
 from packlab.tokenize.records import Spec, Stats, encode_into, iter_index_records, load_encoder
 
 JOBS_PER_WORKER = 4  # more jobs than workers: a slow job does not leave the others idle
-MAX_JOB_BYTES = 64 << 20
+MAX_JOB_BYTES = 16 << 20  # ~10 s of one core: a failure stops the run soon
 MERGE_TOKENS = 1 << 20
 
 
