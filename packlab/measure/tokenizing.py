@@ -34,6 +34,7 @@ from packlab.files import sha256_file, staged
 from packlab.tokenize import (
     ChatTokenizer,
     HFChatTokenizer,
+    Unlocated,
     encoder_spec,
     iter_file_records,
     load_encoder,
@@ -114,7 +115,10 @@ def encode_floor(jsonl: str | os.PathLike[str], options: Mapping[str, Any]) -> f
         if isinstance(encoder, ChatTokenizer):
             texts.append(encoder.render_text(validate_messages(record, where)))
         elif isinstance(encoder, HFChatTokenizer):
-            texts.append(encoder.render(record, where)[0])
+            try:
+                texts.append(encoder.render(record, where)[0])
+            except Unlocated:  # not tokenized by the pipeline either
+                continue
     if isinstance(encoder, HFChatTokenizer):
         def encode(text: str) -> int:
             return len(encoder.tokenizer.encode(text, add_special_tokens=False))
