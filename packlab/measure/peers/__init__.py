@@ -1,0 +1,103 @@
+"""Peers: the same bins in other systems, read back through one interface, timed side by side.
+
+Notebook 11's back end. One module per system (an adapter: :class:`~.base.Peer`), each writing
+the reference bins with that system's own writer and reading them with its own reader:
+
+- :mod:`~.raw_csr`: raw CSR numpy memmap (all three columns; the floor of the bytes);
+- :mod:`~.arrow_views`: Arrow IPC through numpy views;
+- :mod:`~.megatron_peer`: Megatron-core ``IndexedDataset`` (tokens only);
+- :mod:`~.hf_peer`: Hugging Face ``datasets``, arrow and numpy formats;
+- :mod:`~.litdata_peer`: LitData ``StreamingDataset`` (``batch_decode`` 0 and auto);
+- :mod:`~.mds_peer`: MosaicML streaming, uncompressed and zstd, in its own environment
+  (:mod:`~.mds_env`);
+- :mod:`~.lance_peer`: Lance ``take``;
+- :mod:`~.modalities_peer`: Modalities ``PackedMemMapDatasetBase`` (tokens only);
+- :mod:`~.packlab_peer`: every registered packlab format through ``open_dataset``.
+
+:mod:`~.run` holds the rules (verify, warm, interleaved delivered reads, floors in the same
+loop, bytes on disk); :func:`side_by_side` runs them all; :mod:`~.summary` turns the rows into
+the table and the findings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from packlab.errors import PacklabError
+from packlab.formats import format_names
+from packlab.measure.peers.arrow_views import ArrowViews
+from packlab.measure.peers.base import Peer, Reference
+from packlab.measure.peers.hf_peer import HfArrow, HfNumpy
+from packlab.measure.peers.lance_peer import Lance
+from packlab.measure.peers.litdata_peer import LitDataAuto, LitDataPerItem
+from packlab.measure.peers.mds_env import run_elsewhere
+from packlab.measure.peers.mds_peer import Mds, MdsZstd
+from packlab.measure.peers.megatron_peer import Megatron
+from packlab.measure.peers.modalities_peer import Modalities
+from packlab.measure.peers.packlab_peer import PacklabFormat
+from packlab.measure.peers.raw_csr import RawCsr
+from packlab.measure.peers.run import compare, seeded_indices
+
+_PEERS: dict[str, type[Peer]] = {cls.NAME: cls for cls in (
+    RawCsr, ArrowViews, Megatron, HfArrow, HfNumpy, LitDataPerItem, LitDataAuto, Mds, MdsZstd,
+    Lance, Modalities)}
+FLOOR_FORMAT = "memmap_v1"
+
+
+def peer_names() -> list[str]:
+    """Every system: the peers, then ``packlab_<format>`` for every registered format."""
+    return list(_PEERS) + [f"packlab_{name}" for name in format_names()]
+
+
+def get_peer(name: str) -> Peer:
+    if name in _PEERS:
+        return _PEERS[name]()
+    if name.startswith("packlab_") and name[len("packlab_"):] in format_names():
+        return PacklabFormat(name[len("packlab_"):])
+    raise PacklabError(f"unknown peer {name!r}; choose from {', '.join(peer_names())}")
+
+
+def side_by_side(
+    reference: Reference,
+    out_dir: str | os.PathLike[str],
+    *,
+    names: Sequence[str] | None = None,
+    samples: int = 2000,
+    seed: int = 0,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Every system in ``names`` (default: all) on the same bins, under the same rules
+    (:mod:`packlab.measure.peers.run`); peers of another environment in a subprocess of it
+    with raw CSR and the floors beside them. Returns ``rows`` (one per system and floor,
+    ``environment`` saying where it ran), ``skipped`` (with reasons), ``samples``, ``seed``,
+    ``num_bins``, ``num_tokens``."""
+    root = Path(out_dir)
+    peers = [get_peer(n) for n in (names if names is not None else peer_names())]
+    indices = seeded_indices(len(reference), samples, seed)
+    reference_dir = root / "reference_csr"
+    RawCsr().write(reference, reference_dir)
+    floor_dir = root / "floor"
+    floor = PacklabFormat(FLOOR_FORMAT)
+    floor.write(reference, floor_dir)
+    here = [p for p in peers if not p.ENVIRONMENT]
+    result = compare(reference, root / "venv", here, floor_shard=floor.shard(floor_dir),
+                     indices=indices, log=log)
+    for environment in dict.fromkeys(p.ENVIRONMENT for p in peers if p.ENVIRONMENT):
+        names_there = [p.NAME for p in peers if p.ENVIRONMENT == environment]
+        there = run_elsewhere(environment, [*names_there, RawCsr.NAME],
+                              reference_dir=reference_dir, floor_shard=floor.shard(floor_dir),
+                              out_dir=root / environment, indices=indices)
+        for skip in there["skipped"]:
+            log(f"[peers] skipped {skip['system']}: {skip['reason']}")
+        for row in there["rows"]:  # raw CSR ran there as a floor of that process
+            if row["name"] not in names_there:
+                row["kind"] = "floor"
+        result["rows"] += there["rows"]
+        result["skipped"] += [s for s in there["skipped"] if s["name"] != RawCsr.NAME]
+        result.setdefault("environments", {})[environment] = there.get("versions", {})
+    result.update(seed=seed, num_bins=len(reference), num_tokens=reference.num_tokens,
+                  pack_size=reference.pack_size)
+    return result

@@ -1,0 +1,196 @@
+"""The side-by-side run: every system prepared, verified, warmed, then timed interleaved.
+
+One :func:`compare` call, the same rules for every system:
+
+1. **Written** from the same :class:`~packlab.measure.peers.base.Reference` bins into the
+   system (its own writer), **opened** with its own reader and **verified**: every bin read
+   back equals the reference in every column the system stores (values, whatever the dtype).
+   A system that cannot be installed or run here is skipped, the reason kept.
+2. A **warm pass**: every bin read in order and delivered, then the timed reads.
+3. **One seeded index list**; for each index every system reads that bin in turn (the order
+   rotated per index, so none always follows another), each read timed alone with
+   ``perf_counter_ns`` and *delivered*: every array it returned copied into preallocated
+   buffers inside the timer (:class:`packlab.measure.delivery.Sink`).
+4. **Floors in the same loop**: a memcpy of the bytes of the bin's three columns (through
+   the same delivery), and the **in-RAM Python floor**: packlab's access path
+   (``open_dataset(shard)[i]``) over the same bins held in RAM
+   (:func:`packlab.measure.floors.python_floor`). ``raw_csr`` is the floor of the bytes.
+5. **Bytes on disk**: every file of the system's data, as written and again after the reads
+   (a system that decompresses or caches on read, as MDS does, grows), over the tokens.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.errors import PacklabError
+from packlab.measure.delivery import Sink, percentiles
+from packlab.measure.floors import python_floor
+from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, bytes_of
+
+FLOORS = ("memcpy", "python_floor")
+FLOOR_LABELS = {"memcpy": "memcpy of the same bytes", "python_floor": "in-RAM Python floor"}
+
+
+@dataclass
+class Prepared:
+    """A system written, opened and verified."""
+
+    peer: Peer
+    directory: Path
+    opened: Opened
+    bytes_written: int
+    write_seconds: float
+
+
+def seeded_indices(num_bins: int, samples: int, seed: int) -> np.ndarray:
+    """The one index list every system reads (uniform over the bins, seeded)."""
+    if num_bins <= 0 or samples <= 0:
+        raise PacklabError(f"need bins and samples, got {num_bins} bins, {samples} samples")
+    return np.random.default_rng(seed).integers(0, num_bins, size=samples)
+
+
+def verify(peer: Peer, opened: Opened, reference: Reference) -> int:
+    """Every bin read back equals the reference in the columns the system stores; returns
+    the bins checked. One clear error naming the system, bin and column otherwise."""
+    wanted = [COLUMNS.index(c) for c in peer.COLUMNS]
+    for i in range(len(reference)):
+        got = peer.as_reference(list(opened.read(i)))
+        expected = reference.bin(i)
+        if len(got) != len(wanted):
+            raise PacklabError(f"{peer.LABEL}: bin {i} came back with {len(got)} columns, "
+                               f"expected {len(wanted)} ({', '.join(peer.COLUMNS)})")
+        for array, k in zip(got, wanted, strict=True):
+            if not np.array_equal(np.asarray(array), expected[k]):
+                raise PacklabError(f"{peer.LABEL}: bin {i} column {COLUMNS[k]} differs from "
+                                   "the reference")
+    return len(reference)
+
+
+def prepare(peer: Peer, reference: Reference, directory: Path) -> Prepared:
+    """Write the reference into the system (a fresh directory), open it, verify every bin."""
+    if directory.exists():
+        shutil.rmtree(directory)
+    began = time.perf_counter()
+    peer.write(reference, directory)
+    seconds = time.perf_counter() - began
+    written = bytes_of(peer.files(directory))
+    opened = peer.open(directory)
+    try:
+        verify(peer, opened, reference)
+    except BaseException:
+        opened.close()
+        raise
+    return Prepared(peer, directory, opened, written, seconds)
+
+
+def dtypes_of(got: Sequence[Any]) -> str:
+    return "/".join(str(np.asarray(a).dtype) for a in got)
+
+
+def memcpy_read(reference: Reference) -> Any:
+    """A 'read' that returns bin ``i``'s bytes (all three columns) from one preallocated
+    array: delivering it is one memcpy of as many bytes as the bin holds."""
+    c = reference.columns
+    per_bin = (np.diff(c.token_offsets) * (c.input_ids.itemsize + c.loss_mask.itemsize)
+               + np.diff(c.seq_offsets) * c.seq_start_id.itemsize)
+    source = np.ones(int(per_bin.max()), dtype=np.uint8)
+    sizes = per_bin.tolist()
+    return lambda i: (source[:sizes[i]],)
+
+
+def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int
+               ) -> dict[str, np.ndarray]:
+    """Warm pass (every bin of every system, in order, delivered), then each index read by
+    every system in turn, the order rotated per index; nanoseconds per read."""
+    names = list(reads)
+    for name in names:
+        for i in range(num_bins):
+            sink.take(reads[name](i))
+    ns = {name: np.zeros(indices.shape[0], dtype=np.int64) for name in names}
+    for k, i in enumerate(indices.tolist()):
+        shift = k % len(names)
+        for name in names[shift:] + names[:shift]:
+            ns[name][k] = sink.timed(reads[name], i)[0]
+    return ns
+
+
+def compare(
+    reference: Reference,
+    out_dir: str | os.PathLike[str],
+    peers: Sequence[Peer],
+    *,
+    floor_shard: str | os.PathLike[str],
+    indices: np.ndarray,
+    environment: str = "",
+    log: Any = print,
+) -> dict[str, Any]:
+    """Prepare, verify and time ``peers`` (all of this environment) beside the floors.
+
+    ``floor_shard``: a packlab shard of the same bins whose in-RAM copy is the Python floor.
+    Returns ``{"rows": [...], "skipped": [...]}``: a row per system and floor with p50/p90/p99
+    and mean (µs), ``x_floor`` (p50 over the in-RAM Python floor's), ``x_raw_csr`` and
+    ``x_memcpy`` where measured, bytes on disk and per token.
+    """
+    root = Path(out_dir)
+    prepared: list[Prepared] = []
+    skipped: list[dict[str, str]] = []
+    for peer in peers:
+        reason = peer.unavailable()
+        if reason is None:
+            try:
+                prepared.append(prepare(peer, reference, root / peer.NAME))
+                continue
+            except Exception as exc:  # a system that cannot run here: skipped, said why
+                reason = f"{type(exc).__name__}: {exc}"
+        skipped.append({"system": peer.LABEL, "name": peer.NAME, "reason": reason})
+        log(f"[peers] skipped {peer.LABEL}: {reason}")
+    floor = python_floor(floor_shard)
+    if len(floor) != len(reference):
+        raise PacklabError(f"{floor_shard}: {len(floor)} bins, the reference {len(reference)}")
+    floor_get = floor.__getitem__
+    reads: dict[str, Any] = {p.peer.NAME: p.opened.read for p in prepared}
+    reads["memcpy"] = memcpy_read(reference)
+    reads["python_floor"] = lambda i: floor_get(i).values()
+    sink = Sink(4 * reference.pack_size)
+    try:
+        ns = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference))
+        rows = [_row(p, ns[p.peer.NAME], reference, environment) for p in prepared]
+    finally:
+        for p in prepared:
+            p.opened.close()
+    rows += [{"system": FLOOR_LABELS[name], "name": name, "kind": "floor",
+              "columns": "all three", "environment": environment or "venv",
+              **percentiles(ns[name])} for name in FLOORS]
+    _ratios(rows)
+    return {"rows": rows, "skipped": skipped, "samples": int(len(indices))}
+
+
+def _row(p: Prepared, ns: np.ndarray, reference: Reference, environment: str) -> dict[str, Any]:
+    after = bytes_of(p.peer.files(p.directory))
+    tokens = reference.num_tokens
+    return {"system": p.peer.LABEL, "name": p.peer.NAME, "kind": p.peer.KIND,
+            "columns": "all three" if p.peer.COLUMNS == COLUMNS else "tokens only",
+            "dtypes": dtypes_of(list(p.opened.read(0))), "environment": environment or "venv",
+            "verified_bins": len(reference), "bytes_written": p.bytes_written,
+            "bytes_on_disk": after, "bytes_per_token": after / tokens,
+            "bytes_per_token_written": p.bytes_written / tokens,
+            "write_seconds": p.write_seconds, "note": p.peer.NOTE, **percentiles(ns)}
+
+
+def _ratios(rows: list[dict[str, Any]]) -> None:
+    """``x_floor``, ``x_raw_csr``, ``x_memcpy``: p50 over that floor's p50, same process."""
+    base = {r["name"]: r["p50_us"] for r in rows}
+    for r in rows:
+        for key, name in (("x_floor", "python_floor"), ("x_raw_csr", "raw_csr"),
+                          ("x_memcpy", "memcpy")):
+            if base.get(name):
+                r[key] = r["p50_us"] / base[name]
