@@ -209,3 +209,22 @@ def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> Non
         for box in boxes:
             assert not (box.x0 < x - MARKER_PX < box.x1 and box.y0 < y < box.y1)
     plt.close(fig)
+
+
+def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
+    from packlab.measure.delivery import Sink
+    from packlab.measure.peers.run import timed_loop
+
+    seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+
+    def reader(name: str):
+        def read(i: int) -> tuple[np.ndarray]:
+            seen[name].append(i)
+            return (np.full(3, i, dtype=np.int32),)
+        return read
+
+    indices = seeded_indices(7, 23, 1)
+    ns = timed_loop({n: reader(n) for n in seen}, indices, Sink(8), num_bins=7, rounds=4)
+    for name, calls in seen.items():
+        assert calls == list(range(7)) + indices.tolist()
+        assert ns[name].shape == (23,) and (ns[name] > 0).all()

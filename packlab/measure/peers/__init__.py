@@ -15,7 +15,8 @@ the reference bins with that system's own writer and reading them with its own r
 - :mod:`~.packlab_peer`: every registered packlab format through ``open_dataset``.
 
 :mod:`~.run` holds the rules (verify, warm, interleaved delivered reads, floors in the same
-loop, bytes on disk); :func:`side_by_side` runs them all; :mod:`~.summary` turns the rows into
+loop, bytes on disk); :mod:`~.registry` names every system; :func:`side_by_side` runs them
+all; :mod:`~.summary` turns the rows into
 the table and the findings.
 """
 
@@ -26,38 +27,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packlab.errors import PacklabError
-from packlab.formats import format_names
-from packlab.measure.peers.arrow_views import ArrowViews
-from packlab.measure.peers.base import Peer, Reference
-from packlab.measure.peers.hf_peer import HfArrow, HfNumpy
-from packlab.measure.peers.lance_peer import Lance
-from packlab.measure.peers.litdata_peer import LitDataAuto, LitDataPerItem
+from packlab.measure.peers.base import Reference
 from packlab.measure.peers.mds_env import run_elsewhere
-from packlab.measure.peers.mds_peer import Mds, MdsZstd
-from packlab.measure.peers.megatron_peer import Megatron
-from packlab.measure.peers.modalities_peer import Modalities
 from packlab.measure.peers.packlab_peer import PacklabFormat
 from packlab.measure.peers.raw_csr import RawCsr
+from packlab.measure.peers.registry import get_peer, peer_names
 from packlab.measure.peers.run import compare, seeded_indices
 
-_PEERS: dict[str, type[Peer]] = {cls.NAME: cls for cls in (
-    RawCsr, ArrowViews, Megatron, HfArrow, HfNumpy, LitDataPerItem, LitDataAuto, Mds, MdsZstd,
-    Lance, Modalities)}
+__all__ = ["get_peer", "peer_names", "side_by_side"]
 FLOOR_FORMAT = "memmap_v1"
-
-
-def peer_names() -> list[str]:
-    """Every system: the peers, then ``packlab_<format>`` for every registered format."""
-    return list(_PEERS) + [f"packlab_{name}" for name in format_names()]
-
-
-def get_peer(name: str) -> Peer:
-    if name in _PEERS:
-        return _PEERS[name]()
-    if name.startswith("packlab_") and name[len("packlab_"):] in format_names():
-        return PacklabFormat(name[len("packlab_"):])
-    raise PacklabError(f"unknown peer {name!r}; choose from {', '.join(peer_names())}")
 
 
 def side_by_side(

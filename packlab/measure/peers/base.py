@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +83,6 @@ class Opened:
     read: Callable[[int], Iterable[Any]]
     close: Callable[[], None] = lambda: None
     keep: Any = None
-    dtypes: dict[str, str] = field(default_factory=dict)
 
 
 class Peer:

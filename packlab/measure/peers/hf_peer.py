@@ -20,7 +20,13 @@ class _HfDatasets(Peer):
     def write(self, reference: Reference, directory: Path) -> None:
         import datasets
 
-        datasets.Dataset(arrow_table(reference)).save_to_disk(str(directory))
+        quiet = datasets.are_progress_bars_disabled()
+        datasets.disable_progress_bars()  # no "Saving the dataset" bar in the notebook
+        try:
+            datasets.Dataset(arrow_table(reference)).save_to_disk(str(directory))
+        finally:
+            if not quiet:
+                datasets.enable_progress_bars()
 
     def open(self, directory: Path) -> Opened:
         import datasets

@@ -6,9 +6,20 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Any
 
 from packlab.measure.peers.base import Opened, Peer, Reference, arrow_table, table_row
+
+
+def _lance() -> Any:
+    # Lance logs "No existing dataset ... will be created" as a warning on every first write;
+    # errors only, unless the caller chose a level
+    os.environ.setdefault("LANCE_LOG", "error")
+    import lance
+
+    return lance
 
 
 class Lance(Peer):
@@ -17,13 +28,9 @@ class Lance(Peer):
     REQUIRES = ("lance",)
 
     def write(self, reference: Reference, directory: Path) -> None:
-        import lance
-
-        lance.write_dataset(arrow_table(reference), str(directory), mode="overwrite")
+        _lance().write_dataset(arrow_table(reference), str(directory), mode="overwrite")
 
     def open(self, directory: Path) -> Opened:
-        import lance
-
-        dataset = lance.dataset(str(directory))
+        dataset = _lance().dataset(str(directory))
         take = dataset.take
         return Opened(lambda i: table_row(take([i])), keep=dataset)

@@ -88,8 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     """The child: ``python -m packlab.measure.peers.mds_env SPEC OUT``."""
     import numpy as np
 
-    from packlab.measure.peers import get_peer
     from packlab.measure.peers.raw_csr import load_reference
+    from packlab.measure.peers.registry import get_peer
     from packlab.measure.peers.run import compare
 
     spec_path, out_path = (argv if argv is not None else sys.argv[1:])

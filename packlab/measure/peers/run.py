@@ -7,10 +7,11 @@ One :func:`compare` call, the same rules for every system:
    back equals the reference in every column the system stores (values, whatever the dtype).
    A system that cannot be installed or run here is skipped, the reason kept.
 2. A **warm pass**: every bin read in order and delivered, then the timed reads.
-3. **One seeded index list**; for each index every system reads that bin in turn (the order
-   rotated per index, so none always follows another), each read timed alone with
-   ``perf_counter_ns`` and *delivered*: every array it returned copied into preallocated
-   buffers inside the timer (:class:`packlab.measure.delivery.Sink`).
+3. **One seeded index list**, read in rounds: each round every system reads the round's
+   slice of the list, one system after another, the order rotated per round
+   (:func:`timed_loop`); each read timed alone with ``perf_counter_ns`` and *delivered*:
+   every array it returned copied into preallocated buffers inside the timer
+   (:class:`packlab.measure.delivery.Sink`).
 4. **Floors in the same loop**: a memcpy of the bytes of the bin's three columns (through
    the same delivery), and the **in-RAM Python floor**: packlab's access path
    (``open_dataset(shard)[i]``) over the same bins held in RAM
@@ -37,6 +38,7 @@ from packlab.measure.floors import python_floor
 from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, bytes_of
 
 FLOORS = ("memcpy", "python_floor")
+ROUNDS = 10
 FLOOR_LABELS = {"memcpy": "memcpy of the same bytes", "python_floor": "in-RAM Python floor"}
 
 
@@ -107,19 +109,29 @@ def memcpy_read(reference: Reference) -> Any:
     return lambda i: (source[:sizes[i]],)
 
 
-def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int
-               ) -> dict[str, np.ndarray]:
-    """Warm pass (every bin of every system, in order, delivered), then each index read by
-    every system in turn, the order rotated per index; nanoseconds per read."""
+def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int,
+               rounds: int = ROUNDS) -> dict[str, np.ndarray]:
+    """Warm pass (every bin of every system, in order, delivered), then the index list in
+    ``rounds`` slices: in each round every system reads the round's slice, one system after
+    another, the order rotated per round. Nanoseconds per read, in index-list order.
+
+    Rounds rather than one index at a time across all systems: a system's reads run back to
+    back (as in a training loop; a slow neighbour such as Lance's ``take`` would otherwise
+    leave every next read a cold CPU cache), while the machine's slow moments still fall on
+    every system alike."""
     names = list(reads)
     for name in names:
         for i in range(num_bins):
             sink.take(reads[name](i))
     ns = {name: np.zeros(indices.shape[0], dtype=np.int64) for name in names}
-    for k, i in enumerate(indices.tolist()):
-        shift = k % len(names)
+    order = indices.tolist()
+    bounds = np.linspace(0, len(order), max(1, min(rounds, len(order))) + 1).astype(int)
+    for r, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
+        shift = r % len(names)
         for name in names[shift:] + names[:shift]:
-            ns[name][k] = sink.timed(reads[name], i)[0]
+            read, out = reads[name], ns[name]
+            for k in range(lo, hi):
+                out[k] = sink.timed(read, order[k])[0]
     return ns
 
 
