@@ -144,7 +144,8 @@ def test_side_by_side_follows_its_rules(reference: Reference, tmp_path: Path) ->
         assert row["kind"] == "peer" and row["verified_bins"] == len(reference)
     assert {"raw_csr", "memcpy", "python_floor"} <= {
         n for (n, env), r in rows.items() if env == ".venv-mds" and r["kind"] == "floor"}
-    assert result["environments"]["mds"]["numpy"] < "2.2"
+    assert result["environments"]["mds"]["numpy"] < "2.2"  # its own interpreter, via the harness
+    assert result["environments"]["mds"]["peak_rss_growth_bytes"] > 0
     zstd = rows[("mds_zstd", ".venv-mds")]
     assert zstd["bytes_on_disk"] > zstd["bytes_written"]  # decompressed beside the zstd shard
     # the same seeded index list everywhere
@@ -228,3 +229,10 @@ def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
     for name, calls in seen.items():
         assert calls == list(range(7)) + indices.tolist()
         assert ns[name].shape == (23,) and (ns[name] > 0).all()
+
+
+def test_the_harness_runs_another_interpreter_only_in_a_subprocess() -> None:
+    from packlab.measure.harness import run_job
+
+    with pytest.raises(PacklabError, match="python= needs isolation='subprocess'"):
+        run_job("packlab.measure.jobs:allocate", 1, python="/usr/bin/python3")

@@ -75,7 +75,8 @@ def side_by_side(
                 row["kind"] = "floor"
         result["rows"] += there["rows"]
         result["skipped"] += [s for s in there["skipped"] if s["name"] != RawCsr.NAME]
-        result.setdefault("environments", {})[environment] = there.get("versions", {})
+        result.setdefault("environments", {})[environment] = {
+            **there.get("versions", {}), "peak_rss_growth_bytes": there.get("peak_rss_growth_bytes")}
     result.update(seed=seed, num_bins=len(reference), num_tokens=reference.num_tokens,
                   pack_size=reference.pack_size)
     return result

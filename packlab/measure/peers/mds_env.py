@@ -2,31 +2,29 @@
 
 MosaicML streaming needs numpy < 2.2; ``make mds-env`` (run by ``make run`` / ``make test``)
 builds ``.venv-mds`` beside ``.venv`` with packlab's dependencies and streaming's. The parent
-writes the reference bins as raw CSR (:mod:`packlab.measure.peers.raw_csr`) and hands the
-child a JSON spec: the reference directory, the packlab shard of the in-RAM Python floor and
-the one index list. The child (``python -m packlab.measure.peers.mds_env SPEC OUT``, packlab
-from this checkout on ``PYTHONPATH``) runs the same :func:`packlab.measure.peers.run.compare`
-on its peers, with raw CSR and the floors beside them in its own loop, and writes the rows
-as JSON. No environment: the peers are skipped with the reason.
+writes the reference bins as raw CSR (:mod:`packlab.measure.peers.raw_csr`) and runs
+:func:`measure_there` in that environment's interpreter through the measurement harness
+(``run_job(..., isolation="subprocess", python=...)``: a fresh process, packlab from this
+checkout on its ``PYTHONPATH``), handing it the reference directory, the packlab shard of the
+in-RAM Python floor and the one index list; it runs the same
+:func:`packlab.measure.peers.run.compare` on its peers, raw CSR and the floors beside them in
+its own loop. No environment, or a child that fails: the peers are skipped with the reason.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from packlab.errors import PacklabError
+from packlab.measure.harness import run_job
 from packlab.results import _root
 
 ENVIRONMENTS = {"mds": ".venv-mds"}
 PYTHON_VARIABLE = {"mds": "PACKLAB_MDS_PYTHON"}
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def environment_python(environment: str) -> Path | None:
@@ -51,57 +49,42 @@ def run_elsewhere(
     indices: Sequence[int],
     timeout: float = 3600.0,
 ) -> dict[str, Any]:
-    """Run ``compare`` on the peers ``names`` in ``environment``'s interpreter; its result
-    (rows marked with the environment), or every peer skipped with the reason."""
+    """Run ``compare`` on the peers ``names`` in ``environment``'s interpreter, a fresh process
+    of the measurement harness (:func:`packlab.measure.harness.run_job`); its result (rows
+    marked with the environment; ``peak_rss_growth_bytes``: that process's peak RSS over its
+    post-import baseline), or every peer skipped
+    with the reason."""
     python = environment_python(environment)
     if python is None:
-        reason = (f"no {ENVIRONMENTS[environment]} environment here (`make mds-env` builds it; "
-                  f"or set {PYTHON_VARIABLE[environment]})")
-        return {"rows": [], "skipped": [{"name": n, "system": n, "reason": reason}
-                                        for n in names]}
-    spec = {"names": list(names), "reference_dir": str(reference_dir),
-            "floor_shard": str(floor_shard), "out_dir": str(out_dir),
-            "indices": [int(i) for i in indices], "environment": ENVIRONMENTS[environment]}
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory(prefix="packlab-peers-") as tmp:
-        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(spec))
-        try:
-            proc = subprocess.run([str(python), "-m", "packlab.measure.peers.mds_env",
-                                   str(spec_path), str(out_path)], stdin=subprocess.DEVNULL,
-                                  capture_output=True, text=True, env=env, timeout=timeout,
-                                  check=False)
-        except subprocess.TimeoutExpired:
-            raise PacklabError(f"{python}: no result within {timeout:.0f} s") from None
-        if proc.returncode != 0 or not out_path.is_file():
-            tail = " | ".join(proc.stderr.strip().splitlines()[-3:]) or "no message"
-            reason = f"{python} failed (exit {proc.returncode}): {tail}"
-            return {"rows": [], "skipped": [{"name": n, "system": n, "reason": reason}
-                                            for n in names]}
-        result = json.loads(out_path.read_text())
-    result["log"] = proc.stdout
+        return _skipped(names, f"no {ENVIRONMENTS[environment]} environment here (`make mds-env` "
+                               f"builds it; or set {PYTHON_VARIABLE[environment]})")
+    try:
+        payload = run_job(measure_there, list(names), str(reference_dir), str(floor_shard),
+                          str(out_dir), [int(i) for i in indices], ENVIRONMENTS[environment],
+                          isolation="subprocess", python=python, timeout=timeout)
+    except PacklabError as exc:
+        return _skipped(names, f"{python}: {exc}")
+    result = payload["result"]
+    result["peak_rss_growth_bytes"] = payload["phases"]["job"]["peak_rss_growth_bytes"]
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The child: ``python -m packlab.measure.peers.mds_env SPEC OUT``."""
+def _skipped(names: Sequence[str], reason: str) -> dict[str, Any]:
+    return {"rows": [], "skipped": [{"name": n, "system": n, "reason": reason} for n in names]}
+
+
+def measure_there(names: list[str], reference_dir: str, floor_shard: str, out_dir: str,
+                  indices: list[int], environment: str) -> dict[str, Any]:
+    """The job the other environment runs: :func:`packlab.measure.peers.run.compare` on its
+    peers, the reference read back from raw CSR."""
     import numpy as np
 
     from packlab.measure.peers.raw_csr import load_reference
     from packlab.measure.peers.registry import get_peer
     from packlab.measure.peers.run import compare
 
-    spec_path, out_path = (argv if argv is not None else sys.argv[1:])
-    spec = json.loads(Path(spec_path).read_text())
-    reference = load_reference(spec["reference_dir"])
-    result = compare(reference, spec["out_dir"], [get_peer(n) for n in spec["names"]],
-                     floor_shard=spec["floor_shard"], indices=np.asarray(spec["indices"]),
-                     environment=spec["environment"])
+    result = compare(load_reference(reference_dir), out_dir, [get_peer(n) for n in names],
+                     floor_shard=floor_shard, indices=np.asarray(indices),
+                     environment=environment, log=lambda line: None)
     result["versions"] = {"python": sys.version.split()[0], "numpy": np.__version__}
-    Path(out_path).write_text(json.dumps(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return result
