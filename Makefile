@@ -23,7 +23,7 @@ install: $(STAMP) $(MDS_STAMP)
 mds-env: $(MDS_STAMP)
 
 # [tool.packlab] no_deps are installed without their declared dependencies (they would replace
-# the CPU torch) and without the Python check (megatron-bridge declares >= 3.12; the packed-data
+# the CPU torch, or downgrade protobuf) and without the Python check (megatron-bridge declares >= 3.12; the packed-data
 # modules the tests run work on 3.11).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -10,7 +10,7 @@ the reference bins with that system's own writer and reading them with its own r
 - :mod:`~.litdata_peer`: LitData ``StreamingDataset`` (``batch_decode`` 0 and auto);
 - :mod:`~.mds_peer`: MosaicML streaming, uncompressed and zstd, in its own environment
   (:mod:`~.mds_env`);
-- :mod:`~.lance_peer`: Lance ``take``;
+- :mod:`~.lance_peer`: Lance ``take``; :mod:`~.vortex_peer`: Vortex, a scan of one index;
 - :mod:`~.modalities_peer`: Modalities ``PackedMemMapDatasetBase`` (tokens only);
 - :mod:`~.packlab_peer`: every registered packlab format through ``open_dataset``.
 

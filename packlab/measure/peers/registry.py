@@ -14,10 +14,11 @@ from packlab.measure.peers.megatron_peer import Megatron
 from packlab.measure.peers.modalities_peer import Modalities
 from packlab.measure.peers.packlab_peer import PacklabFormat
 from packlab.measure.peers.raw_csr import RawCsr
+from packlab.measure.peers.vortex_peer import Vortex
 
 _PEERS: dict[str, type[Peer]] = {cls.NAME: cls for cls in (
     RawCsr, ArrowViews, Megatron, HfArrow, HfNumpy, LitDataPerItem, LitDataAuto, Mds, MdsZstd,
-    Lance, Modalities)}
+    Lance, Vortex, Modalities)}
 
 
 def peer_names() -> list[str]:
