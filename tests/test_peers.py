@@ -233,10 +233,37 @@ def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
         return read
 
     indices = seeded_indices(7, 23, 1)
-    ns = timed_loop({n: reader(n) for n in seen}, indices, Sink(8), num_bins=7, rounds=4)
+    ns, warmed = timed_loop({n: reader(n) for n in seen}, indices, Sink(8), num_bins=7,
+                            rounds=4)
     for name, calls in seen.items():
         assert calls == list(range(7)) + indices.tolist()
-        assert ns[name].shape == (23,) and (ns[name] > 0).all()
+        assert ns[name].shape == (23,) and (ns[name] > 0).all() and warmed[name] == 7
+
+
+def test_a_slow_system_reads_a_prefix_of_the_list_within_its_budget() -> None:
+    import time
+
+    from packlab.measure.delivery import MIN_SAMPLES, Sink
+    from packlab.measure.peers.run import timed_loop
+
+    seen: dict[str, list[int]] = {"slow": [], "fast": []}
+
+    def slow(i: int) -> tuple[np.ndarray]:
+        seen["slow"].append(i)
+        time.sleep(0.002)
+        return (np.zeros(2, dtype=np.int32),)
+
+    def fast(i: int) -> tuple[np.ndarray]:
+        seen["fast"].append(i)
+        return (np.zeros(2, dtype=np.int32),)
+
+    indices = seeded_indices(300, 60, 2)
+    ns, warmed = timed_loop({"slow": slow, "fast": fast}, indices, Sink(8), num_bins=300,
+                            rounds=3, max_seconds=0.001)
+    assert MIN_SAMPLES <= warmed["slow"] < 300 and warmed["fast"] >= MIN_SAMPLES
+    taken = ns["slow"].shape[0]
+    assert taken == MIN_SAMPLES  # past its budget from the first read: the minimum, no more
+    assert seen["slow"] == list(range(warmed["slow"])) + indices[:taken].tolist()
 
 
 def test_the_harness_runs_another_interpreter_only_in_a_subprocess() -> None:

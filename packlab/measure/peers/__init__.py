@@ -45,11 +45,13 @@ def side_by_side(
     names: Sequence[str] | None = None,
     samples: int = 2000,
     seed: int = 0,
+    max_seconds: float | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Every system in ``names`` (default: all) on the same bins, under the same rules
     (:mod:`packlab.measure.peers.run`); peers of another environment in a subprocess of it
-    with raw CSR and the floors beside them. Returns ``rows`` (one per system and floor,
+    with raw CSR and the floors beside them. ``max_seconds``: each system's budget for each of
+    verification, warm pass and timed reads (:func:`packlab.measure.peers.run.compare`). Returns ``rows`` (one per system and floor,
     ``environment`` saying where it ran), ``skipped`` (with reasons), ``samples``, ``seed``,
     ``num_bins``, ``num_tokens``."""
     root = Path(out_dir)
@@ -62,12 +64,13 @@ def side_by_side(
     floor.write(reference, floor_dir)
     here = [p for p in peers if not p.ENVIRONMENT]
     result = compare(reference, root / "venv", here, floor_shard=floor.shard(floor_dir),
-                     indices=indices, log=log)
+                     indices=indices, max_seconds=max_seconds, log=log)
     for environment in dict.fromkeys(p.ENVIRONMENT for p in peers if p.ENVIRONMENT):
         names_there = [p.NAME for p in peers if p.ENVIRONMENT == environment]
         there = run_elsewhere(environment, [*names_there, RawCsr.NAME],
                               reference_dir=reference_dir, floor_shard=floor.shard(floor_dir),
-                              out_dir=root / environment, indices=indices)
+                              out_dir=root / environment, indices=indices,
+                              max_seconds=max_seconds)
         for skip in there["skipped"]:
             log(f"[peers] skipped {skip['system']}: {skip['reason']}")
         for row in there["rows"]:  # raw CSR ran there as a floor of that process

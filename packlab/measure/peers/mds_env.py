@@ -47,6 +47,7 @@ def run_elsewhere(
     floor_shard: Path,
     out_dir: Path,
     indices: Sequence[int],
+    max_seconds: float | None = None,
     timeout: float = 3600.0,
 ) -> dict[str, Any]:
     """Run ``compare`` on the peers ``names`` in ``environment``'s interpreter, a fresh process
@@ -61,7 +62,7 @@ def run_elsewhere(
     try:
         payload = run_job(measure_there, list(names), str(reference_dir), str(floor_shard),
                           str(out_dir), [int(i) for i in indices], ENVIRONMENTS[environment],
-                          isolation="subprocess", python=python, timeout=timeout)
+                          max_seconds, isolation="subprocess", python=python, timeout=timeout)
     except PacklabError as exc:
         return _skipped(names, f"{python}: {exc}")
     result = payload["result"]
@@ -74,7 +75,8 @@ def _skipped(names: Sequence[str], reason: str) -> dict[str, Any]:
 
 
 def measure_there(names: list[str], reference_dir: str, floor_shard: str, out_dir: str,
-                  indices: list[int], environment: str) -> dict[str, Any]:
+                  indices: list[int], environment: str, max_seconds: float | None = None
+                  ) -> dict[str, Any]:
     """The job the other environment runs: :func:`packlab.measure.peers.run.compare` on its
     peers, the reference read back from raw CSR."""
     import numpy as np
@@ -85,6 +87,6 @@ def measure_there(names: list[str], reference_dir: str, floor_shard: str, out_di
 
     result = compare(load_reference(reference_dir), out_dir, [get_peer(n) for n in names],
                      floor_shard=floor_shard, indices=np.asarray(indices),
-                     environment=environment, log=lambda line: None)
+                     environment=environment, max_seconds=max_seconds, log=lambda line: None)
     result["versions"] = {"python": sys.version.split()[0], "numpy": np.__version__}
     return result

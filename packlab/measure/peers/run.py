@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.measure.delivery import Sink, percentiles
+from packlab.measure.delivery import MIN_SAMPLES, Budget, Sink, percentiles
 from packlab.measure.floors import python_floor
 from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, bytes_of
 
@@ -51,6 +51,7 @@ class Prepared:
     opened: Opened
     bytes_written: int
     write_seconds: float
+    verified_bins: int
 
 
 def seeded_indices(num_bins: int, samples: int, seed: int) -> np.ndarray:
@@ -60,11 +61,16 @@ def seeded_indices(num_bins: int, samples: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, num_bins, size=samples)
 
 
-def verify(peer: Peer, opened: Opened, reference: Reference) -> int:
-    """Every bin read back equals the reference in the columns the system stores; returns
-    the bins checked. One clear error naming the system, bin and column otherwise."""
+def verify(peer: Peer, opened: Opened, reference: Reference,
+           max_seconds: float | None = None) -> int:
+    """Every bin read back equals the reference in the columns the system stores (bins in
+    order; with ``max_seconds``, as many as fit, at least ``MIN_SAMPLES``); returns the bins
+    checked. One clear error naming the system, bin and column otherwise."""
     wanted = [COLUMNS.index(c) for c in peer.COLUMNS]
+    budget = Budget(max_seconds)
     for i in range(len(reference)):
+        if budget.spent(i):
+            return i
         got = peer.as_reference(list(opened.read(i)))
         expected = reference.bin(i)
         if len(got) != len(wanted):
@@ -77,8 +83,10 @@ def verify(peer: Peer, opened: Opened, reference: Reference) -> int:
     return len(reference)
 
 
-def prepare(peer: Peer, reference: Reference, directory: Path) -> Prepared:
-    """Write the reference into the system (a fresh directory), open it, verify every bin."""
+def prepare(peer: Peer, reference: Reference, directory: Path,
+            max_seconds: float | None = None) -> Prepared:
+    """Write the reference into the system (a fresh directory), open it, verify every bin
+    (as many as ``max_seconds`` allows)."""
     if directory.exists():
         shutil.rmtree(directory)
     began = time.perf_counter()
@@ -87,11 +95,11 @@ def prepare(peer: Peer, reference: Reference, directory: Path) -> Prepared:
     written = bytes_of(peer.files(directory))
     opened = peer.open(directory)
     try:
-        verify(peer, opened, reference)
+        verified = verify(peer, opened, reference, max_seconds)
     except BaseException:
         opened.close()
         raise
-    return Prepared(peer, directory, opened, written, seconds)
+    return Prepared(peer, directory, opened, written, seconds, verified)
 
 
 def dtypes_of(got: Sequence[Any]) -> str:
@@ -110,20 +118,33 @@ def memcpy_read(reference: Reference) -> Any:
 
 
 def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int,
-               rounds: int = ROUNDS) -> dict[str, np.ndarray]:
+               rounds: int = ROUNDS, max_seconds: float | None = None
+               ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Warm pass (every bin of every system, in order, delivered), then the index list in
     ``rounds`` slices: in each round every system reads the round's slice, one system after
-    another, the order rotated per round. Nanoseconds per read, in index-list order.
+    another, the order rotated per round. Returns nanoseconds per read in index-list order,
+    and the bins each system's warm pass read.
 
     Rounds rather than one index at a time across all systems: a system's reads run back to
     back (as in a training loop; a slow neighbour such as Lance's ``take`` would otherwise
     leave every next read a cold CPU cache), while the machine's slow moments still fall on
-    every system alike."""
+    every system alike. ``max_seconds``: each system's warm pass, and its timed reads, stop
+    once they took that long (never before ``MIN_SAMPLES``): a system at 100 ms a read then
+    reads a prefix of the list, and says so (the arrays are shorter)."""
     names = list(reads)
+    warmed = {}
     for name in names:
+        budget = Budget(max_seconds)
+        warmed[name] = num_bins
         for i in range(num_bins):
+            if budget.spent(i):
+                warmed[name] = i
+                break
             sink.take(reads[name](i))
     ns = {name: np.zeros(indices.shape[0], dtype=np.int64) for name in names}
+    taken, spent = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
+    stopped: set[str] = set()
+    limit = None if max_seconds is None else int(max_seconds * 1e9)
     order = indices.tolist()
     bounds = np.linspace(0, len(order), max(1, min(rounds, len(order))) + 1).astype(int)
     for r, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
@@ -131,8 +152,14 @@ def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bi
         for name in names[shift:] + names[:shift]:
             read, out = reads[name], ns[name]
             for k in range(lo, hi):
+                if name in stopped or (limit is not None and k >= MIN_SAMPLES
+                                       and spent[name] > limit):
+                    stopped.add(name)  # never resumes: what it read is a prefix of the list
+                    break
                 out[k] = sink.timed(read, order[k])[0]
-    return ns
+                spent[name] += int(out[k])
+                taken[name] = k + 1
+    return {name: ns[name][:taken[name]] for name in names}, warmed
 
 
 def compare(
@@ -143,11 +170,15 @@ def compare(
     floor_shard: str | os.PathLike[str],
     indices: np.ndarray,
     environment: str = "",
+    max_seconds: float | None = None,
     log: Any = print,
 ) -> dict[str, Any]:
     """Prepare, verify and time ``peers`` (all of this environment) beside the floors.
 
     ``floor_shard``: a packlab shard of the same bins whose in-RAM copy is the Python floor.
+    ``max_seconds``: each system's budget for each of verification, warm pass and timed reads
+    (a slow system then checks, warms and reads fewer bins: ``verified_bins``, ``warm_bins``,
+    ``samples`` say how many).
     Returns ``{"rows": [...], "skipped": [...]}``: a row per system and floor with p50/p90/p99
     and mean (µs), ``x_floor`` (p50 over the in-RAM Python floor's), ``x_raw_csr`` and
     ``x_memcpy`` where measured, bytes on disk and per token.
@@ -159,7 +190,7 @@ def compare(
         reason = peer.unavailable()
         if reason is None:
             try:
-                prepared.append(prepare(peer, reference, root / peer.NAME))
+                prepared.append(prepare(peer, reference, root / peer.NAME, max_seconds))
                 continue
             except Exception as exc:  # a system that cannot run here: skipped, said why
                 reason = f"{type(exc).__name__}: {exc}"
@@ -174,14 +205,17 @@ def compare(
     reads["python_floor"] = lambda i: floor_get(i).values()
     sink = Sink(4 * reference.pack_size)
     try:
-        ns = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference))
+        ns, warmed = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference),
+                                max_seconds=max_seconds)
         rows = [_row(p, ns[p.peer.NAME], reference, environment) for p in prepared]
+        for row in rows:
+            row["warm_bins"] = warmed[row["name"]]
     finally:
         for p in prepared:
             p.opened.close()
     rows += [{"system": FLOOR_LABELS[name], "name": name, "kind": "floor",
               "columns": "all three", "environment": environment or "venv",
-              **percentiles(ns[name])} for name in FLOORS]
+              "samples": int(ns[name].shape[0]), **percentiles(ns[name])} for name in FLOORS]
     _ratios(rows)
     return {"rows": rows, "skipped": skipped, "samples": int(len(indices))}
 
@@ -192,7 +226,8 @@ def _row(p: Prepared, ns: np.ndarray, reference: Reference, environment: str) ->
     return {"system": p.peer.LABEL, "name": p.peer.NAME, "kind": p.peer.KIND,
             "columns": "all three" if p.peer.COLUMNS == COLUMNS else "tokens only",
             "dtypes": dtypes_of(list(p.opened.read(0))), "environment": environment or "venv",
-            "verified_bins": len(reference), "bytes_written": p.bytes_written,
+            "verified_bins": p.verified_bins, "num_bins": len(reference),
+            "samples": int(ns.shape[0]), "bytes_written": p.bytes_written,
             "bytes_on_disk": after, "bytes_per_token": after / tokens,
             "bytes_per_token_written": p.bytes_written / tokens,
             "write_seconds": p.write_seconds, "note": p.peer.NOTE, **percentiles(ns)}

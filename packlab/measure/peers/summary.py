@@ -37,7 +37,7 @@ def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of the side-by-side table (systems fastest first, then the floors;
     skipped systems last with their reason)."""
     headers = ["system", "columns", "p50 µs", "p90 µs", "p99 µs", "x in-RAM floor",
-               "x raw CSR", "bytes/token", "ran in"]
+               "x raw CSR", "bytes/token", "accesses", "bins verified", "ran in"]
     out = []
     for r in systems(result["rows"]) + [r for r in result["rows"] if r["kind"] == "floor"]:
         columns = r["columns"] if r["columns"] == "all three" else "tokens only (copied as returned)"
@@ -48,10 +48,19 @@ def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         out.append([r["system"], columns if r["kind"] != "floor" else "floor",
                     f"{r['p50_us']:,.1f}", f"{r['p90_us']:,.1f}", f"{r['p99_us']:,.1f}",
                     times(r["x_floor"]), times(r["x_raw_csr"]) if "x_raw_csr" in r else "",
-                    size, r["environment"]])
-    out += [[s["system"], "skipped", "", "", "", "", "", "", s["reason"]]
+                    size, f"{r['samples']:,}", _verified(r), r["environment"]])
+    out += [[s["system"], "skipped", "", "", "", "", "", "", "", "", s["reason"]]
             for s in result.get("skipped", [])]
     return headers, out
+
+
+def _verified(row: dict[str, Any]) -> str:
+    """``all`` or ``k of n`` (a slow system's time budget ran out first)."""
+    if "verified_bins" not in row:
+        return ""
+    if row["verified_bins"] == row["num_bins"]:
+        return "all"
+    return f"first {row['verified_bins']:,} of {row['num_bins']:,}"
 
 
 def best_packlab(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
