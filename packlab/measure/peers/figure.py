@@ -34,16 +34,19 @@ def text_box(annotation: Any, renderer: Any) -> Any:
 
 
 def place_labels(ax: Any, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str],
-                 *, fontsize: float = 7.5) -> list[Any]:
+                 *, fontsize: float = 7.5,
+                 avoid: Sequence[tuple[float, float]] = ()) -> list[Any]:
     """Annotate ``(xs[k], ys[k])`` with ``labels[k]`` on ``ax``, inside the axes, no two labels
-    overlapping and no label over a point; returns the annotations (in input order). Set the
+    overlapping and no label over a point (nor over the unlabelled points ``avoid``); returns
+    the annotations (in input order). Set the
     axes' limits and layout first (the boxes are measured in display coordinates)."""
     from matplotlib.transforms import Bbox
 
     renderer = ax.figure.canvas.get_renderer()
     points = ax.transData.transform(list(zip(xs, ys, strict=True)))
+    others = ax.transData.transform(list(avoid)) if len(avoid) else []
     blocked = [Bbox.from_extents(x - MARKER_PX, y - MARKER_PX, x + MARKER_PX, y + MARKER_PX)
-               for x, y in points]
+               for x, y in [*points, *others]]
     placed: list[Any] = [None] * len(labels)
     for k in sorted(range(len(labels)), key=lambda j: (points[j][0], points[j][1])):
         text = None
