@@ -14,7 +14,8 @@ export RAY_AUTH_MODE := disabled
 # where notebook 11 runs its MDS measurement as a subprocess (packlab.measure.peers.mds_env).
 MDS_VENV  := .venv-mds
 MDS_STAMP := $(MDS_VENV)/.installed
-TOML_LIST = $(PYTHON) -c "import sys, tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(eval(sys.argv[1], {}, {'t': t})))"
+# the requirement lists at dotted keys of pyproject.toml, space-separated
+TOML_LIST = $(PYTHON) -c "import functools, sys, tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(r for key in sys.argv[1:] for r in functools.reduce(dict.get, key.split('.'), t)))"
 
 .PHONY: install run test lab lint clean mds-env
 
@@ -23,8 +24,8 @@ install: $(STAMP) $(MDS_STAMP)
 mds-env: $(MDS_STAMP)
 
 # [tool.packlab] no_deps are installed without their declared dependencies (they would replace
-# the CPU torch, or downgrade protobuf) and without the Python check (megatron-bridge declares >= 3.12; the packed-data
-# modules the tests run work on 3.11).
+# the CPU torch, or downgrade protobuf) and without the Python check (megatron-bridge declares
+# >= 3.12; the packed-data modules the tests run work on 3.11).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -40,8 +41,8 @@ $(STAMP): pyproject.toml
 $(MDS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(MDS_VENV)
 	$(MDS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(MDS_VENV)/bin/python -m pip install --quiet $$($(TOML_LIST) "t['project']['dependencies'] + t['tool']['packlab']['mds']")
-	$(MDS_VENV)/bin/python -m pip install --quiet --no-deps $$($(TOML_LIST) "t['tool']['packlab']['mds_no_deps']")
+	$(MDS_VENV)/bin/python -m pip install --quiet $$($(TOML_LIST) project.dependencies tool.packlab.mds)
+	$(MDS_VENV)/bin/python -m pip install --quiet --no-deps $$($(TOML_LIST) tool.packlab.mds_no_deps)
 	touch $@
 
 run: $(STAMP) $(MDS_STAMP)
