@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.packers import ALGORITHMS
+from packlab.packers import ALGORITHMS, sequences_by_bin
 
 Overlong = Literal["truncate", "drop"]
 DEFAULT_ALGORITHM = "first_fit_shuffle"
@@ -248,7 +248,7 @@ def assignment_from_bins(
                 f"packing put {int(load[b])} tokens in bin {b}, more than pack_size {pack_size} "
                 "(algorithm bug)"
             )
-    order = np.argsort(bin_of, kind="stable")
+    order = sequences_by_bin(bin_of, counts)
     offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     seq_indices = order if kept_index is None else kept_index[order]
