@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import warnings
 from array import array
 from collections.abc import Callable
 
@@ -212,9 +213,14 @@ def _counting_scatter(bin_of: np.ndarray, following: np.ndarray, out: np.ndarray
 def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
     """``fn`` compiled by numba, once per machine (the machine code is cached on disk, or
     compiled anew in each process where no cache folder is writable). Imported on first use:
-    importing numba costs ~0.3 s that nothing else needs."""
-    from numba import njit
-
+    importing numba costs ~0.3 s that nothing else needs. Without numba, ``fn`` itself runs:
+    the same result, some 100x slower (a warning says so)."""
+    try:
+        from numba import njit
+    except ImportError:
+        warnings.warn("numba is not installed: packing runs its loops in plain Python, "
+                      "~100x slower (pip install numba)", stacklevel=3)
+        return fn
     try:
         return njit(cache=True, nogil=True)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"

@@ -212,3 +212,20 @@ def test_bridge_orders_with_its_global_numpy_seed_then_the_same_first_fit(
     identity = np.arange(in_order.shape[0])
     ours = packers.first_fit_in_order(in_order, identity, 4096)
     assert bins_as_lengths(ours, identity, in_order) == theirs
+
+
+def test_without_numba_the_same_loops_run_in_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numba missing (a Python or numpy it does not support yet): the same assignment, slower,
+    and a warning that says so."""
+    import sys
+
+    lengths = synth_lengths(3000, "chat", 4)
+    expected, _ = pack(lengths, 4096, seed=3)
+    monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
+    packers._compiled.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="numba is not installed"):
+            again, _ = pack(lengths, 4096, seed=3)
+    finally:
+        packers._compiled.cache_clear()
+    assert again.digest() == expected.digest()
