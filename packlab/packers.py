@@ -191,6 +191,23 @@ def _first_fit_walk(
     return 0
 
 
+def bin_totals(bin_of: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sequences and tokens per bin, in one pass (two ``np.bincount`` passes cost twice, and
+    the weighted one a float64 copy of the lengths). ``bin_of`` must be non-negative."""
+    num_bins = int(bin_of.max()) + 1 if bin_of.size else 0
+    counts = np.zeros(num_bins, dtype=np.int64)
+    loads = np.zeros(num_bins, dtype=np.int64)
+    _compiled(_add_per_bin)(bin_of, lengths, counts, loads)
+    return counts, loads
+
+
+def _add_per_bin(bin_of: np.ndarray, lengths: np.ndarray, counts: np.ndarray,
+                 loads: np.ndarray) -> None:
+    for i in range(bin_of.shape[0]):
+        counts[bin_of[i]] += 1
+        loads[bin_of[i]] += lengths[i]
+
+
 def sequences_by_bin(bin_of: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """Positions of ``bin_of`` grouped by bin, ascending within a bin: what
     ``np.argsort(bin_of, kind="stable")`` gives, by counting (1.5 s less at 13M sequences).

@@ -229,3 +229,14 @@ def test_without_numba_the_same_loops_run_in_python(monkeypatch: pytest.MonkeyPa
     finally:
         packers._compiled.cache_clear()
     assert again.digest() == expected.digest()
+
+
+@FAST
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10**12)), min_size=1,
+                max_size=500))
+def test_bin_totals_are_the_bincounts(pairs: list[tuple[int, int]]) -> None:
+    bin_of = np.array([b for b, _ in pairs], dtype=np.int64)
+    lengths = np.array([n for _, n in pairs], dtype=np.int64)
+    counts, loads = packers.bin_totals(bin_of, lengths)
+    assert np.array_equal(counts, np.bincount(bin_of))
+    assert loads.tolist() == [sum(n for b, n in pairs if b == k) for k in range(counts.shape[0])]
