@@ -25,7 +25,7 @@ from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format
 from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards, read_manifest, require_complete
-from packlab.pipeline.receipts import read_receipt, receipt_places, shard_bytes
+from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
 
 PathLike = str | os.PathLike[str]
@@ -152,8 +152,9 @@ def _placed(child: Path, format: str, manifests: dict[Path, dict[str, Any] | Non
             ) -> tuple[Path, str]:
     """A shard reached through a link (a split of an output layout links the shards of its
     datasets' directories): placed where the dataset manifest of the directory it lives in
-    puts it, so a shard swapped or copied over another there is refused as in that directory
-    itself. Directories without a manifest (written before them) give the plain pair."""
+    puts it (or, written before manifests, its receipt), so a shard swapped or copied over
+    another there is refused when the dataset opens it (:func:`packlab.dataset.check_place`).
+    Its bytes are the reader's and validate's to judge: a damaged shard is found naming its bin."""
     if not child.is_symlink():
         return (child, format)
     real = child.resolve()
@@ -170,10 +171,6 @@ def _placed(child: Path, format: str, manifests: dict[Path, dict[str, Any] | Non
     if entry is None:
         raise FormatError(f"{child}: links to {real}, a shard {MANIFEST_FILE} there does not "
                           "list (copied in from elsewhere?)")
-    size = shard_bytes(real)
-    if size != entry["bytes"]:
-        raise FormatError(f"{real}: {size} bytes, {MANIFEST_FILE} says {entry['bytes']} "
-                          "(replaced, truncated, or another shard in its place)")
     return ShardRef(child, format, (entry["bins"][0], entry["bins"][1]))
 
 
