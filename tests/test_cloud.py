@@ -379,7 +379,7 @@ def test_layout_split_resolves_through_blend_json(server, tmp_path: Path) -> Non
         same_bins(remote, local.read_bins(np.arange(len(local))))
     with pytest.raises(FormatError, match="no split 'test'; splits here: train, valid"):
         open_dataset(uri, split="test")
-    with pytest.raises(PacklabError, match="pass split="):
+    with pytest.raises(PacklabError, match="open one split"):
         open_dataset(uri)
     with pytest.raises(FormatError, match="no blend.json"):
         open_dataset(f"s3://{BUCKET}/rt/parquet", split="train")

@@ -61,9 +61,18 @@ def parse_blend(data: str | bytes, where: object) -> dict[str, Any]:
 
 
 def check_blend(blend: dict[str, Any], where: object) -> dict[str, Any]:
-    """What a blend file holds beyond its version: a ``splits`` object."""
+    """What a blend file holds beyond its version: a ``splits`` object, and a finished run
+    (``state`` absent or ``"complete"``: a layout being written is refused, see
+    :mod:`packlab.layout.build`)."""
     if not isinstance(blend.get("splits"), dict):
         raise FormatError(f"{where}: no 'splits' object")
+    state = blend.get("state", "complete")
+    if state == "writing":
+        raise FormatError(f"{where}: incomplete output layout (run {blend.get('run_hash')} was "
+                          "interrupted or is running: run the same `packlab pack` again to "
+                          "finish it)")
+    if state != "complete":
+        raise FormatError(f"{where}: state {state!r} is not 'writing' or 'complete'")
     return blend
 
 
