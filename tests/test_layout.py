@@ -244,7 +244,7 @@ def test_an_empty_split_is_listed_and_explained(spools, tmp_path: Path) -> None:
     out = tmp_path / "out"
     report = build(spools[:1], out, splits="train=1,valid=0")
     assert report["splits"]["valid"] == {"num_shards": 0, "num_bins": 0, "num_tokens": 0,
-                                         "num_sequences": 0}
+                                         "num_sequences": 0, "dropped_sequences": 0}
     assert known_splits(out) == ["train", "valid"]
     with pytest.raises(FormatError, match="split 'valid' is empty"):
         open_dataset(out, split="valid")

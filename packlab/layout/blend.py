@@ -76,6 +76,15 @@ def check_blend(blend: dict[str, Any], where: object) -> dict[str, Any]:
     return blend
 
 
+def writing_blend(blend: dict[str, Any]) -> dict[str, Any]:
+    """What ``blend.json`` says while a run is being written (before its first shard, or while
+    a layout is uploaded): the run and its inputs, ``state`` writing, no splits yet. Every
+    reader refuses the layout until the finished blend replaces it."""
+    keep = ("version", "packlab_version", "run_hash", "run_dir", "format", "packing",
+            "split_rule", "inputs")
+    return {**{k: blend[k] for k in keep if k in blend}, "state": "writing", "splits": {}}
+
+
 def blend_format(blend: dict[str, Any]) -> str | None:
     """The format every shard of a blend has, when it says (None: find out per shard)."""
     return blend.get("format") or blend.get("packing", {}).get("format")

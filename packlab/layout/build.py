@@ -43,6 +43,7 @@ from packlab.layout.blend import (
     LINK_SEPARATOR,
     RUNS_DIR,
     SPLITS_DIR,
+    writing_blend,
 )
 from packlab.layout.hashes import short_hash, spool_identity
 from packlab.layout.splits import parse_fractions, parse_weights, split_sequences
@@ -136,29 +137,26 @@ def build_layout(
                                      bins_per_shard=bins_per_shard,
                                      existing="reuse" if reuse else "overwrite", verify=verify,
                                      **packing["format_options"]))
+    # the run manifest first: until the finished blend replaces it, every reader refuses
+    # the layout (and the shard folders' own dataset.json say which shards to expect)
+    inputs = [{"name": label, "spool": str(Path(s).resolve()), "weight":
+               None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
+               "config_hashes": {p["split"]: p["config_hash"] for p in parts
+                                 if p["name"] == label}}
+              for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))]
+    blend = {"version": BLEND_VERSION, "packlab_version": __version__, "run_hash": run_hash,
+             "run_dir": f"{RUNS_DIR}/{run_hash}", "format": format, "packing": packing,
+             "split_rule": rule, "inputs": inputs}
+    root.mkdir(parents=True, exist_ok=True)
+    _write_json(root / BLEND_FILE, writing_blend({**blend, "splits": {}}))
     receipts = iter(write_planned(plans, workers, desc=f"write {format}", executor=executor,
                                   address=address))
     for part in parts:
         part["receipts"] = next(receipts) if part["plan"] is not None else []
     splits_entry = _splits_entry(root, fractions, parts, labels, blend_weights)
     _publish_links(root, splits_entry)
-    blend = {
-        "version": BLEND_VERSION,
-        "packlab_version": __version__,
-        "run_hash": run_hash,
-        "run_dir": f"{RUNS_DIR}/{run_hash}",
-        "format": format,
-        "packing": packing,
-        "split_rule": rule,
-        "inputs": [
-            {"name": label, "spool": str(Path(s).resolve()), "weight":
-             None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
-             "config_hashes": {p["split"]: p["config_hash"] for p in parts if p["name"] == label}}
-            for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))
-        ],
-        "splits": splits_entry,
-    }
-    _write_json(root / BLEND_FILE, blend)
+    blend = {**blend, "splits": splits_entry}
+    _write_json(root / BLEND_FILE, blend)  # last: the layout's commit point
     return _summary(root, blend, parts)
 
 
@@ -205,16 +203,25 @@ def _splits_entry(root: Path, fractions: Mapping[str, float], parts: list[dict[s
             "num_shards": len(rows),
             "num_bins": sum(r[2] for r in rows),
             "num_tokens": sum(int(x["num_tokens"]) for p in mine for x in p["receipts"]),
-            "num_sequences": sum(p["num_sequences"] for p in every),
+            "num_sequences": sum(_packed(p) for p in every),
+            "dropped_sequences": sum(p["num_sequences"] - _packed(p) for p in every),
             "datasets": [
                 {"name": p["name"], "weight": raw.get(p["name"], 0.0) / total,
                  "config_hash": p["config_hash"], "dir": p["dir"].relative_to(root).as_posix(),
-                 "num_sequences": p["num_sequences"], "num_bins": bins.get(p["name"], 0),
+                 "num_sequences": _packed(p),
+                 "dropped_sequences": p["num_sequences"] - _packed(p),
+                 "num_bins": bins.get(p["name"], 0),
                  "packing": p["plan"]}
                 for p in every
             ],
         }
     return out
+
+
+def _packed(part: dict[str, Any]) -> int:
+    """Sequences of a part that landed in bins (dropped over-long ones are not packed)."""
+    plan = part["plan"]
+    return 0 if plan is None else int(plan["num_sequences"]) - int(plan["dropped"])
 
 
 def _publish_links(root: Path, splits: dict[str, Any]) -> None:
@@ -257,11 +264,12 @@ def _summary(root: Path, blend: dict[str, Any], parts: list[dict[str, Any]]) -> 
         "num_shards": len(receipts),
         "reused": sum(1 for r in receipts if r["reused"]),
         "written": sum(1 for r in receipts if not r["reused"]),
-        "splits": {s: {k: e[k] for k in ("num_shards", "num_bins", "num_tokens",
-                                          "num_sequences")}
+        "splits": {s: {k: e.get(k, 0) for k in ("num_shards", "num_bins", "num_tokens",
+                                                 "num_sequences", "dropped_sequences")}
                    for s, e in blend["splits"].items()},
         "parts": [{"name": p["name"], "split": p["split"], "config_hash": p["config_hash"],
-                   "num_sequences": p["num_sequences"],
+                   "num_sequences": _packed(p),
+                   "dropped_sequences": p["num_sequences"] - _packed(p),
                    "reused": sum(1 for r in p["receipts"] if r["reused"]),
                    "written": sum(1 for r in p["receipts"] if not r["reused"]),
                    "plan": p["plan"]} for p in parts],

@@ -89,6 +89,13 @@ def completed(manifest: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> d
             "num_tokens": sum(int(s["num_tokens"]) for s in out)}
 
 
+def as_writing(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as it stood before the first shard (``state`` writing, no identities): what
+    an upload puts first, so the destination reads as incomplete until the real one lands."""
+    return {**manifest, "state": "writing", "num_tokens": None,
+            "shards": [{**s, **dict.fromkeys(_IDENTITY)} for s in manifest["shards"]]}
+
+
 def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
     """Publish ``dataset.json`` atomically (readers may be looking)."""
     final = manifest_path(directory)
