@@ -34,16 +34,19 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.sources.outputs import local_input, output
     from packlab.tokenize import tokenize_chat_jsonl
 
     began = time.perf_counter()
-    reader = tokenize_chat_jsonl(args.jsonl, args.out, encoding=args.encoding,
-                                 overwrite=args.overwrite, limit=args.limit)
+    with output(args.out, kind="spool", overwrite=args.overwrite) as local:  # OUT may be a URI
+        reader = tokenize_chat_jsonl(local_input(args.jsonl, what="file"), local,
+                                     encoding=args.encoding, overwrite=args.overwrite,
+                                     limit=args.limit)
     seconds = time.perf_counter() - began
     source = reader.manifest.get("source", {})
     stats = source.get("stats", {})
     summary = {
-        "path": str(reader.path),
+        "path": args.out,
         "encoding": source.get("encoding"),
         "vocab_size": reader.vocab_size,
         "special_tokens": source.get("special_tokens"),

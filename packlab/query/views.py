@@ -28,10 +28,18 @@ The rules of ``violations`` (DESIGN.md, "One packed bin"; ``packlab validate`` c
 
 from __future__ import annotations
 
-import sys
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from packlab.cloud import sql as remote_sql
+from packlab.cloud.storage import is_remote
+from packlab.errors import PacklabError
+from packlab.progress import progress_enabled
 from packlab.query.sources import PathLike, Shard, resolve_sources
 
 VIEWS = ("shards", "bins", "sequences", "violations", "tokens")
@@ -126,21 +134,75 @@ def connect(
     tokens: bool = False,
     threads: int | None = None,
     memory_limit: str | None = None,
+    allow_writes: bool = False,
 ) -> Any:
-    """A DuckDB connection (in memory) with the views over ``data``'s Parquet shards."""
+    """A DuckDB connection (in memory) with the views over ``data``'s Parquet shards (local or
+    on object storage).
+
+    Read-only unless ``allow_writes`` (:func:`lock_down`): only SELECT and EXPLAIN run, only
+    the shards can be opened, DuckDB may spill only into a temporary folder of its own
+    (``connection_temp_dir``), and the configuration is locked.
+    """
     import duckdb
 
     shards = resolve_sources(data, split=split)
     con = duckdb.connect(":memory:")
-    # DuckDB draws its own progress bar for long queries: on a terminal only. Under Jupyter
-    # without ipywidgets the bar is already off and DuckDB refuses any change to the setting.
+    # DuckDB draws its own progress bar for long queries: when a person watches (a terminal,
+    # not CI). Under Jupyter without ipywidgets the bar is off and DuckDB refuses any change.
     try:
-        con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+        con.execute(f"SET enable_progress_bar = {str(progress_enabled()).lower()}")
     except duckdb.Error:
         pass
-    if threads is not None:
-        con.execute(f"SET threads = {int(threads)}")
-    if memory_limit is not None:
-        con.execute(f"SET memory_limit = {_literal(str(memory_limit))}")
+    _setting(con, "threads", threads, "a positive integer")
+    _setting(con, "memory_limit", memory_limit, "a size such as 2GB, 512MB or 50%")
+    if any(is_remote(s.path) for s in shards):
+        remote_sql.connect(con=con)  # s3:// through packlab's own pyarrow filesystem
     create_views(con, shards, tokens=tokens)
+    if not allow_writes:
+        lock_down(con, [s.path for s in shards])
     return con
+
+
+def _setting(con: Any, name: str, value: Any, expected: str) -> None:
+    import duckdb
+
+    if value is None:
+        return
+    try:
+        con.execute(f"SET {name} = {_literal(str(value))}")
+    except duckdb.Error as exc:
+        raise PacklabError(f"{name} must be {expected}, got {value!r} (DuckDB: "
+                           f"{' '.join(str(exc).split())[:200]})") from None
+
+
+SPILL_PREFIX = "packlab-query-"
+
+
+def read_only(con: Any) -> bool:
+    """Whether ``con`` was locked down by :func:`lock_down`."""
+    value = con.execute("SELECT current_setting('enable_external_access')").fetchone()[0]
+    return str(value).lower() == "false"
+
+
+def lock_down(con: Any, paths: Sequence[str]) -> None:
+    """Make ``con`` read-only over ``paths``: files other than those cannot be opened, writes
+    go nowhere but a private temporary folder, settings cannot be changed back. (Statements
+    other than SELECT and EXPLAIN are refused by :func:`packlab.query.run.execute`; DuckDB
+    itself would still let a COPY through the connection overwrite one of ``paths``.)"""
+    spill = Path(tempfile.gettempdir()) / f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    local = [p for p in paths if not is_remote(p)]
+    con.execute(f"SET temp_directory = {_literal(str(spill))}")
+    con.execute(f"SET allowed_directories = [{_literal(str(spill) + '/')}]")
+    if local:
+        con.execute(f"SET allowed_paths = [{', '.join(_literal(p) for p in local)}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def close(con: Any) -> None:
+    """Close a connection from :func:`connect`, and remove the spill folder of a read-only
+    one."""
+    spill = Path(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])
+    con.close()
+    if spill.name.startswith(SPILL_PREFIX) and spill.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(spill, ignore_errors=True)
