@@ -87,16 +87,20 @@ def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
     """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised."""
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
         futures = [pool.submit(fn, *job) for job in jobs]
-        for future in progress(as_completed(futures), total=len(futures), desc=desc):
-            error = future.exception()
-            if error is not None:
-                for other in futures:
-                    other.cancel()
-                if isinstance(error, BrokenProcessPool):
-                    raise PacklabError(f"a worker process died ({error}); out of memory? "
-                                       "try fewer --workers or a smaller --bins-per-shard"
-                                       ) from None
-                raise error
+        try:
+            for future in progress(as_completed(futures), total=len(futures), desc=desc):
+                error = future.exception()
+                if error is not None:
+                    for other in futures:
+                        other.cancel()
+                    if isinstance(error, BrokenProcessPool):
+                        raise PacklabError(f"a worker process died ({error}); out of memory? "
+                                           "try fewer --workers or a smaller --bins-per-shard"
+                                           ) from None
+                    raise error
+        except BaseException:  # an interruption too: queued jobs must not start after it
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
         return [future.result() for future in futures]
 
 

@@ -38,16 +38,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.cloud.transfer import MANIFEST, default_cache_dir, download_shard, upload_shard
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
 from packlab.files import read_versioned_json, remove, short_hash
-from packlab.formats import detect_format
+from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import SHARD_NAME, sweep_own_temporaries
+from packlab.sources.resolve import Source
 from packlab.spool import SPOOL_VERSION
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
@@ -155,8 +157,6 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
 
 
 def _suffix(format: str | None) -> str | None:
-    from packlab.formats import get_format
-
     return get_format(format).Writer.SUFFIX if format else None
 
 
@@ -245,3 +245,26 @@ def local_input(path: str, *, what: str = "spool") -> Path:
                               "when its manifest lists them; download it first") from None
         raise
 
+
+
+def local_copy(source: Source, folder: Path) -> Path:
+    """``folder`` made a directory of shards that reads as ``source``: links to each remote
+    shard's verified copy in the download cache (and, for a format that ``NEEDS_SPOOL``, to
+    its spool where the shard's relative path points), named as the source names them. For
+    measurements that must read local files (page-cache states, ``pread`` floors)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard in source.shards:
+        link = folder / shard.name.replace("/", "__")
+        if not shard.remote:
+            link.symlink_to(Path(shard.path).absolute())
+            continue
+        local = download_shard(shard.path, format=shard.format)
+        link.symlink_to(local)
+        reader = get_format(shard.format).Reader
+        if reader.NEEDS_SPOOL:
+            spool = fetch_spool(shard.path, local, reader)
+            at = Path(os.path.normpath(link / reader.spool_reference(local)["relative"]))
+            if not at.exists():
+                at.parent.mkdir(parents=True, exist_ok=True)
+                at.symlink_to(spool)
+    return folder
