@@ -32,7 +32,12 @@ from packlab.layout.blend import (
     writing_blend,
 )
 from packlab.pipeline.manifest import MANIFEST_FILE, as_writing, read_manifest, require_complete
-from packlab.pipeline.receipts import RECEIPT_SUFFIX, receipt_path, shard_bytes
+from packlab.pipeline.receipts import (
+    RECEIPT_SUFFIX,
+    parse_receipt,
+    receipt_path,
+    shard_bytes,
+)
 from packlab.pipeline.shards import SHARD_NAME
 
 
@@ -77,15 +82,20 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
 
 
 def _already_there(local: Path, remote: Location) -> bool:
-    """A shard an earlier, interrupted upload already put there whole: its receipt on the
-    store is byte for byte the local one, and its size matches (so a resumed upload sends
-    only what is missing)."""
+    """A shard an earlier, interrupted upload already put there whole: the receipt on the
+    store vouches for the same shard as the local one (format, bins, size, checksum) and the
+    size there matches, so a resumed upload sends only what is missing."""
     receipt = receipt_path(local)
-    if local.name.endswith(".json") or not receipt.is_file():
-        return False
     there = remote.parent / receipt.name
-    return there.is_file() and there.read_bytes() == receipt.read_bytes() \
-        and remote_size(remote) == shard_bytes(local)
+    if local.name.endswith(".json") or not receipt.is_file() or not there.is_file():
+        return False
+    try:
+        mine = parse_receipt(receipt.read_bytes(), receipt)
+        theirs = parse_receipt(there.read_bytes(), there)
+    except FormatError:
+        return False
+    same = all(mine.get(k) == theirs.get(k) for k in ("format", "bins", "bytes", "sha256"))
+    return same and remote.exists() and remote_size(remote) == shard_bytes(local)
 
 
 def _drop_stale(target: Location, keep: set[str]) -> None:
