@@ -82,12 +82,11 @@ def measure_one(kind: str, path: str, args: argparse.Namespace) -> dict[str, Any
     return measure.size_report(path)
 
 
-def dataset_path(path: str, split: str | None) -> str:
+def dataset_path(path: str, split: str | None, kind: str) -> str:
     """One string naming the dataset to measure (the measurements run in fresh processes, by
     path): a layout's split is ``ROOT/splits/NAME``, which resolves locally (its links) and on
     object storage (through ``blend.json``) alike. Resolved once here, so a bad PATH fails
     before any measurement starts."""
-    from packlab.cloud.storage import is_remote
     from packlab.sources.resolve import resolve_source
 
     source = resolve_source(path, split=split)
@@ -96,7 +95,7 @@ def dataset_path(path: str, split: str | None) -> str:
                            "name the layout root, or one output under the run folder")
     if split is not None:
         path = f"{source.layout}/splits/{split}"
-    if is_remote(path) and source.kind != "shard":
+    if kind != "size":  # reads train as one dataset: never several splits at once
         source.only_split("measure")
     return path
 
@@ -110,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     from packlab.sources.outputs import local_copy
     from packlab.sources.resolve import resolve_source
 
-    paths = [dataset_path(p, args.split) for p in args.paths]
+    paths = [dataset_path(p, args.split, args.kind) for p in args.paths]
     results = []
     for path in progress(paths, total=len(paths), desc=f"bench {args.kind}", unit="measurement"):
         if args.kind == "size" or not is_remote(path):

@@ -96,19 +96,29 @@ def run(args: argparse.Namespace) -> int:
         if needs_spool and is_remote(args.out):  # the spool travels along
             spools = stage_spools(spools, local)
         result = (run_layout if layout else run_flat)(args, spools, local)
-    return show_layout(args, result) if layout else show_flat(args, *result)
+    code = show_layout(args, result) if layout else show_flat(args, *result)
+    plans = [p["plan"] for p in result["parts"] if p["plan"]] if layout else [result[0]]
+    wheres = [f"{p['name']}/{p['split']}: " for p in result["parts"] if p["plan"]] \
+        if layout else [""]
+    for plan, where in zip(plans, wheres, strict=True):
+        message = loss_warning(plan, where)
+        if message:
+            warn("pack", message)
+    return code
 
 
-def warn_loss(command: str, report: dict[str, Any], where: str = "") -> None:
-    """Say so when over-long sequences lose a large share of the spool's tokens."""
+def loss_warning(report: dict[str, Any], where: str = "") -> str | None:
+    """What to say when over-long sequences lose a large share of the spool's tokens (said
+    once the command has succeeded: a failure stays one line)."""
     lost = int(report.get("truncated_tokens", 0)) + int(report.get("dropped_tokens", 0))
     total = int(report.get("spool_tokens") or 0)
-    if total and lost / total >= LOSS_WARNING:
-        verb = "truncates" if report.get("truncated") else "drops"
-        count = report.get("truncated") or report.get("dropped")
-        warn(command, f"{where}--pack-size {report['pack_size']} {verb} {count:,} over-long "
-                      f"sequence(s): {lost:,} tokens, {lost / total:.1%} of the spool's "
-                      "(a larger --pack-size keeps them)")
+    if not total or lost / total < LOSS_WARNING:
+        return None
+    verb = "truncates" if report.get("truncated") else "drops"
+    count = report.get("truncated") or report.get("dropped")
+    return (f"{where}--pack-size {report['pack_size']} {verb} {count:,} over-long "
+            f"sequence(s): {lost:,} tokens, {lost / total:.1%} of the spool's (a larger "
+            "--pack-size keeps them)")
 
 
 def run_flat(args: argparse.Namespace, spools: list[Any], out: Any
@@ -120,7 +130,6 @@ def run_flat(args: argparse.Namespace, spools: list[Any], out: Any
     spool = SpoolReader(spools[0])
     assignment, report = pack(spool.lengths, args.pack_size, algorithm=args.algorithm,
                               seed=args.seed, overlong=args.overlong)
-    warn_loss("pack", report.to_dict())
     receipts = write_shards(spool, assignment, out, format=args.format,
                             bins_per_shard=args.bins_per_shard, workers=args.workers,
                             existing="overwrite" if args.overwrite else "refuse",
@@ -171,9 +180,6 @@ def run_layout(args: argparse.Namespace, spools: list[Any], out: Any) -> dict[st
         seed=args.seed, overlong=args.overlong, bins_per_shard=args.bins_per_shard,
         workers=args.workers, reuse=not args.overwrite, verify=args.verify,
         executor=args.executor, address=args.ray_address)
-    for part in result["parts"]:
-        if part["plan"]:
-            warn_loss("pack", part["plan"], f"{part['name']}/{part['split']}: ")
     return {**result, "out": args.out}
 
 

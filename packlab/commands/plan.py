@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit, nonnegative_int, positive_int
+from packlab.commands import emit, nonnegative_int, positive_int, warn
 
 
 def add_parser(sub: Any) -> None:
@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.commands.pack import LOSS_WARNING, warn_loss
+    from packlab.commands.pack import loss_warning
     from packlab.errors import PacklabError
     from packlab.packing import check_algorithm, pack
     from packlab.sources.outputs import local_input
@@ -55,9 +55,10 @@ def run(args: argparse.Namespace) -> int:
     plan = {"spool": args.spool, **report.to_dict()}
     lost = plan["truncated_tokens"] + plan["dropped_tokens"]
     plan["lost_token_fraction"] = lost / plan["spool_tokens"] if plan["spool_tokens"] else 0.0
-    if plan["lost_token_fraction"] >= LOSS_WARNING:
-        plan["warnings"] = [f"over-long sequences lose {plan['lost_token_fraction']:.1%} of "
-                            "the spool's tokens"]
-    warn_loss("plan", plan)
+    message = loss_warning(plan)
+    if message:
+        plan["warnings"] = [message]
     emit(plan, args.json)
+    if message:
+        warn("plan", message)
     return 0

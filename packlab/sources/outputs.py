@@ -53,6 +53,9 @@ from packlab.sources.resolve import Source
 from packlab.spool import SPOOL_VERSION
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
+_FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}
+REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: remove it yourself "
+           "or choose another path")
 OWN_NAMES = (MANIFEST_FILE, "pack_metadata.json")
 
 
@@ -76,15 +79,14 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
     if not (path.exists() or path.is_symlink()):
         return
     if kind in ("spool", "dataset", "layout") and not path.is_dir():
-        raise PacklabError(f"{path}: exists and is not a folder (a {kind} is written as one); "
+        raise PacklabError(f"{path}: exists and is not a folder ({_FOLDERS[kind]} is one): "
                            "choose another path")
     if path.is_dir() and not any(path.iterdir()):
         return  # an empty folder: nothing to lose
     own = _recognised(path, kind, format, recognise)
     if not own:
-        raise PacklabError(f"{path}: exists and is not {_kind_name(kind, format, what)} "
-                           "(--overwrite replaces only packlab's own output of the same kind); "
-                           "remove it yourself or choose another path")
+        raise PacklabError(f"{path}: exists and is not {_kind_name(kind, format, what)}; "
+                           f"{REFUSAL}")
     if kind == "spool" and overwrite:
         users = spool_users(path)
         if users:
@@ -98,8 +100,8 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
 def _kind_name(kind: str, format: str | None, what: str) -> str:
     if what:
         return what
-    return {"spool": "a spool (spool_v1)", "dataset": "a packlab output (no dataset.json)",
-            "layout": "a packlab output layout (no blend.json or runs/)",
+    return {"spool": "a spool (spool_v1)", "dataset": "a packlab output (it has no "
+            "dataset.json)", "layout": "a packlab output layout (it has no blend.json or runs/)",
             "shard": f"a {format} shard", "file": "a file of that kind"}[kind]
 
 
@@ -149,9 +151,8 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
     else:
         own = False
     if not own:
-        raise PacklabError(f"{location}: exists and is not {_kind_name(kind, format, '')} "
-                           "(--overwrite replaces only packlab's own output of the same kind); "
-                           "remove it yourself or choose another path")
+        raise PacklabError(f"{location}: exists and is not {_kind_name(kind, format, '')}; "
+                           f"{REFUSAL}")
     if not overwrite and not resume:
         raise PacklabError(f"{location}: already exists (pass --overwrite to replace it)")
 
