@@ -72,11 +72,14 @@ def one_line(text: object) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     try:
+        parser = build_parser()
         args = parser.parse_args(argv)
     except SystemExit as exc:  # -h, --version, or a usage error already printed on one line
         return int(exc.code or 0) if not isinstance(exc.code, str) else 2
+    except KeyboardInterrupt:
+        print("packlab: interrupted", file=sys.stderr)
+        return 130
     where = f"packlab {args.command}"
     try:
         return int(args.run(args) or 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -66,7 +67,8 @@ def ray_session(*, workers: int = 2, address: str | None = None,
 
 
 def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,
-             desc: str = "work", executor: str = "process", address: str | None = None
+             desc: str | None = "work", executor: str = "process",
+             address: str | None = None
              ) -> list[T]:
     """``fn(*job)`` for every job (serially, in a process pool, or as Ray tasks); results in
     job order. The first failure cancels the rest and is raised."""
@@ -83,25 +85,53 @@ def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int
 
 
 def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
-             desc: str = "work") -> list[T]:
-    """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised."""
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        futures = [pool.submit(fn, *job) for job in jobs]
-        try:
-            for future in progress(as_completed(futures), total=len(futures), desc=desc):
-                error = future.exception()
-                if error is not None:
-                    for other in futures:
-                        other.cancel()
-                    if isinstance(error, BrokenProcessPool):
-                        raise PacklabError(f"a worker process died ({error}); out of memory? "
-                                           "try fewer --workers or a smaller --bins-per-shard"
-                                           ) from None
-                    raise error
-        except BaseException:  # an interruption too: queued jobs must not start after it
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
+             desc: str | None = "work") -> list[T]:
+    """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised.
+
+    Ctrl-C (SIGINT to the whole process group) is the parent's to handle: workers ignore it;
+    the parent stops them at once (a shard being written stays an unpublished temporary,
+    which the next run sweeps) and starts nothing more. Any other failure cancels the queued
+    jobs and lets those in flight finish.
+    """
+    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                               initializer=_ignore_interrupt)
+    try:
+        with interrupts_held():  # forked with SIGINT held, until the worker ignores it
+            futures = [pool.submit(fn, *job) for job in jobs]
+        for future in progress(as_completed(futures), total=len(futures), desc=desc):
+            error = future.exception()
+            if error is not None:
+                if isinstance(error, BrokenProcessPool):
+                    raise PacklabError(f"a worker process died ({error}); out of memory? "
+                                       "try fewer --workers or a smaller --bins-per-shard"
+                                       ) from None
+                raise error
         return [future.result() for future in futures]
+    except KeyboardInterrupt:
+        running = getattr(pool, "_processes", None) or {}  # pid -> Process
+        for process in list(running.values()):
+            process.terminate()  # jobs in flight stop now; queued ones never start
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT for the block (the workers forked in it start with it held); one that
+    arrives meanwhile is delivered when the block ends."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def _ignore_interrupt() -> None:
+    """In a pool worker: ignore Ctrl-C (the parent stops the pool and reports it, once; no
+    worker prints a traceback), then let signals through again."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: int = 2,
