@@ -9,6 +9,7 @@ headless) or when ``CI`` is set to anything but ``""``/``0``/``false``.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -32,7 +33,15 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str | Non
     if desc is None or not progress_enabled():
         yield from iterable
         return
-    yield from tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=True, leave=False)
+    yield from tqdm(iterable, total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
+                    **_screen())
+
+
+def _screen() -> dict[str, int]:
+    """The terminal's size (one that reports none, as a fresh pseudo-terminal may, counts as
+    100 x 24: tqdm draws nothing on a screen of zero rows)."""
+    size = shutil.get_terminal_size((100, 24))
+    return {"ncols": size.columns, "nrows": size.lines}
 
 
 class _Quiet:
@@ -57,7 +66,7 @@ def progress_bar(*, total: int | None, desc: str, unit: str = "it") -> Iterator[
         yield _Quiet(total)
         return
     bar = tqdm(total=total, desc=desc, unit=unit, unit_scale=True, leave=False,
-               file=sys.stderr)
+               file=sys.stderr, **_screen())
     try:
         yield bar
     finally:

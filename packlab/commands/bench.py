@@ -79,7 +79,7 @@ def measure_one(kind: str, path: str, args: argparse.Namespace) -> dict[str, Any
         for n, row in loader["workers"].items():
             out[f"dataloader_bins_per_s_{n}_workers"] = row["bins_per_s"]
         return out
-    return measure.size_report(path)
+    return measure.size_report(path, split=args.split)
 
 
 def dataset_path(path: str, split: str | None, kind: str) -> str:
@@ -90,13 +90,14 @@ def dataset_path(path: str, split: str | None, kind: str) -> str:
     from packlab.sources.resolve import resolve_source
 
     source = resolve_source(path, split=split)
+    if kind == "size":  # measured here, not in a fresh process: the split goes as it is
+        return path
     if split is not None and source.kind == "run":
         raise PacklabError(f"{path}: --split of a run folder cannot be measured as one path: "
                            "name the layout root, or one output under the run folder")
     if split is not None:
         path = f"{source.layout}/splits/{split}"
-    if kind != "size":  # reads train as one dataset: never several splits at once
-        source.only_split("measure")
+    source.only_split("measure")  # reads are of one dataset: never several splits at once
     return path
 
 

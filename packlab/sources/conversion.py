@@ -19,6 +19,7 @@ from packlab.cloud.discovery import remote_size
 from packlab.convert import check_target_format, convert_reader, converted_name
 from packlab.errors import PacklabError
 from packlab.files import remove
+from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.manifest import (
     completed,
     new_manifest,
@@ -65,7 +66,8 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
                   format_options: dict[str, Any]) -> list[dict[str, Any]]:
     """Every shard into ``dst``, with receipts and ``dataset.json`` (see the module doc); what
     ``dst`` held was checked replaceable by the caller (:mod:`packlab.sources.outputs`)."""
-    names = [converted_name(Path(s.name), s.format, format) for s in source.shards]
+    names = [converted_name(Path(s.name.replace("/", LINK_SEPARATOR)), s.format, format)
+             for s in source.shards]
     if len(set(names)) != len(names):
         raise PacklabError(f"{source.given}: two shards would convert to the same name in "
                            f"{dst} (name the shards apart, or convert them one by one)")

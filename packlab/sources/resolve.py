@@ -325,9 +325,11 @@ def _run_folder(folder: Any, directories: list[Any], split: str | None, format: 
         seen.append(str(part_split))
         if split is not None and part_split != split:
             continue
-        shards.extend(_shard(r, split=part_split, dataset=config.get("dataset"),
-                             name=f"{_relative(r[0], folder)}") for r in finder(directory,
-                                                                                 format=format))
+        dataset = config.get("dataset")
+        shards.extend(_shard(r, split=part_split, dataset=dataset,
+                             name=f"{dataset}{LINK_SEPARATOR}{r[0].name}" if dataset
+                             else _relative(r[0], folder))
+                      for r in finder(directory, format=format))
     if not shards:
         raise FormatError(f"{folder}: no output of split {split!r} here (splits: "
                           f"{', '.join(sorted(set(seen))) or 'none'})")
