@@ -9,8 +9,14 @@ A spool beside the shards, or a folder of spools, is no shard and is skipped too
 output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
 spools it packed them from (finished, empty or still being written).
 
-Layouts (``splits/``, ``blend.json``) and object storage sit above this module
-(:mod:`packlab.layout`, :mod:`packlab.cloud`); :func:`packlab.open_dataset` resolves them all.
+A directory with a dataset manifest (``dataset.json``, :mod:`packlab.pipeline.manifest`) is
+its shards as listed there, refused while the job that writes it has not finished; a shard named
+by itself (a path, a glob match, a layout's link) must be listed in its folder's manifest, when
+the folder has one (:func:`placed`). :func:`dataset_directories` finds the outputs under a run
+folder.
+
+Layouts (``splits/``, ``blend.json``), run folders and object storage sit above this module
+(:mod:`packlab.layout`, :mod:`packlab.cloud`); :mod:`packlab.sources.resolve` resolves them all.
 """
 
 from __future__ import annotations
