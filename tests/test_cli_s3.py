@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pyarrow.fs as pafs
@@ -202,3 +204,32 @@ def test_what_an_upload_leaves_behind_is_refused_until_finished(server, spool, t
     assert sent == [f"/{BUCKET}/halfway/{last}"]  # kept shards are not sent again
     assert run_cli(capsys, "validate", uri)[0] == 0
     assert os.listdir(tmp_path / "cwd") == []
+
+
+def test_the_command_in_its_own_process_reaches_the_store(server, spool, tmp_path) -> None:
+    """``packlab`` as a separate process, configured by the environment alone
+    (AWS_ENDPOINT_URL_S3 and keys): files written to and read from URIs, none locally."""
+    env = {**os.environ, **server.environment(),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cwd = tmp_path / "cwd"
+
+    def packlab(*argv: object) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "packlab.cli", *map(str, argv)], env=env,
+                              cwd=cwd, capture_output=True, text=True, timeout=300)
+
+    docs = f"s3://{BUCKET}/docs/chat.jsonl"
+    done = packlab("corpus", docs, "--records", 5, "--index", "--json")
+    assert done.returncode == 0, done.stderr
+    done = packlab("raw-index", docs)
+    assert done.returncode == 0, done.stderr
+    assert {f"{BUCKET}/docs/{n}" for n in ("chat.jsonl", "chat.jsonl.idx", "chat.idx")} <= set(
+        objects(server, "docs"))
+    out = f"s3://{BUCKET}/process/out"
+    done = packlab("pack", spool, out, "--format", "arrow_ipc", "--pack-size", 512)
+    assert done.returncode == 0, done.stderr
+    done = packlab("validate", out)
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("valid:"), done.stderr
+    done = packlab("validate", f"s3://{BUCKET}/process/nothing")
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert os.listdir(cwd) == []

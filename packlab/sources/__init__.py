@@ -66,6 +66,9 @@ def open_dataset(
     source = resolve_source(path, split=split, format=format, filesystem=filesystem)
     source.only_split()
     if source.remote:
+        if not all(s.remote for s in source.shards):
+            raise PacklabError(f"{source.given}: local paths and URIs in one dataset; open "
+                               "them apart")
         return RemoteDataset(source.refs, cache_dir=cache_dir, reader_options=reader_options)
     return PackedDataset(source.refs, reader_options=reader_options)
 
