@@ -175,19 +175,30 @@ def _holds_shards(p: Path) -> bool:
 
 def _local_layout(root: Path, split: str | None, format: str | None) -> Source:
     blend = read_blend(root)  # a layout still being written is refused here
+
+    def split_shards_here(name: str) -> list[tuple[Any, str]]:  # links, named as they are
+        return [(r, Path(r[0]).name) for r in find_shards(split_source(root, name),
+                                                          format=format)]
+
     names = [split] if split is not None else known_splits(root)
+    return _layout(str(root), root, blend, names, split, split_shards_here)
+
+
+def _layout(given: str, root: Any, blend: dict[str, Any] | None, names: list[str],
+            split: str | None, shards_of: Any) -> Source:
+    """A layout's splits (``names``), each split's shards from ``shards_of(name)`` as
+    ``(ref, link name)``; splits no sequence fell into are noted, not read."""
     shards: list[Shard] = []
     empty: list[str] = []
     for name in names:
         if split is None and _empty_in_blend(blend, name):
             empty.append(name)
             continue
-        found = find_shards(split_source(root, name), format=format)
-        shards.extend(_shard(r, split=name, dataset=_dataset_of(Path(r[0]).name, blend),
-                             name=Path(r[0]).name) for r in found)
+        shards.extend(_shard(r, split=name, dataset=_dataset_of(link, blend), name=link)
+                      for r, link in shards_of(name))
     if not shards:
         raise FormatError(f"{root}: the output layout holds no shards")
-    return Source(str(root), "layout" if split is None else "split", shards, layout=root,
+    return Source(given, "layout" if split is None else "split", shards, layout=root,
                   blend=blend, empty_splits=empty)
 
 
@@ -262,21 +273,13 @@ def _remote_placed(shard: Shard) -> Shard:
 
 def _remote_layout(root: Location, blend: dict[str, Any], split: str | None,
                    format: str | None, given: str) -> Source:
-    names = [split] if split is not None else list(blend["splits"])
-    shards: list[Shard] = []
-    empty: list[str] = []
-    for name in names:
-        if split is None and _empty_in_blend(blend, name):
-            empty.append(name)
-            continue
+    def split_shards_here(name: str) -> list[tuple[Any, str]]:  # named by the blend's links
         links = blend["splits"].get(name, {}).get("links", [])
-        for k, ref in enumerate(split_shards(root, name, format=format)):
-            link = links[k] if k < len(links) else ref[0].name
-            shards.append(_shard(ref, split=name, dataset=_dataset_of(link, blend), name=link))
-    if not shards:
-        raise FormatError(f"{root}: the output layout holds no shards")
-    return Source(given, "layout" if split is None else "split", shards, layout=root,
-                  blend=blend, empty_splits=empty)
+        return [(ref, links[k] if k < len(links) else ref[0].name)
+                for k, ref in enumerate(split_shards(root, name, format=format))]
+
+    names = [split] if split is not None else list(blend["splits"])
+    return _layout(given, root, blend, names, split, split_shards_here)
 
 
 def _read_remote(location: Location) -> bytes | None:
