@@ -54,7 +54,7 @@ def sql_counts(con, split: str) -> dict[str, int]:
     row = query(con, "SELECT count(*) AS bins, sum(packed_len) AS tokens, sum(num_seqs) AS "
                      "sequences, sum(loss_tokens) AS loss_tokens FROM bins WHERE split = ?",
                 [split])[0]
-    return {k: int(v or 0) for k, v in row.items()}  # sum() over no row is NULL
+    return {k: int(v or 0) for k, v in row.items()}  # sum() over no rows is NULL
 
 
 @settings(max_examples=6, deadline=None)
