@@ -112,13 +112,13 @@ def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
 def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
                ) -> Iterator[tuple[int, T]]:
     """Ctrl-C (SIGINT to the whole process group) is the parent's to handle: workers ignore
-    it; the parent stops them at once (a shard being written stays an unpublished temporary,
-    which the next run sweeps) and starts nothing more. Any other failure cancels the queued
-    jobs and lets those in flight finish."""
+    it; the parent cancels the queued jobs and aborts those in flight (``STOP_JOB``: their
+    writers clean up; a worker killed outright leaves a temporary the next run sweeps). Any other failure
+    cancels the queued jobs and lets those in flight finish."""
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
                              initializer=_ignore_interrupt) as pool:
         with interrupts_held():  # forked with SIGINT held, until the worker ignores it
-            futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+            futures = {pool.submit(_stoppable, fn, job): i for i, job in enumerate(jobs)}
         try:
             for future in as_completed(futures):
                 error = future.exception()
@@ -129,9 +129,13 @@ def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
                     raise error
                 yield futures[future], future.result()
         except KeyboardInterrupt:
-            running = getattr(pool, "_processes", None) or {}  # pid -> Process
-            for process in list(running.values()):
-                process.terminate()  # jobs in flight stop now; queued ones never start
+            for future in futures:
+                future.cancel()  # queued jobs never start
+            for pid in list(getattr(pool, "_processes", None) or {}):
+                try:
+                    os.kill(pid, STOP_JOB)  # jobs in flight abort (see _stoppable)
+                except ProcessLookupError:
+                    pass
             raise
         finally:  # a failure, or a caller that stopped early: drop the jobs not started
             for future in futures:
@@ -149,11 +153,32 @@ def interrupts_held() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
+_IN_JOB = [False]  # in a pool worker: whether a job is running
+STOP_JOB = signal.SIGUSR1
+
+
 def _ignore_interrupt() -> None:
     """In a pool worker: ignore Ctrl-C (the parent stops the pool and reports it, once; no
-    worker prints a traceback), then let signals through again."""
+    worker prints a traceback); ``STOP_JOB`` (SIGUSR1) from the parent aborts the job running
+    (its writer cleans up: nothing half written is published) and leaves an idle worker alone
+    (it exits when the pool shuts down, so the pool never sees a worker vanish; SIGTERM keeps
+    its default, for the pool's own clean-up of a broken pool)."""
+    def stop(signum: int, frame: Any) -> None:
+        if _IN_JOB[0]:
+            raise SystemExit(128 + signum)
+
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(STOP_JOB, stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stoppable(fn: Callable[..., T], job: tuple[Any, ...]) -> T:
+    """``fn(*job)`` in a pool worker, marked as running (see :func:`_ignore_interrupt`)."""
+    _IN_JOB[0] = True
+    try:
+        return fn(*job)
+    finally:
+        _IN_JOB[0] = False
 
 
 def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: int = 2,
