@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -67,8 +68,8 @@ def ray_session(*, workers: int = 2, address: str | None = None,
 
 
 def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,
-             desc: str = "work", executor: str = "process", address: str | None = None
-             ) -> list[T]:
+             desc: str | None = "work", executor: str = "process",
+             address: str | None = None) -> list[T]:
     """``fn(*job)`` for every job (serially, in a process pool, or as Ray tasks); results in
     job order. The first failure cancels the rest and is raised."""
     jobs = list(jobs)
@@ -103,15 +104,21 @@ def iter_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: in
 
 
 def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
-             desc: str = "work") -> list[T]:
+             desc: str | None = "work") -> list[T]:
     """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised."""
     return _in_order(_iter_pool(fn, list(jobs), workers), len(jobs), desc)
 
 
 def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
                ) -> Iterator[tuple[int, T]]:
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        futures = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+    """Ctrl-C (SIGINT to the whole process group) is the parent's to handle: workers ignore
+    it; the parent cancels the queued jobs and aborts those in flight (``STOP_JOB``: their
+    writers clean up; a worker killed outright leaves a temporary the next run sweeps). Any other failure
+    cancels the queued jobs and lets those in flight finish."""
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                             initializer=_ignore_interrupt) as pool:
+        with interrupts_held():  # forked with SIGINT held, until the worker ignores it
+            futures = {pool.submit(_stoppable, fn, job): i for i, job in enumerate(jobs)}
         try:
             for future in as_completed(futures):
                 error = future.exception()
@@ -121,9 +128,57 @@ def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
                 if error is not None:
                     raise error
                 yield futures[future], future.result()
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()  # queued jobs never start
+            for pid in list(getattr(pool, "_processes", None) or {}):
+                try:
+                    os.kill(pid, STOP_JOB)  # jobs in flight abort (see _stoppable)
+                except ProcessLookupError:
+                    pass
+            raise
         finally:  # a failure, or a caller that stopped early: drop the jobs not started
             for future in futures:
                 future.cancel()
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT for the block (the workers forked in it start with it held); one that
+    arrives meanwhile is delivered when the block ends."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+_IN_JOB = [False]  # in a pool worker: whether a job is running
+STOP_JOB = signal.SIGUSR1
+
+
+def _ignore_interrupt() -> None:
+    """In a pool worker: ignore Ctrl-C (the parent stops the pool and reports it, once; no
+    worker prints a traceback); ``STOP_JOB`` (SIGUSR1) from the parent aborts the job running
+    (its writer cleans up: nothing half written is published) and leaves an idle worker alone
+    (it exits when the pool shuts down, so the pool never sees a worker vanish; SIGTERM keeps
+    its default, for the pool's own clean-up of a broken pool)."""
+    def stop(signum: int, frame: Any) -> None:
+        if _IN_JOB[0]:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(STOP_JOB, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stoppable(fn: Callable[..., T], job: tuple[Any, ...]) -> T:
+    """``fn(*job)`` in a pool worker, marked as running (see :func:`_ignore_interrupt`)."""
+    _IN_JOB[0] = True
+    try:
+        return fn(*job)
+    finally:
+        _IN_JOB[0] = False
 
 
 def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: int = 2,

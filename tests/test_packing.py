@@ -407,7 +407,7 @@ def test_plan_bad_pack_size(chat_spool: SpoolReader, capsys: pytest.CaptureFixtu
                             size: str) -> None:
     code, out, err = run_cli(capsys, "plan", str(chat_spool.path), f"--pack-size={size}")
     assert code == 2 and out == ""
-    _one_error_line(err, "pack_size must be a positive integer", size)
+    _one_error_line(err, "argument --pack-size: expected a positive integer", size)
 
 
 def test_plan_unknown_algorithm(chat_spool: SpoolReader,
@@ -445,4 +445,4 @@ def test_plan_in_a_real_process(chat_spool: SpoolReader) -> None:
     assert json.loads(done.stdout)["num_sequences"] == 400
     bad = subprocess.run([*exe, "--pack-size", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stdout == ""
-    _one_error_line(bad.stderr, "pack_size")
+    _one_error_line(bad.stderr, "--pack-size")

@@ -59,19 +59,22 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.sources.outputs import local_input, output
     from packlab.tokenize import tokenize_chat_jsonl
 
     began = time.perf_counter()
-    reader = tokenize_chat_jsonl(args.jsonl, args.out, encoding=args.encoding,
-                                 tokenizer=args.tokenizer, chat_template=args.chat_template,
-                                 workers=args.workers, executor=args.executor,
-                                 address=args.ray_address, overwrite=args.overwrite,
-                                 limit=args.limit, unlocated=args.unlocated)
+    with output(args.out, kind="spool", overwrite=args.overwrite) as local:  # OUT may be a URI
+        reader = tokenize_chat_jsonl(local_input(args.jsonl, what="file"), local,
+                                     encoding=args.encoding, tokenizer=args.tokenizer,
+                                     chat_template=args.chat_template, workers=args.workers,
+                                     executor=args.executor, address=args.ray_address,
+                                     overwrite=args.overwrite, limit=args.limit,
+                                     unlocated=args.unlocated)
     seconds = time.perf_counter() - began
     source = reader.manifest.get("source", {})
     stats = source.get("stats", {})
     summary = {
-        "path": str(reader.path),
+        "path": args.out,
         "encoding": source.get("encoding"),
         "tokenizer": source.get("tokenizer"),
         "chat_template": source.get("chat_template_origin", source.get("template")),

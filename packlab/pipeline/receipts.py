@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import read_json, sha256_file, staged
+from packlab.files import parse_json, sha256_file, staged
 from packlab.formats import open_shard
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -55,15 +55,17 @@ def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
     return final
 
 
-def read_receipt(shard: Path) -> dict[str, Any] | None:
-    """The receipt beside ``shard`` (None without one), checked for what places the shard:
-    it names this very shard, and its ``bins`` are a ``[start, stop)`` pair. Cheap: no hash."""
-    where = receipt_path(shard)
-    if not where.is_file():
-        return None
-    receipt = read_json(where, unreadable="unreadable receipt")
+def parse_receipt(raw: bytes, where: object) -> dict[str, Any]:
+    """A receipt read from anywhere (a file beside its shard, an object beside a remote one)."""
+    receipt = parse_json(raw, where, unreadable="unreadable receipt")
     if not isinstance(receipt, dict):
         raise FormatError(f"{where}: unreadable receipt: not a JSON object")
+    return receipt
+
+
+def placed_receipt(shard: Path, receipt: dict[str, Any], where: object) -> dict[str, Any]:
+    """``receipt`` checked for what places ``shard``: it names this very shard, and its
+    ``bins`` (when it has them) are a ``[start, stop)`` pair."""
     if receipt.get("shard") != shard.name:
         raise FormatError(f"{shard}: its receipt is {receipt.get('shard')!r:.80}'s (shards or "
                           "receipts swapped, or a shard copied over another)")
@@ -73,6 +75,19 @@ def read_receipt(shard: Path) -> dict[str, Any] | None:
         raise FormatError(f"{where}: bins {bins!r:.80} is not a [start, stop) pair (damaged "
                           "receipt)")
     return receipt
+
+
+def read_receipt(shard: Path) -> dict[str, Any] | None:
+    """The receipt beside ``shard`` (None without one), checked for what places the shard
+    (:func:`placed_receipt`). Cheap: no hash."""
+    where = receipt_path(shard)
+    if not where.is_file():
+        return None
+    try:
+        raw = where.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{where}: unreadable receipt: {exc.strerror}") from None
+    return placed_receipt(shard, parse_receipt(raw, where), where)
 
 
 def receipt_places(shards: list[Path]) -> dict[Path, tuple[int, int]]:
@@ -98,11 +113,14 @@ def receipt_places(shards: list[Path]) -> dict[Path, tuple[int, int]]:
     return places
 
 
-def check_receipt(shard: Path) -> dict[str, Any] | None:
-    """Compare a shard with its receipt, if it has one (name, bins, bytes, checksum)."""
-    receipt = read_receipt(shard)
+def check_receipt(shard: Path, receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Compare a shard with its receipt (``receipt``, found by the caller beside a remote
+    shard; or the one beside it, which must name it and place it: :func:`read_receipt`, if it
+    has one): bytes and checksum."""
     if receipt is None:
-        return None
+        receipt = read_receipt(shard)
+        if receipt is None:
+            return None
     size = shard_bytes(shard)
     if size != receipt.get("bytes"):
         raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "
