@@ -60,13 +60,18 @@ def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadabl
         raise FormatError(f"{where}: {unreadable}: {' '.join(str(exc).split())[:200]}") from None
 
 
-def read_json(path: Path, *, unreadable: str = "unreadable JSON") -> Any:
-    """:func:`parse_json` of the file at ``path`` (an OSError is a FormatError too)."""
+def read_bytes(path: Path, *, unreadable: str = "unreadable") -> bytes:
+    """The bytes of a small file (a manifest, a receipt); an OSError is one FormatError
+    ``"{path}: {unreadable}: ..."``."""
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except OSError as exc:
         raise FormatError(f"{path}: {unreadable}: {exc.strerror}") from None
-    return parse_json(data, path, unreadable=unreadable)
+
+
+def read_json(path: Path, *, unreadable: str = "unreadable JSON") -> Any:
+    """:func:`parse_json` of the file at ``path`` (an OSError is a FormatError too)."""
+    return parse_json(read_bytes(path, unreadable=unreadable), path, unreadable=unreadable)
 
 
 def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind: str,
@@ -108,11 +113,8 @@ def read_versioned_json(path: Path, *, version: str, kind: str,
     (each caller says what a missing one means), a FormatError when it cannot be read."""
     if not path.is_file():
         return None
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"{path}: {unreadable}: {exc}") from None
-    return parse_versioned_json(data, path, version=version, kind=kind, unreadable=unreadable)
+    return parse_versioned_json(read_bytes(path, unreadable=unreadable), path, version=version,
+                                kind=kind, unreadable=unreadable)
 
 
 def refuse_existing(final: Path, *, overwrite: bool) -> None:

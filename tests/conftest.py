@@ -61,6 +61,15 @@ def write_random_spool(
     return SpoolReader(path)
 
 
+def random_job(root: Path, *, num_sequences: int, seed: int, pack_size: int = 512
+               ) -> tuple[SpoolReader, BinAssignment]:
+    """A random spool under ``root/spool`` packed first-fit decreasing: what a pack job writes."""
+    spool = write_random_spool(root / "spool", num_sequences=num_sequences, max_len=300,
+                               seed=seed)
+    assignment, _ = pack(spool.lengths, pack_size, algorithm="first_fit_decreasing")
+    return spool, assignment
+
+
 def write_empty_spool(path: Path) -> Path:
     """A spool directory of empty files under a zero-count manifest, built by hand (a
     SpoolWriter refuses to publish an empty spool)."""

@@ -11,22 +11,18 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import one_error_line, run_cli, write_random_spool
+from conftest import one_error_line, random_job, run_cli
 
 from packlab import open_dataset
 from packlab.errors import FormatError
 from packlab.formats import open_shard
 from packlab.layout.validate import validate_path
-from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("damage")
-    spool = write_random_spool(root / "spool", num_sequences=60, max_len=300, seed=5)
-    assignment, _ = pack(spool.lengths, 512, algorithm="first_fit_decreasing")
-    return spool, assignment
+    return random_job(tmp_path_factory.mktemp("damage"), num_sequences=60, seed=5)
 
 
 def output(job, tmp_path: Path, format: str) -> Path:

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_random_spool
+from conftest import random_job, write_random_spool
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
@@ -17,7 +17,6 @@ from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names
 from packlab.layout import build_layout
 from packlab.layout.validate import validate_path
-from packlab.packing import pack
 from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
@@ -27,10 +26,7 @@ FORMATS = format_names()
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("manifest")
-    spool = write_random_spool(root / "spool", num_sequences=90, max_len=300, seed=4)
-    assignment, _ = pack(spool.lengths, 512, algorithm="first_fit_decreasing")
-    return spool, assignment
+    return random_job(tmp_path_factory.mktemp("manifest"), num_sequences=90, seed=4)
 
 
 def write(job, out: Path, name: str, **options) -> list[dict]:

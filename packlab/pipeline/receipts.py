@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json, sha256_file, staged
+from packlab.files import parse_json, read_bytes, sha256_file, staged
 from packlab.formats import open_shard
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -83,10 +83,7 @@ def read_receipt(shard: Path) -> dict[str, Any] | None:
     where = receipt_path(shard)
     if not where.is_file():
         return None
-    try:
-        raw = where.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"{where}: unreadable receipt: {exc.strerror}") from None
+    raw = read_bytes(where, unreadable="unreadable receipt")
     return placed_receipt(shard, parse_receipt(raw, where), where)
 
 
