@@ -146,3 +146,11 @@ def test_damaged_arrow_schema_bytes(job, tmp_path) -> None:
         pa.ipc.open_file(pa.memory_map(str(shard))).schema.names  # noqa: B018
     refused(lambda: open_shard(shard), shard, "schema")
     refused(lambda: validate_path(out), shard)
+
+
+def test_a_spool_manifest_vocab_size_of_the_wrong_type(job, tmp_path) -> None:
+    out = output(job, tmp_path, "packed_index")
+    manifest = tmp_path / "spool" / "manifest.json"
+    values = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**values, "vocab_size": [0, 2**63]}))
+    refused(lambda: validate_path(out), "its spool is missing or changed", "vocab_size")
