@@ -24,10 +24,12 @@ guess costs time, never data: a page nobody advised is read by its own fault.
 Sequential passes (``iter_bins``, ``validate``) switch their maps to the kernel's sequential
 readahead while they last (:func:`sequential`, :func:`scan`): a ``MADV_RANDOM`` map has none.
 
-What it costs instead: a reader keeps its per-bin index (offsets, lengths: 8-20 bytes per bin)
-in RAM, loaded with :func:`load_array` on first read, so a cold read never waits for an index
-page before it knows where the bin is; and one descriptor per mapped file besides the one
-Python's ``mmap`` holds (closed with the reader).
+What it costs instead: a reader keeps its per-bin index (offsets, lengths, and every bin's
+sequence starts: :mod:`packlab.formats.bintable`) in RAM, loaded with :func:`load_array` on
+first read, so a cold read never waits for an index page before it knows where the bin is, and
+waits for two ranges (tokens, mask), not three; and one descriptor per mapped file besides the
+one Python's ``mmap`` holds (closed with the reader). A forked child (a DataLoader worker)
+maps its own: :func:`forget_after_fork`.
 
 Arrays are numpy views of the map; each holds the ``mmap`` through its ``base``, so arrays a
 reader returned stay valid after it is closed or collected (the mapping goes with the last
@@ -61,9 +63,8 @@ T = TypeVar("T")
 
 # Bumped in every forked child: a reader (or dataset) remembers the value it opened its maps
 # under and compares, so a DataLoader worker reopens its own without a getpid() system call
-# per read.
+# per read (see also :func:`forget_after_fork`).
 FORKS = [0]
-os.register_at_fork(after_in_child=lambda: FORKS.__setitem__(0, FORKS[0] + 1))
 
 
 class MappedFile:
@@ -151,34 +152,75 @@ class ReadAdvice:
 
     ``first(start, length)`` is called with the largest byte range of every bin about to be
     returned (in the file of ``fd``). When due, it asks the kernel for the range's first byte
-    without waiting (``preadv2`` with ``RWF_NOWAIT``: fails at once when the page is not in the
-    page cache). Cold: it advises the range and returns True, and the caller :func:`advise` s
-    the bin's other ranges, so all of them are read at once. Due: for ``STAY`` reads after the
-    last cold one (and from the start), then every ``SAMPLE``-th read, to notice when reads
-    start finding cold bins (a page cache that stopped holding the shard).
+    without waiting (:meth:`probe`: ``preadv2`` with ``RWF_NOWAIT`` fails at once when the page
+    is not in the page cache). Cold: it advises the range and returns True, and the caller
+    :func:`advise` s the bin's other ranges, so all of them are read at once. Due: for ``STAY``
+    reads after the last cold one (and from the start), then every ``SAMPLE``-th read, to
+    notice when reads start finding cold bins (a page cache that stopped holding the shard).
+
+    ``due`` counts the reads until the next probe (below 0: probe now), so a hot path can keep
+    the count itself (``advice.due -= 1; if advice.due < 0: ...``) and call :meth:`probe` only
+    when it is due, without a method call on the other reads.
     """
 
-    __slots__ = ("fd", "credit", "tick", "_probe")
+    __slots__ = ("fd", "credit", "due", "_probe")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.credit = STAY
-        self.tick = 0
+        self.due = 0
         self._probe = [bytearray(1)]
 
     def first(self, start: int, length: int) -> bool:
-        if self.credit <= 0:
-            self.tick += 1
-            if self.tick % SAMPLE:
-                return False
-        _fadvise(self.fd, start, length, WILLNEED)  # its missing pages: one request
+        self.due -= 1
+        if self.due >= 0:
+            return False
+        return self.probe(start, length)
+
+    def probe(self, start: int, length: int) -> bool:
+        """Whether the first byte of ``[start, start + length)`` is cold (then the range is
+        advised: its missing pages in one request); ``due`` set for the next probe (the next
+        read while credit lasts, else ``SAMPLE`` reads). Asking first costs a warm probe one
+        system call, and no advice can race the answer."""
         try:
             _preadv(self.fd, self._probe, start, _NOWAIT)
-        except OSError:  # EAGAIN: was not cached, is being read (or no RWF_NOWAIT here)
+        except OSError:  # EAGAIN: not cached (or no RWF_NOWAIT here: advise anyway)
+            _fadvise(self.fd, start, length, WILLNEED)
             self.credit = STAY
+            self.due = 0
             return True
         self.credit -= 1
+        self.due = 0 if self.credit > 0 else SAMPLE - 1
         return False
+
+
+class NoAdvice:
+    """The advice of bins already in RAM: never due (a hot path counts ``due`` down from 2**62)."""
+
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
+        self.due = 1 << 62
+
+
+# -- forked children -----------------------------------------------------------------------------
+_FORGET: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def forget_after_fork(owner: Any) -> None:
+    """Call ``owner.forget_maps()`` in every forked child (a DataLoader worker), so the child
+    maps and opens its own files on its first read instead of sharing the parent's descriptors.
+    Costs nothing per read; ``owner`` is held weakly."""
+    _FORGET.add(owner)
+
+
+def _after_fork_in_child() -> None:
+    FORKS[0] += 1
+    for owner in list(_FORGET):
+        owner.forget_maps()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager

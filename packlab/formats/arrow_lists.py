@@ -19,7 +19,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.invariants import check_csr
 
@@ -142,6 +142,15 @@ class ListBuffer:
             pa.ListArray.from_arrays(seq, from_numpy(a["seq_start_id"])),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def bin_checksums(self) -> np.ndarray:
+        """Each buffered bin's :func:`~packlab.bins.bin_checksum` (uint64)."""
+        a = self.arrays()
+        ids, mask, starts = a["input_ids"], a["loss_mask"], a["seq_start_id"]
+        tok, seq = a["token_offsets"].tolist(), a["seq_offsets"].tolist()
+        return np.array([bin_checksum(ids[tok[b]:tok[b + 1]], mask[tok[b]:tok[b + 1]],
+                                      starts[seq[b]:seq[b + 1]]) for b in range(self.rows)],
+                        dtype=np.uint64)
 
     def crc32(self) -> int:
         a = self.arrays()

@@ -386,6 +386,11 @@ class ShardReader(FormatFacts, ABC):
         for i in range(self.num_bins):
             yield self.read_bin(i)
 
+    def bin_table(self) -> Any:
+        """This process's :class:`~packlab.formats.bintable.BinTable` when the shard's bins are
+        slices of its memory-mapped files (the datasets' one-call read path), else None."""
+        return None
+
     def packed_lengths(self) -> np.ndarray:
         """Packed length of every bin (int64), from the index/metadata where possible."""
         return np.array([self.read_bin(i).packed_len for i in range(self.num_bins)], dtype=np.int64)
