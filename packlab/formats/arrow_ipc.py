@@ -96,6 +96,7 @@ class ArrowIpcFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     ZERO_COPY = True
+    BUFFERED_BINS = DEFAULT_BATCH_SIZE
     detect = staticmethod(detect)
 
 
@@ -137,7 +138,8 @@ class Writer(ArrowIpcFacts, ShardWriter):
         if self.batch_size * self.pack_size > 2**31 - 1:
             raise PacklabError(f"{self.path}: batch_size {self.batch_size} x pack_size "
                                f"{self.pack_size} overflows int32 list offsets; use smaller batches")
-        self._buffer = ListBuffer(self.batch_size, source=str(self.path))
+        self._buffer = ListBuffer(self.batch_size, source=str(self.path),
+                                  capacity=self.batch_size * self.pack_size)
         self._bins_flushed = self._tokens_flushed = self._seqs_flushed = 0
         static = {"format": FORMAT, "version": VERSION, "pack_size": self.pack_size,
                   "batch_size": self.batch_size, "compression": self.compression,

@@ -88,6 +88,10 @@ class FormatFacts:
     #: a shard is one Parquet file that SQL engines scan as it is (DuckDB ``read_parquet``,
     #: polars ``scan_parquet``), so ``packlab query`` reads it
     SQL_READABLE: ClassVar[bool] = False
+    #: bins the writer holds before it writes them out, at its defaults (a row group, a record
+    #: batch; 1 for a writer that writes each bin as it comes): its memory is bounded by that
+    #: many bins' bytes (times what its encoder needs) plus a constant, never by the shard
+    BUFFERED_BINS: ClassVar[int] = 1
 
     @classmethod
     def is_directory(cls) -> bool:

@@ -577,16 +577,49 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
     check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)
 
 
-def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int) -> np.ndarray:
+def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
+                       window: int = 1 << 20) -> np.ndarray:
     """Each indexed sequence's xxh3_64 as a bin uses it: its first ``min(length, pack_size)``
-    tokens' bytes (int32) seeding the hash of as many mask bytes (uint8)."""
-    tokens = memoryview(np.asarray(spool.tokens)).cast("B")
-    masks = memoryview(np.asarray(spool.masks)).cast("B")
+    tokens' bytes (int32) seeding the hash of as many mask bytes (uint8).
+
+    The spool is read in file order, ``window`` tokens at a time into two reused buffers
+    (``preadv``, no memory map: the writer's memory stays flat however large the spool), the
+    sequences hashed where they fall and the checksums put back in the order asked.
+    """
     index = np.asarray(indices, dtype=np.int64)
-    first = np.asarray(spool.offsets[index], dtype=np.int64).tolist()
-    kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size).tolist()
-    return np.array([xxh3_64_intdigest(masks[a:a + n], xxh3_64_intdigest(tokens[4 * a:4 * (a + n)]))
-                     for a, n in zip(first, kept, strict=True)], dtype=np.uint64)
+    first = np.asarray(spool.offsets[index], dtype=np.int64)
+    kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
+    order = np.argsort(first, kind="stable")
+    out = np.empty(index.shape[0], dtype=np.uint64)
+    tokens = bytearray(4 * window)
+    masks = bytearray(window)
+    fds = [os.open(spool.path / SPOOL_FILES[name], os.O_RDONLY) for name in ("tokens", "masks")]
+    try:
+        starts, counts = first[order].tolist(), kept[order].tolist()
+        k = 0
+        while k < len(starts):
+            lo, hi, j = starts[k], starts[k] + counts[k], k + 1
+            while j < len(starts) and max(hi, starts[j] + counts[j]) - lo <= window:
+                hi, j = max(hi, starts[j] + counts[j]), j + 1
+            if 4 * (hi - lo) > len(tokens):  # one sequence longer than the window
+                tokens, masks = bytearray(4 * (hi - lo)), bytearray(hi - lo)
+            tv, mv = memoryview(tokens), memoryview(masks)
+            _read_exactly(fds[0], tv[:4 * (hi - lo)], 4 * lo, spool.path)
+            _read_exactly(fds[1], mv[:hi - lo], lo, spool.path)
+            for m in range(k, j):
+                a, n = starts[m] - lo, counts[m]
+                out[order[m]] = xxh3_64_intdigest(mv[a:a + n],
+                                                  xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
+            k = j
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return out
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int, where: Path) -> None:
+    if os.preadv(fd, [into], offset) != into.nbytes:
+        raise FormatError(f"{where}: spool files shorter than its offsets say (truncated)")
 
 
 def _save_npy(path: Path, values: np.ndarray, dtype: str = "<i8") -> dict[str, Any]:
