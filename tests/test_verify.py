@@ -235,3 +235,25 @@ def _strip_checksums(name: str, shard: Path) -> None:
         with pa.OSFile(str(shard), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
             for batch, info in batches:
                 writer.write_batch(batch, custom_metadata={METADATA_KEY: info})
+
+
+# -- what it costs (notebook 05) ----------------------------------------------------------------
+def test_integrity_costs_measure_every_check_and_the_rule_picks_the_defaults(
+        written: dict[str, object]) -> None:
+    from packlab.measure.integrity import COSTS, defaults_rule, integrity_costs
+
+    rows = {name: integrity_costs(written[name], samples=40, seed=1)  # type: ignore[arg-type]
+            for name in ("memmap_v1", "parquet", "legacy_npy_pickle")}
+    mapped = rows["memmap_v1"]
+    assert mapped["verify_available"] and mapped["samples"] == 40
+    for cost in COSTS:
+        assert 0 < mapped[f"{cost}_p50_us"] <= mapped[f"{cost}_p99_us"]
+    assert mapped["structure_ns_per_bin"] > 0 and rows["parquet"]["structure_ns_per_bin"] is None
+    assert mapped["verify_ratio"] == mapped["verified_p50_us"] / mapped["read_p50_us"]
+    rule = defaults_rule({"a": {"verify_ratio": 1.5, "check_bin_ratio": 0.8},
+                          "b": {"verify_ratio": 1.05, "check_bin_ratio": 0.02},
+                          "c": {"verify_ratio": 1.3, "check_bin_ratio": 0.5}})
+    assert rule["verify_added"] == pytest.approx(0.3) and not rule["verify_default"]
+    assert rule["check_bin_added"] == pytest.approx(0.5) and not rule["check_bin_default"]
+    cheap = defaults_rule({"a": {"verify_ratio": 1.04, "check_bin_ratio": 0.05}})
+    assert cheap["verify_default"] and cheap["check_bin_default"]

@@ -79,6 +79,7 @@ from packlab.formats.base import (
 )
 from packlab.formats.parquet_layout import (
     DEFAULT_LAYOUT,
+    LAYOUTS,
     ParquetEncoding,
     layout_named,
     with_options,
@@ -134,6 +135,9 @@ class Writer(ParquetFacts, ShardWriter):
     memory goes back after each row group (``MemoryPool.release_unused``), so nothing grows with
     the number of row groups (the writer-memory contract test, notebook 04).
     """
+
+    LAYOUT_NAMES: ClassVar[tuple[str, ...]] = (DEFAULT_LAYOUT,
+                                               *(n for n in LAYOUTS if n != DEFAULT_LAYOUT))
 
     def __init__(
         self,

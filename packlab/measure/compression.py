@@ -47,6 +47,7 @@ from packlab.formats.arrow_lists import (
 )
 from packlab.formats.parquet_layout import (  # noqa: F401 - the recipes, re-exported
     CODECS,
+    DEFAULT_LAYOUT,
     LAYOUTS,
     MASK_ENCODINGS,
     RFC_ENCODING,
@@ -97,11 +98,23 @@ def candidate_encodings() -> list[ParquetEncoding]:
     return out
 
 
+def page_encodings() -> list[ParquetEncoding]:
+    """Larger data pages (4 and 16 MiB against pyarrow's 1 MiB): zstd compresses each page on
+    its own, so a larger page lets it find repeats farther apart."""
+    out = []
+    for tokens, level in (("plain", 9), ("plain", 15), ("byte_stream_split", 9)):
+        for page in (4 << 20, 16 << 20):
+            out.append(ParquetEncoding(level=level, tokens=tokens, starts="delta",
+                                       page_size=page))
+    return out
+
+
 def study_encodings(*, uint16: bool) -> list[ParquetEncoding]:
-    """The RFC's encoding first, then the codec sweep, the encodings, the candidates; each once."""
+    """The RFC's encoding first, then the codec sweep, the encodings, the candidates, the page
+    sizes and the ``parquet`` writer's named layouts; each once."""
     out: dict[str, ParquetEncoding] = {}
     for encoding in (RFC_ENCODING, *codec_encodings(), *column_encodings(uint16=uint16),
-                     *candidate_encodings()):
+                     *candidate_encodings(), *page_encodings(), *LAYOUTS.values()):
         out.setdefault(encoding.name, encoding)
     return list(out.values())
 
