@@ -62,40 +62,39 @@ class Sink:
               ) -> tuple[int, int]:
         """``read(*args)`` and the delivery of what it returned, inside the timer:
         ``(nanoseconds, bytes)`` (the bytes counted after the clock stops). ``batch``: it
-        returns a list of items or bins. A dataset item's copies are inline here: a timed
-        read pays them, not a method call around them."""
+        returns a list of items or bins. Items' copies are inline here (:meth:`copy_batch`'s
+        loop): a timed read pays them, not a method call around them."""
         arg = args[0] if len(args) == 1 else args
         call = read if len(args) == 1 else (lambda packed: read(*packed))
         ids, mask, bounds = self.ids, self.mask, self.bounds
         began = time.perf_counter_ns()
         got = call(arg)
-        if type(got) is dict and len(got["input_ids"]) <= len(ids) and \
-                len(got["seq_boundaries"]) <= len(bounds):
-            n = len(got["input_ids"])
-            ids[:n] = got["input_ids"]
-            mask[:n] = got["loss_mask"]
-            bounds[:len(got["seq_boundaries"])] = got["seq_boundaries"]
-        elif batch:
-            self.copy_batch(got)
-        else:
-            self.copy(got)
+        try:
+            if batch:
+                for one in got:
+                    a = one["input_ids"]
+                    n = len(a)
+                    ids[:n] = a
+                    mask[:n] = one["loss_mask"]
+                    b = one["seq_boundaries"]
+                    bounds[:len(b)] = b
+            else:
+                a = got["input_ids"]
+                n = len(a)
+                ids[:n] = a
+                mask[:n] = got["loss_mask"]
+                b = got["seq_boundaries"]
+                bounds[:len(b)] = b
+        except (ValueError, TypeError, KeyError, IndexError):  # larger than the buffers, or bins
+            self.copy_batch(got if batch else [got])
         elapsed = time.perf_counter_ns() - began
         return elapsed, (sum(nbytes(one) for one in got) if batch else nbytes(got))
 
     def copy_batch(self, batch: list[Any]) -> None:
-        """Copy a batch's items (or bins) one after the other into the buffers: slice
-        assignments in one loop (cheaper per array than ``np.concatenate``, measured)."""
-        ids, mask, bounds = self.ids, self.mask, self.bounds
+        """Copy a batch's items (or bins) one after the other into the buffers (slice
+        assignments: cheaper per array than ``np.concatenate``, measured)."""
         for one in batch:
-            if type(one) is dict and len(one["input_ids"]) <= len(ids) and \
-                    len(one["seq_boundaries"]) <= len(bounds):
-                n = len(one["input_ids"])
-                ids[:n] = one["input_ids"]
-                mask[:n] = one["loss_mask"]
-                bounds[:len(one["seq_boundaries"])] = one["seq_boundaries"]
-            else:
-                self.copy(one)
-                ids, mask, bounds = self.ids, self.mask, self.bounds
+            self.copy(one)
 
     def copy(self, got: Any) -> None:
         """Copy one item or bin into the buffers (nothing counted: the timed path)."""

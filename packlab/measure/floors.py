@@ -12,7 +12,9 @@
 - **memcpy** of the bytes a read returned, and a **raw pread** of as many bytes at the bin's
   relative position in the largest data file (readahead off; cold: the file evicted first):
   :func:`byte_floors`, a second pass over the indices the format read, after it, so the
-  format's readahead does not slow them;
+  format's readahead does not slow them (a cold pread is timed right after each cold read
+  instead, :class:`Pread`: the device's load, shared with other jobs, changes faster than a
+  pass);
 - the cold floors of a **memory map** (:func:`mmap_floors`): one cold read four ways, and the
   pages each really read.
 """
@@ -238,6 +240,32 @@ def raw_floor(source: Any) -> RawCsr | None:
 
 
 # -- memcpy and pread of the same bytes ----------------------------------------------------------
+class Pread:
+    """The raw ``pread`` floor: ``nbytes`` read with one system call at a bin's relative
+    position in ``big`` (the shard's largest data file; ``POSIX_FADV_RANDOM``: no readahead;
+    cold: ``big`` evicted until ``mincore`` finds no page first). ``worst``: the most pages found
+    resident before a cold pread."""
+
+    def __init__(self, big: Path, num_bins: int) -> None:
+        self.span = big.stat().st_size
+        self.big = big
+        self.num_bins = num_bins
+        self.worst = 0
+        self.fd = os.open(big, os.O_RDONLY)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead
+
+    def time(self, index: int, nbytes: int, *, cold: bool) -> int:
+        offset = index * max(self.span - nbytes, 0) // max(self.num_bins - 1, 1)
+        if cold:
+            self.worst = max(self.worst, drop_until_cold([self.big]))
+        began = time.perf_counter_ns()
+        os.pread(self.fd, nbytes, offset)
+        return time.perf_counter_ns() - began
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def byte_floors(
     floor: Any,
     big: Path,
@@ -247,22 +275,19 @@ def byte_floors(
     num_bins: int,
     cold: bool,
     sink: Sink,
+    pread_ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """The floors' pass over the batches a format read and the bytes it returned, per bin:
     the Python floor reading the same batch (delivered), a memcpy of the same bytes
-    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them at the first
-    bin's relative position in ``big`` (``POSIX_FADV_RANDOM``: no readahead; cold: ``big``
-    evicted until ``mincore`` finds no page first). Returns nanoseconds per bin, shape
+    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`;
+    ``pread_ns``: timed already, beside the format's reads). Returns nanoseconds per bin, shape
     ``(3, len(sizes))``, and the most pages found resident before a cold pread."""
     batch_size = batches.shape[1]
     one, many = reads(floor)
     src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
     dst = np.ones_like(src)
-    span = big.stat().st_size
     ns = np.zeros((3, sizes.shape[0]), dtype=np.int64)
-    worst = 0
-    fd = os.open(big, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead on the floor's reads
+    pread = Pread(big, num_bins) if pread_ns is None else None
     try:
         for k, nbytes in enumerate(sizes.tolist()):
             batch = batches[k]
@@ -273,15 +298,14 @@ def byte_floors(
             began = time.perf_counter_ns()
             np.copyto(dst[:nbytes], src[:nbytes])
             ns[1, k] = time.perf_counter_ns() - began
-            offset = int(batch[0]) * max(span - nbytes, 0) // max(num_bins - 1, 1)
-            if cold:
-                worst = max(worst, drop_until_cold([big]))
-            began = time.perf_counter_ns()
-            os.pread(fd, nbytes, offset)
-            ns[2, k] = time.perf_counter_ns() - began
+            if pread is not None:
+                ns[2, k] = pread.time(int(batch[0]), nbytes, cold=cold)
     finally:
-        os.close(fd)
-    return ns // batch_size, worst
+        if pread is not None:
+            pread.close()
+    if pread_ns is not None:
+        ns[2] = pread_ns
+    return ns // batch_size, 0 if pread is None else pread.worst
 
 
 # -- the cold floors of a memory map ----------------------------------------------------------

@@ -13,8 +13,10 @@ the same loop, each step alternating which goes first and reading the bin half t
 away (the same seeded indices, never a bin the other just pulled into the CPU's caches).
 Then, in a second pass over the same indices and byte counts (after the format's, so its
 readahead does not slow them: :func:`packlab.measure.floors.byte_floors`), the floors: the
-Python floor (the same access path over the bins in RAM), a memcpy and a raw pread of the same
-bytes. Readers keep whatever readahead they get: on a machine with a large ``read_ahead_kb`` a
+Python floor (the same access path over the bins in RAM), a memcpy and, warm, a raw pread of
+the same bytes. Cold, the raw pread of the same bytes is timed right after each cold read,
+its file evicted again first: the device is shared with other jobs, and its load changes
+faster than a pass. Readers keep whatever readahead they get: on a machine with a large ``read_ahead_kb`` a
 cold memory-mapped read can cost far more than the bytes it returns, and the ratio shows it.
 Report the median and the tail, never one run.
 
@@ -32,7 +34,7 @@ import numpy as np
 
 from packlab.errors import PacklabError
 from packlab.measure.delivery import Budget, Sink, percentiles
-from packlab.measure.floors import byte_floors, checked_floor, raw_floor
+from packlab.measure.floors import Pread, byte_floors, checked_floor, raw_floor
 from packlab.measure.pagecache import drop_until_cold
 from packlab.measure.reading import (
     CACHES,
@@ -100,6 +102,8 @@ def random_access(
         raw.read_batch(range(n))
     ns = np.zeros(samples, dtype=np.int64)
     raw_ns = np.zeros(samples, dtype=np.int64)
+    pread_ns = np.zeros(samples, dtype=np.int64)
+    pread = Pread(big, n) if cold else None
     sizes = np.zeros(samples, dtype=np.int64)
     worst, taken, budget = 0, samples, Budget(max_seconds)
     try:
@@ -114,6 +118,9 @@ def random_access(
                 ns[k], sizes[k] = sink.timed(one, int(batch[0]))
             else:
                 ns[k], sizes[k] = sink.timed(many, batch.tolist(), batch=True)
+            if pread is not None:  # the same bytes, cold, right after: the same device load
+                time.sleep(0.002)  # the read's advised pages landed (evicted next)
+                pread_ns[k] = pread.time(int(batch[0]), int(sizes[k]), cold=True)
             if raw is not None and not k % 2:
                 raw_ns[k] = _timed_raw(raw, batches[(k + samples // 2) % samples])
             if budget.spent(k + 1):
@@ -121,10 +128,13 @@ def random_access(
                 break
     finally:
         source.close()
-    if cold:
-        time.sleep(0.2)  # let the reader's asynchronous readahead drain before the floors
+        if pread is not None:
+            pread.close()
     floors, left = byte_floors(floor, big, batches[:taken], sizes[:taken], num_bins=n,
-                               cold=cold, sink=sink)  # pass 2: the floors
+                               cold=cold, sink=sink,
+                               pread_ns=pread_ns[:taken] if cold else None)  # pass 2
+    if pread is not None:
+        left = pread.worst
     out: dict[str, Any] = {"path": str(path), "format": format_of(source), "cache": cache,
                            "via": "dataset" if is_dataset(source) else "reader",
                            "samples": taken, "batch_size": batch_size, "seed": seed,
