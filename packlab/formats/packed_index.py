@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from xxhash import xxh3_64_intdigest
@@ -70,8 +70,14 @@ from packlab.formats.base import (
     index_list,
     read_directory_manifest,
 )
+from packlab.formats.spool_gather import (
+    SUMS,
+    Gather,
+    build_gather,
+    gather_bin,
+    sequence_checksums,
+)
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.spool import FILES as SPOOL_FILES
@@ -84,9 +90,7 @@ LAYOUT = "packed_index_v1"
 MANIFEST = "manifest.json"
 OFFSETS = "bin_offsets.npy"
 INDICES = "seq_indices.npy"
-SUMS = "seq_checksums.npy"
 NEEDS_SPOOL = True
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 def detect(path: Path) -> bool:
@@ -303,7 +307,7 @@ class Reader(PackedIndexFacts, ShardReader):
         self._assignment: BinAssignment | None = None
         self._spool: SpoolReader | None = None
         self._materializer: BinMaterializer | None = None
-        self._gather: _Gather | None = None
+        self._gather: Gather | None = None
 
     @classmethod
     def spool_reference(cls, shard: Path) -> dict[str, str]:
@@ -373,13 +377,13 @@ class Reader(PackedIndexFacts, ShardReader):
         assert self._assignment is not None
         return self._assignment
 
-    def _gatherer(self) -> _Gather:
+    def _gatherer(self) -> Gather:
         """The spool mapped for random access and, in RAM, where every sequence of every bin
         is (16 bytes per sequence; 24 with ``verify``): built once per process, on the first
         read."""
         if self._gather is None:
             sums = _load_npy(self.path / SUMS, "<u8") if self.verify else None
-            self._gather = _build_gather(self, self._open_index(), sums)
+            self._gather = build_gather(self.path, self._open_index(), sums)
         return self._gather
 
     def read_bin(self, index: int) -> PackedBin:
@@ -388,16 +392,16 @@ class Reader(PackedIndexFacts, ShardReader):
         g = self._gather if self._gather is not None else self._gatherer()
         if not 0 <= index < self.num_bins:
             index = self.check_index(index)
-        return _gather_bin(g, index) if g.sums is None else self._verified(g, index)
+        return gather_bin(g, index) if g.sums is None else self._verified(g, index)
 
     def read_bins(self, indices: Any) -> list[PackedBin]:
         g = self._gather if self._gather is not None else self._gatherer()
         count = self.num_bins
-        gather = _gather_bin if g.sums is None else self._verified
+        gather = gather_bin if g.sums is None else self._verified
         return [gather(g, i if 0 <= i < count else self.check_index(i))
                 for i in index_list(indices)]
 
-    def _verified(self, g: _Gather, b: int) -> PackedBin:
+    def _verified(self, g: Gather, b: int) -> PackedBin:
         """Bin ``b``, each sequence's tokens and mask in the spool hashed against the shard's
         record first (and the mask values checked: 0 or 1)."""
         tokens, masks = g.token_bytes, g.mask_bytes
@@ -408,7 +412,7 @@ class Reader(PackedIndexFacts, ShardReader):
                 raise FormatError(f"{self.path}: bin {b}: its sequence {k - g.bin_of[b]} "
                                   f"differs from the spool {self.spool_path} it was packed "
                                   "from (changed in place; corrupted)")
-        packed = _gather_bin(g, b)
+        packed = gather_bin(g, b)
         if packed.loss_mask.shape[0] and int(packed.loss_mask.max()) > 1:
             raise FormatError(f"{self.path}: bin {b}: loss_mask value "
                               f"{int(packed.loss_mask.max())} from the spool (must be 0 or 1)")
@@ -464,87 +468,6 @@ class Reader(PackedIndexFacts, ShardReader):
                               f"{self.spool_path} it was packed from (changed in place)")
 
 
-class _Gather(NamedTuple):
-    """What a read gathers from: the spool's data mapped, the bins' sequences in RAM."""
-
-    tokens: np.ndarray  # the spool's tokens.bin (int32), mapped
-    masks: np.ndarray  # its masks.bin (uint8, unshifted)
-    bin_of: memoryview  # int64[num_bins + 1]: bin b holds sequences bin_of[b]:bin_of[b + 1]
-    start_of: memoryview  # int64 per sequence (layout order): its first token in the spool
-    kept_of: memoryview  # int64 per sequence: its tokens in the bin (truncated to pack_size)
-    packed_of: memoryview  # int64[num_bins]: each bin's packed length
-    token_fd: int
-    mask_fd: int
-    advice: ReadAdvice  # when to advise a bin's sequences before a read
-    files: tuple[MappedFile, MappedFile]
-    token_bytes: memoryview  # the two spool maps as bytes, for the checksums (verify)
-    mask_bytes: memoryview
-    sums: memoryview | None  # each sequence's recorded checksum (verify), else None
-
-
-def _build_gather(reader: Reader, materializer: BinMaterializer,
-                  sums: np.ndarray | None = None) -> _Gather:
-    """Gather tables from the assignment and the spool, checked as the materializer checks."""
-    spool, part = materializer.spool, materializer.assignment
-    offsets = np.array(part.bin_offsets, dtype=np.int64)
-    indices = np.asarray(part.seq_indices)
-    lengths = spool.lengths[indices].astype(np.int64)
-    long = lengths > part.pack_size
-    if part.overlong != "truncate" and long.any():
-        b = int(np.searchsorted(offsets, int(np.argmax(long)), side="right") - 1)
-        raise FormatError(f"{reader.path}: bin {b}: a sequence longer than pack_size "
-                          f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
-    kept = np.minimum(lengths, part.pack_size)
-    starts = spool.offsets[indices].astype(np.int64)
-    ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
-    np.cumsum(kept, out=ends[1:])
-    packed = ends[offsets[1:]] - ends[offsets[:-1]]
-    bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
-    if bad.any() or (starts + kept > spool.num_tokens).any():
-        b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
-            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
-        raise FormatError(f"{reader.path}: bin {b} does not fit its spool {spool.path} "
-                          "(empty, over pack_size or past the spool's tokens; run validate)")
-    files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
-             MappedFile(spool.path / SPOOL_FILES["masks"]))
-    if sums is not None and sums.shape[0] != indices.shape[0]:
-        raise FormatError(f"{reader.path / SUMS}: {sums.shape[0]} checksums for "
-                          f"{indices.shape[0]} sequences (corrupted)")
-    tokens = files[0].view("<i4", 0, spool.num_tokens)
-    masks = files[1].view("|u1", 0, spool.num_tokens)
-    return _Gather(tokens, masks, memoryview(offsets), memoryview(starts), memoryview(kept),
-                   memoryview(packed), files[0].fd, files[1].fd, ReadAdvice(files[0].fd), files,
-                   memoryview(tokens).cast("B"), memoryview(masks),
-                   None if sums is None else memoryview(np.ascontiguousarray(sums)))
-
-
-def _gather_bin(g: _Gather, b: int) -> PackedBin:
-    """Bin ``b`` copied out of the spool, its loss mask aligned per sub-sequence as it goes
-    (``loss[j] = mask[j + 1]`` inside a sequence, 0 at its last token)."""
-    tokens, masks, bin_of, start_of, kept_of, packed_of = g[:6]
-    lo = bin_of[b]
-    hi = bin_of[b + 1]
-    if g.advice.first(4 * start_of[lo], 4 * kept_of[lo]):  # cold: every sequence at once
-        for k in range(lo, hi):
-            advise(g.token_fd, 4 * start_of[k], 4 * kept_of[k])
-            advise(g.mask_fd, start_of[k], kept_of[k])
-    n = packed_of[b]
-    ids = np.empty(n, dtype=np.int32)
-    loss = np.empty(n, dtype=np.uint8)
-    starts = []
-    pos = 0
-    for k in range(lo, hi):
-        s = start_of[k]
-        c = kept_of[k]
-        end = pos + c
-        ids[pos:end] = tokens[s:s + c]
-        loss[pos:end - 1] = masks[s + 1:s + c]
-        loss[end - 1] = 0
-        starts.append(pos)
-        pos = end
-    return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
-
-
 def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarray, *,
                       source: str) -> None:
     """CSR well formed, indices inside the spool, policy honoured, every bin's invariants.
@@ -575,51 +498,6 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
     ends = np.cumsum(kept)
     starts = ends - kept - np.repeat(token_offsets[:-1], np.diff(offsets))
     check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)
-
-
-def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
-                       window: int = 1 << 20) -> np.ndarray:
-    """Each indexed sequence's xxh3_64 as a bin uses it: its first ``min(length, pack_size)``
-    tokens' bytes (int32) seeding the hash of as many mask bytes (uint8).
-
-    The spool is read in file order, ``window`` tokens at a time into two reused buffers
-    (``preadv``, no memory map: the writer's memory stays flat however large the spool), the
-    sequences hashed where they fall and the checksums put back in the order asked.
-    """
-    index = np.asarray(indices, dtype=np.int64)
-    first = np.asarray(spool.offsets[index], dtype=np.int64)
-    kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
-    order = np.argsort(first, kind="stable")
-    out = np.empty(index.shape[0], dtype=np.uint64)
-    tokens = bytearray(4 * window)
-    masks = bytearray(window)
-    fds = [os.open(spool.path / SPOOL_FILES[name], os.O_RDONLY) for name in ("tokens", "masks")]
-    try:
-        starts, counts = first[order].tolist(), kept[order].tolist()
-        k = 0
-        while k < len(starts):
-            lo, hi, j = starts[k], starts[k] + counts[k], k + 1
-            while j < len(starts) and max(hi, starts[j] + counts[j]) - lo <= window:
-                hi, j = max(hi, starts[j] + counts[j]), j + 1
-            if 4 * (hi - lo) > len(tokens):  # one sequence longer than the window
-                tokens, masks = bytearray(4 * (hi - lo)), bytearray(hi - lo)
-            tv, mv = memoryview(tokens), memoryview(masks)
-            _read_exactly(fds[0], tv[:4 * (hi - lo)], 4 * lo, spool.path)
-            _read_exactly(fds[1], mv[:hi - lo], lo, spool.path)
-            for m in range(k, j):
-                a, n = starts[m] - lo, counts[m]
-                out[order[m]] = xxh3_64_intdigest(mv[a:a + n],
-                                                  xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
-            k = j
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return out
-
-
-def _read_exactly(fd: int, into: memoryview, offset: int, where: Path) -> None:
-    if os.preadv(fd, [into], offset) != into.nbytes:
-        raise FormatError(f"{where}: spool files shorter than its offsets say (truncated)")
 
 
 def _save_npy(path: Path, values: np.ndarray, dtype: str = "<i8") -> dict[str, Any]:

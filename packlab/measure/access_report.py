@@ -247,7 +247,7 @@ def integrity_findings(rows: Mapping[str, Mapping[str, Any]], rule: Mapping[str,
             holds(rule["check_bin_added"] <= budget)))
     if rule["verify_added"] is not None:
         out.append(finding(
-            f"verify=True (per-bin checksum + content invariants) adds at most {budget:.0%} to "
+            f"verify=True (the per-bin checksum) adds at most {budget:.0%} to "
             "a warm read", f"median {rule['verify_added']:+.0%} ("
             + ", ".join(f"{n} {rows[n]['verify_ratio'] - 1:+.0%}" for n in fast
                         if rows[n].get("verify_ratio")) + ")",

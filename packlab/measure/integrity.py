@@ -4,8 +4,8 @@ One loop over the same seeded bins, each step timing, on the bin it reads (deliv
 :mod:`packlab.measure.latency` delivers):
 
 - ``read``: ``dataset[i]`` as opened by default (``verify=False``);
-- ``verified``: ``dataset[i]`` opened with ``verify=True`` (the per-bin checksum and the
-  content invariants for the memory-mapped formats; page CRCs for Parquet; see each format);
+- ``verified``: ``dataset[i]`` opened with ``verify=True`` (the per-bin checksum for the
+  memory-mapped formats, each sequence's for ``packed_index``; page CRCs for Parquet);
 - ``check_bin``: :func:`packlab.invariants.check_bin` on the bin just read: what checking every
   invariant on every read would add;
 - ``xxh3`` and ``crc32``: the bin's bytes (tokens, mask, boundaries) hashed by each, the
