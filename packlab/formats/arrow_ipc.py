@@ -73,6 +73,7 @@ from packlab.formats.bintable import (
     TableReads,
     check_checksums,
     ram_table,
+    refuse_unverifiable,
 )
 from packlab.mapping import MappedFile, sequential
 
@@ -257,6 +258,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
                                  else verify_checksums or self.verify
                                  ) and self.packlab is not None
         self.has_checksums = (self.packlab or {}).get("bin_checksum") == CHECKSUM
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         if self.packlab is not None:
             self._index_from_metadata(pack_size)
         else:

@@ -63,7 +63,13 @@ from packlab.formats.base import (
     read_directory_manifest,
     starts_with,
 )
-from packlab.formats.bintable import Column, Layout, TableReads, check_checksums
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, load_array, sequential
 
@@ -368,6 +374,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path / MANIFEST}: per-bin checksum "
                               f"{self.manifest['bin_checksum']!r}, this packlab knows {CHECKSUM!r}")
         self.verify = bool(verify)
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         self.token_dtype = self._read_headers()
         self._check_sizes()
         self._table = None

@@ -336,14 +336,19 @@ def _check_runs(layout: Layout) -> None:
                               f"({column.count} values; corrupted shard, run validate)")
 
 
+def refuse_unverifiable(source: object, verify: bool, has_checksums: bool) -> None:
+    """``verify=True`` on a shard that records no per-bin checksums: refused when it opens."""
+    if verify and not has_checksums:
+        raise FormatError(f"{source}: records no per-bin checksums (written before packlab "
+                          "stored them): verify=True cannot check its bins; `packlab validate` "
+                          "checks its whole files")
+
+
 def map_layout(layout: Layout, *, verify: bool = False,
                mapped: dict[Path, MappedFile] | None = None) -> BinTable:
     """The files of ``layout`` mapped, its bins checked and indexed: a :class:`BinTable`
     (a :class:`VerifiedTable` with ``verify=True``). ``mapped``: files already mapped."""
-    if verify and layout.checksums is None:
-        raise FormatError(f"{layout.source}: records no per-bin checksums (written before "
-                          "packlab stored them): verify=True cannot check its bins; `packlab "
-                          "validate` checks its whole files")
+    refuse_unverifiable(layout.source, verify, layout.checksums is not None)
     _check_runs(layout)
     files = dict(mapped or {})
     for column in (layout.tokens, layout.mask, layout.starts):

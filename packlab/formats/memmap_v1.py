@@ -51,7 +51,13 @@ from packlab.formats.base import (
     ShardWriter,
     read_directory_manifest,
 )
-from packlab.formats.bintable import Column, Layout, TableReads, check_checksums
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, load_array, sequential
 from packlab.safe_pickle import read_npy_header
@@ -288,6 +294,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         self.num_seqs = int(self.manifest["num_seqs"])
         self.has_checksums = "bin_checksum" in self.manifest
         self.verify = bool(verify)
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         verify_files(self.path, self.manifest["files"], checksums=False)  # sizes: a few stats
         self._table = None
 

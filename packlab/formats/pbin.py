@@ -62,7 +62,13 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import temporary_sibling
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
 from packlab.formats.binidx import ScratchArray
-from packlab.formats.bintable import Column, Layout, TableReads, check_checksums
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.formats.modalities import (
     COPY_CHUNK,
     HEADER_SIZE,
@@ -304,6 +310,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
             self.vocab_size: int | None = None
         else:
             self._read_footer_fields()
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
 
     def _read_footer_fields(self) -> None:
         footer = self.footer
