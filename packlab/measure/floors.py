@@ -276,12 +276,14 @@ def byte_floors(
     cold: bool,
     sink: Sink,
     pread_ns: np.ndarray | None = None,
+    python_ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """The floors' pass over the batches a format read and the bytes it returned, per bin:
     the Python floor reading the same batch (delivered), a memcpy of the same bytes
-    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`;
-    ``pread_ns``: timed already, beside the format's reads). Returns nanoseconds per bin, shape
-    ``(3, len(sizes))``, and the most pages found resident before a cold pread."""
+    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`).
+    ``python_ns`` / ``pread_ns``: timed already, beside the format's reads (then not here).
+    Returns nanoseconds per bin, shape ``(3, len(sizes))``, and the most pages found resident
+    before a cold pread."""
     batch_size = batches.shape[1]
     one, many = reads(floor)
     src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
@@ -291,7 +293,9 @@ def byte_floors(
     try:
         for k, nbytes in enumerate(sizes.tolist()):
             batch = batches[k]
-            if batch_size == 1:
+            if python_ns is not None:
+                pass
+            elif batch_size == 1:
                 ns[0, k] = sink.timed(one, int(batch[0]))[0]
             else:
                 ns[0, k] = sink.timed(many, batch.tolist(), batch=True)[0]
@@ -305,6 +309,8 @@ def byte_floors(
             pread.close()
     if pread_ns is not None:
         ns[2] = pread_ns
+    if python_ns is not None:
+        ns[0] = python_ns
     return ns // batch_size, 0 if pread is None else pread.worst
 
 

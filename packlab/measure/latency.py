@@ -7,13 +7,13 @@ pass over every data file. Cold: before each read the source is reopened away fr
 (:func:`packlab.measure.reading.forget`: no decoded row group of it is kept) and every data
 file is evicted until ``mincore`` finds no page (the pages left are reported, never assumed).
 
-Warm, the **raw CSR floor** (:class:`packlab.measure.floors.RawCsr`: the same bins gathered
-from the same files by plain numpy, all three columns into preallocated buffers) is timed in
-the same loop, each step alternating which goes first and reading the bin half the index list
-away (the same seeded indices, never a bin the other just pulled into the CPU's caches).
-Then, in a second pass over the same indices and byte counts (after the format's, so its
-readahead does not slow them: :func:`packlab.measure.floors.byte_floors`), the floors: the
-Python floor (the same access path over the bins in RAM), a memcpy and, warm, a raw pread of
+In the same loop, each step alternating which goes first, each on a bin a third of the index
+list away from the others (the same seeded indices, never a bin another just pulled into the
+CPU's caches): warm, the **raw CSR floor** (:class:`packlab.measure.floors.RawCsr`: the same
+bins gathered from the same files by plain numpy, all three columns into preallocated
+buffers), and the **Python floor** (the same access path over the bins in RAM). Then, in a
+second pass over the same indices and byte counts (after the format's, so its readahead does
+not slow them: :func:`packlab.measure.floors.byte_floors`): a memcpy and, warm, a raw pread of
 the same bytes. Cold, the raw pread of the same bytes is timed right after each cold read,
 its file evicted again first: the device is shared with other jobs, and its load changes
 faster than a pass. Readers keep whatever readahead they get: on a machine with a large ``read_ahead_kb`` a
@@ -102,15 +102,27 @@ def random_access(
         raw.read_batch(range(n))
     ns = np.zeros(samples, dtype=np.int64)
     raw_ns = np.zeros(samples, dtype=np.int64)
+    floor_ns = np.zeros(samples, dtype=np.int64)
     pread_ns = np.zeros(samples, dtype=np.int64)
     pread = Pread(big, n) if cold else None
+    floor_one, floor_many = reads(floor)
     sizes = np.zeros(samples, dtype=np.int64)
     worst, taken, budget = 0, samples, Budget(max_seconds)
+
+    def floors_of(k: int) -> None:
+        """The raw CSR floor (warm) and the Python floor, each on a bin a third of the index
+        list away from the other two."""
+        if raw is not None:
+            raw_ns[k] = _timed_raw(raw, batches[(k + samples // 3) % samples])
+        other = batches[(k + 2 * samples // 3) % samples]
+        floor_ns[k] = (sink.timed(floor_one, int(other[0]))[0] if batch_size == 1
+                       else sink.timed(floor_many, other.tolist(), batch=True)[0])
+
     try:
-        for k in range(samples):  # pass 1: the format (and, warm, the raw CSR floor)
+        for k in range(samples):  # pass 1: the format, the raw CSR and Python floors
             batch = batches[k]
-            if raw is not None and k % 2:
-                raw_ns[k] = _timed_raw(raw, batches[(k + samples // 2) % samples])
+            if k % 2:
+                floors_of(k)
             if cold:
                 forget(source, blocks, int(batch[0]), sink)
                 worst = max(worst, drop_until_cold(files))
@@ -121,8 +133,8 @@ def random_access(
             if pread is not None:  # the same bytes, cold, right after: the same device load
                 time.sleep(0.002)  # the read's advised pages landed (evicted next)
                 pread_ns[k] = pread.time(int(batch[0]), int(sizes[k]), cold=True)
-            if raw is not None and not k % 2:
-                raw_ns[k] = _timed_raw(raw, batches[(k + samples // 2) % samples])
+            if not k % 2:
+                floors_of(k)
             if budget.spent(k + 1):
                 taken = k + 1
                 break
@@ -131,7 +143,7 @@ def random_access(
         if pread is not None:
             pread.close()
     floors, left = byte_floors(floor, big, batches[:taken], sizes[:taken], num_bins=n,
-                               cold=cold, sink=sink,
+                               cold=cold, sink=sink, python_ns=floor_ns[:taken],
                                pread_ns=pread_ns[:taken] if cold else None)  # pass 2
     if pread is not None:
         left = pread.worst
