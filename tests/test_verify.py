@@ -257,3 +257,23 @@ def test_integrity_costs_measure_every_check_and_the_rule_picks_the_defaults(
     assert rule["check_bin_added"] == pytest.approx(0.5) and not rule["check_bin_default"]
     cheap = defaults_rule({"a": {"verify_ratio": 1.04, "check_bin_ratio": 0.05}})
     assert cheap["verify_default"] and cheap["check_bin_default"]
+
+
+def test_the_structure_of_every_bin_is_checked_chunk_by_chunk() -> None:
+    """A reader's index is checked (and its boundaries built) a few thousand bins at a time:
+    the same boundaries whatever the chunk, and a broken bin in a later chunk named."""
+    from packlab.formats.bintable import boundaries
+
+    lengths = np.array([5, 7, 3, 9, 4])
+    counts = np.array([1, 2, 1, 3, 1])
+    starts = np.array([0, 0, 4, 0, 0, 2, 6, 0], dtype=np.int32)
+    whole = boundaries(lengths, counts, starts, pack_size=16, source="s")
+    for chunk in (1, 2, 3):
+        parts = boundaries(lengths, counts, starts, pack_size=16, source="s", chunk=chunk)
+        assert all(np.array_equal(a, b) for a, b in zip(whole, parts, strict=True))
+    bounds, at = whole
+    assert bounds[at[3]:at[4]].tolist() == [0, 2, 6, 9]
+    broken = starts.copy()
+    broken[6] = 1  # bin 3's starts 0, 2, 1: not increasing
+    with pytest.raises(FormatError, match="s: bin 3: seq_start_id not strictly increasing"):
+        boundaries(lengths, counts, broken, pack_size=16, source="s", chunk=2)

@@ -278,27 +278,37 @@ class VerifiedTable(BinTable):
 
 # -- building a table --------------------------------------------------------------------------
 def boundaries(packed_len: np.ndarray, num_seqs: np.ndarray, starts: np.ndarray, *,
-               pack_size: int, source: str) -> tuple[np.ndarray, np.ndarray]:
+               pack_size: int, source: str, chunk: int = 1 << 13) -> tuple[np.ndarray, np.ndarray]:
     """Every bin's structure checked (:func:`check_csr` without the mask) and its boundaries:
     ``(bounds, bound_at)``, bin ``b``'s being ``bounds[bound_at[b]:bound_at[b + 1]]`` (int32,
-    its starts then its packed length)."""
-    lengths = np.asarray(packed_len, dtype=np.int64)
+    its starts then its packed length). ``chunk`` bins at a time, so the temporaries stay
+    small whatever the shard's size (what remains is ``bounds`` and ``bound_at``)."""
+    lengths = np.asarray(packed_len)
     counts = np.asarray(num_seqs, dtype=np.int64)
     n = lengths.shape[0]
-    token_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=token_offsets[1:])
-    seq_offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=seq_offsets[1:])
-    try:
-        check_csr(token_offsets, seq_offsets, starts, None, pack_size=pack_size, source=source)
-    except InvariantError as exc:  # on disk: a damaged shard (validate names the invariant)
-        raise FormatError(f"{exc} (corrupted shard; run validate)") from None
-    bound_at = seq_offsets + np.arange(n + 1, dtype=np.int64)
+    bound_at = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts + 1, out=bound_at[1:])
     bounds = np.empty(int(bound_at[-1]), dtype=np.int32)
-    is_start = np.ones(bounds.shape[0], dtype=bool)
-    is_start[bound_at[1:] - 1] = False
-    bounds[is_start] = starts
-    bounds[~is_start] = lengths
+    first_seq = 0
+    for lo in range(0, n, chunk):
+        hi = min(lo + chunk, n)
+        part = lengths[lo:hi].astype(np.int64)
+        token_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
+        np.cumsum(part, out=token_offsets[1:])
+        seq_offsets = bound_at[lo:hi + 1] - bound_at[lo] - np.arange(hi - lo + 1)
+        seqs = starts[first_seq:first_seq + int(seq_offsets[-1])]
+        try:
+            check_csr(token_offsets, seq_offsets, seqs, None, pack_size=pack_size,
+                      source=source, first_bin=lo)
+        except InvariantError as exc:  # on disk: a damaged shard (validate names the invariant)
+            raise FormatError(f"{exc} (corrupted shard; run validate)") from None
+        window = bounds[bound_at[lo]:bound_at[hi]]
+        ends = bound_at[lo + 1:hi + 1] - bound_at[lo] - 1
+        is_start = np.ones(window.shape[0], dtype=bool)
+        is_start[ends] = False
+        window[is_start] = seqs
+        window[ends] = part
+        first_seq += int(seq_offsets[-1])
     return bounds, bound_at
 
 
