@@ -55,7 +55,7 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, file_entry, verify_files
+from packlab.files import HashedFile, sha256_file, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
@@ -179,7 +179,7 @@ class ScratchArray:
     def finish(self) -> None:
         self._file.close()
 
-    def chunks(self, step: int = 1 << 20) -> Iterator[np.ndarray]:
+    def chunks(self, step: int = 1 << 17) -> Iterator[np.ndarray]:
         """The values back, ``step`` at a time, read with ``fromfile`` (a map held over the
         whole loop would keep every page it touched counted in the writer's memory)."""
         with open(self.path, "rb") as f:
@@ -281,8 +281,8 @@ class Writer(BinidxFacts, ShardWriter):
             ends = np.cumsum(lengths, dtype=np.int64) * self.token_dtype.itemsize + pointer
             idx.write(np.concatenate(([pointer], ends[:-1])).astype("<i8"))
             pointer = int(ends[-1])
-        for lo in range(0, n + 1, 1 << 20):  # document indices: int64[n + 1], 0..n
-            idx.write(np.arange(lo, min(lo + (1 << 20), n + 1), dtype="<i8"))
+        for lo in range(0, n + 1, 1 << 17):  # document indices: int64[n + 1], 0..n
+            idx.write(np.arange(lo, min(lo + (1 << 17), n + 1), dtype="<i8"))
         return idx.close()
 
     def _finish_loss(self) -> dict[str, Any]:
@@ -296,7 +296,7 @@ class Writer(BinidxFacts, ShardWriter):
         self._loss.flush()
         os.fsync(self._loss.fileno())
         self._loss.close()
-        return file_entry(self.tmp_path / LOSS)
+        return _entry(self.tmp_path / LOSS)
 
     def _finish_sums(self) -> dict[str, Any]:
         self._sums.seek(0)
@@ -309,7 +309,7 @@ class Writer(BinidxFacts, ShardWriter):
         self._sums.flush()
         os.fsync(self._sums.fileno())
         self._sums.close()
-        return file_entry(self.tmp_path / SUMS)
+        return _entry(self.tmp_path / SUMS)
 
     def _write_seq_starts(self) -> dict[str, Any]:
         seqs = HashedFile(self.tmp_path / SEQS)
@@ -541,6 +541,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
     return read_directory_manifest(path, MANIFEST, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": LAYOUT})
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    """A file's manifest entry, hashed through a 1 MiB buffer (the writer's memory stays flat)."""
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path, chunk=1 << 20)}
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:

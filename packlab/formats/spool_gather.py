@@ -116,33 +116,36 @@ def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
     tokens' bytes (int32) seeding the hash of as many mask bytes (uint8).
 
     The spool is read in file order, ``window`` tokens at a time into two reused buffers
-    (``preadv``, no memory map: the writer's memory stays flat however large the spool), the
-    sequences hashed where they fall and the checksums put back in the order asked.
+    (``preadv``, no memory map), the sequences hashed where they fall (Python ints for one
+    window's sequences at a time) and the checksums put back in the order asked: beyond the
+    index arrays (8 bytes a sequence each), the writer's memory stays flat.
     """
     index = np.asarray(indices, dtype=np.int64)
     first = np.asarray(spool.offsets[index], dtype=np.int64)
     kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
     order = np.argsort(first, kind="stable")
+    first, kept = first[order], kept[order]
     out = np.empty(index.shape[0], dtype=np.uint64)
     tokens = bytearray(4 * window)
     masks = bytearray(window)
     fds = [os.open(spool.path / SPOOL_FILES[name], os.O_RDONLY) for name in ("tokens", "masks")]
     try:
-        starts, counts = first[order].tolist(), kept[order].tolist()
-        k = 0
-        while k < len(starts):
-            lo, hi, j = starts[k], starts[k] + counts[k], k + 1
-            while j < len(starts) and max(hi, starts[j] + counts[j]) - lo <= window:
-                hi, j = max(hi, starts[j] + counts[j]), j + 1
+        k, count = 0, index.shape[0]
+        while k < count:
+            # the sequences that fit in one window from sequence k (in file order)
+            lo = int(first[k])
+            j = k + int(np.searchsorted(first[k:k + window] + kept[k:k + window] - lo,
+                                        window, side="right"))
+            j = max(j, k + 1)
+            hi = int((first[k:j] + kept[k:j]).max())
             if 4 * (hi - lo) > len(tokens):  # one sequence longer than the window
                 tokens, masks = bytearray(4 * (hi - lo)), bytearray(hi - lo)
             tv, mv = memoryview(tokens), memoryview(masks)
             _read_exactly(fds[0], tv[:4 * (hi - lo)], 4 * lo, spool.path)
             _read_exactly(fds[1], mv[:hi - lo], lo, spool.path)
-            for m in range(k, j):
-                a, n = starts[m] - lo, counts[m]
-                out[order[m]] = xxh3_64_intdigest(mv[a:a + n],
-                                                  xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
+            sums = [xxh3_64_intdigest(mv[a:a + n], xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
+                    for a, n in zip((first[k:j] - lo).tolist(), kept[k:j].tolist(), strict=True)]
+            out[order[k:j]] = sums
             k = j
     finally:
         for fd in fds:
