@@ -69,8 +69,22 @@ class Sink:
         ids, mask, bounds = self.ids, self.mask, self.bounds
         began = time.perf_counter_ns()
         got = call(arg)
-        try:
-            if batch:
+        try:  # the common cases inline: items of a dataset, bins of a reader
+            if type(got) is dict:
+                a = got["input_ids"]
+                n = len(a)
+                ids[:n] = a
+                mask[:n] = got["loss_mask"]
+                b = got["seq_boundaries"]
+                bounds[:len(b)] = b
+            elif type(got) is PackedBin:
+                a, m, b = got
+                n, k = len(a), len(b)
+                ids[:n] = a
+                mask[:n] = m
+                bounds[:k] = b
+                bounds[k] = n
+            elif batch and got and type(got[0]) is dict:
                 for one in got:
                     a = one["input_ids"]
                     n = len(a)
@@ -78,14 +92,16 @@ class Sink:
                     mask[:n] = one["loss_mask"]
                     b = one["seq_boundaries"]
                     bounds[:len(b)] = b
+            elif batch and got and type(got[0]) is PackedBin:
+                for a, m, b in got:
+                    n, k = len(a), len(b)
+                    ids[:n] = a
+                    mask[:n] = m
+                    bounds[:k] = b
+                    bounds[k] = n
             else:
-                a = got["input_ids"]
-                n = len(a)
-                ids[:n] = a
-                mask[:n] = got["loss_mask"]
-                b = got["seq_boundaries"]
-                bounds[:len(b)] = b
-        except (ValueError, TypeError, KeyError, IndexError):  # larger than the buffers, or bins
+                self.copy_batch(got if batch else [got])
+        except (ValueError, IndexError):  # larger than the buffers: grow them, copy again
             self.copy_batch(got if batch else [got])
         elapsed = time.perf_counter_ns() - began
         return elapsed, (sum(nbytes(one) for one in got) if batch else nbytes(got))
