@@ -8,7 +8,12 @@ A literal results file (``build/results/02_packing.json``)::
     {"notebook": "02_packing", "parameters": {"num_sequences": 20000},
      "numbers": {"ffd_efficiency": 0.9991, "ffd_seconds_1m": 0.84},
      "findings": [{"claim": "FFD within 0.5% of the lower bound", "measured": "0.09%",
-                   "verdict": "holds"}]}
+                   "verdict": "holds", "source": "target"}]}
+
+A finding's ``source`` says whose claim it is: ``rfc`` (the RFC and the design documents: the
+seeds), ``target`` (packlab's targets, DESIGN.md) or ``check`` (packlab checking itself). Its
+``verdict`` is one of the words of :mod:`packlab.measure.verdicts`, decided by the one rule
+stated there.
 """
 
 from __future__ import annotations
@@ -50,9 +55,20 @@ def results_path(notebook: str) -> Path:
     return build_dir() / "results" / f"{notebook}.json"
 
 
-def finding(claim: str, measured: str, verdict: str) -> dict[str, str]:
-    """One row of the claims table: what was said, what we measured, and whether it holds."""
-    return {"claim": claim, "measured": measured, "verdict": verdict}
+SOURCES = {"rfc": "the RFC and the design documents", "target": "packlab's targets (DESIGN.md)",
+           "check": "packlab's own checks"}
+
+
+def finding(claim: str, measured: str, verdict: str, *, source: str | None = None
+            ) -> dict[str, str]:
+    """One row of the claims table: what was said, what we measured, and whether it holds.
+
+    ``source`` (see :data:`SOURCES`); by default ``rfc`` for a claim written ``RFC...``, else
+    ``check``."""
+    source = source or ("rfc" if claim.startswith("RFC") else "check")
+    if source not in SOURCES:
+        raise ValueError(f"finding source must be one of {sorted(SOURCES)}, got {source!r}")
+    return {"claim": claim, "measured": measured, "verdict": verdict, "source": source}
 
 
 def record(
@@ -61,8 +77,9 @@ def record(
     *,
     parameters: dict[str, Any] | None = None,
     findings: list[dict[str, str]] | None = None,
-) -> Path:
-    """Write a notebook's headline numbers; returns the path."""
+) -> None:
+    """Write a notebook's headline numbers to :func:`results_path` (returns nothing, so a
+    notebook's last cell shows no stray output)."""
     path = results_path(notebook)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
@@ -72,7 +89,6 @@ def record(
         "findings": findings or [],
     }
     path.write_text(json.dumps(payload, indent=2, default=json_default) + "\n")
-    return path
 
 
 def load(notebook: str) -> dict[str, Any]:
