@@ -199,7 +199,7 @@ def test_scan_rate_reads_every_token(shards: dict[str, Path], cache: str) -> Non
     dataset = open_dataset(shards["parquet"])
     assert row["num_tokens"] == dataset.num_tokens and row["num_bins"] == len(dataset)
     assert row["tokens_per_s"] > 0 and row["python_floor_tokens_per_s"] > 0
-    assert row["bytes_read"] == shards["parquet"].stat().st_size
+    assert row["file_bytes"] == shards["parquet"].stat().st_size
 
 
 def test_epoch_samplers_cover_the_first_bins_once(shards: dict[str, Path]) -> None:
