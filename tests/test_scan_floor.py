@@ -22,14 +22,15 @@ from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 
 # A scan through Python is many times slower than copying the same bytes out of the page
-# cache (warm, measured ~0.05-0.2 of it); cold, both wait for the device (~0.6-1.0).
-MARGIN = {"warm": 1.25, "cold": 1.5}
+# cache (warm, measured ~0.05-0.2 of it); cold, both wait for the device (~0.6-1.0, and a
+# memory map's read-around can beat a sequential read() of a small file: 1.6 seen once).
+MARGIN = {"warm": 1.25, "cold": 2.0}
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("scan_floor")
-    spool = write_random_spool(root / "spool", num_sequences=1500, max_len=1500, vocab_size=60_000)
+    spool = write_random_spool(root / "spool", num_sequences=3000, max_len=1500, vocab_size=60_000)
     assignment, _ = pack(spool.lengths, 2048, algorithm="first_fit_decreasing")
     out = {}
     for name in format_names():

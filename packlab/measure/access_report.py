@@ -257,8 +257,9 @@ def headline_numbers(
         for n, r in per_format.items():
             out.update({f"{n}_{cache}_{k}": r[k] for k in keys})
     for cache, per_format in scans.items():
-        out.update({f"{n}_scan_{cache}_tokens_per_s": r["tokens_per_s"]
-                    for n, r in per_format.items()})
+        for n, r in per_format.items():
+            out[f"{n}_scan_{cache}_tokens_per_s"] = r["tokens_per_s"]
+            out[f"{n}_scan_{cache}_ratio_to_floor"] = r.get("ratio_to_floor")
     for n, b in batched.items():
         out.update({f"{n}_batched_p50_us": b["batched_p50_us"],
                     f"{n}_single_p50_us": b["single_p50_us"], f"{n}_batch_gain": b["gain"]})

@@ -41,6 +41,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("memmap_v1", "load", 3 * KB, "~few KB (metadata)", "rss", "bound"),
 )
 RATIO_CLAIMS = {"write": 200.0, "load": 500.0}
+METRIC_NAMES = {"python_heap": "Python heap", "rss": "RSS"}
 
 
 def loglog_slope(bins: Sequence[float], values: Sequence[float], floor: float = 4096.0) -> float:
@@ -95,7 +96,7 @@ def claim_rows(
                         + (f" (anonymous {human_bytes(anon)})" if anon is not None else "")
                         + (f", Python heap {human_bytes(heap)} ({how})" if heap_how == how else
                            f" ({how}); Python heap {human_bytes(heap)} ({heap_how})")
-                        + f"; {claim.metric.replace('_', ' ')} "
+                        + f"; {METRIC_NAMES[claim.metric]} "
                         + deviation(max(judged, 1.0), claim.claimed_bytes),
             "verdict": claim_verdict(judged, claim.claimed_bytes, claim.kind),
             "rss_verdict": claim_verdict(rss, claim.claimed_bytes, claim.kind),

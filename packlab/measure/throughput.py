@@ -69,14 +69,18 @@ class RawRead:
         return total
 
 
-def _median_pass(run: Callable[[], float], repeats: int, budget: float) -> float:
-    """Median seconds of up to ``repeats`` calls of ``run``, stopping once ``budget`` seconds
-    have gone (at least one call): short passes are repeated, long ones are not."""
-    seconds: list[float] = []
+def _interleaved_medians(runs: Sequence[Callable[[], float]], repeats: int, budget: float
+                         ) -> list[float]:
+    """Median seconds of each of ``runs``, called in turn, round after round (up to
+    ``repeats`` rounds, stopping once ``budget`` seconds have gone, at least one round): a
+    burst of load on a shared machine hits every run alike, so their ratios hold."""
+    seconds: list[list[float]] = [[] for _ in runs]
     began = time.perf_counter()
-    while len(seconds) < max(repeats, 1) and (not seconds or time.perf_counter() - began < budget):
-        seconds.append(run())
-    return float(np.median(seconds))
+    while len(seconds[0]) < max(repeats, 1) and (
+            not seconds[0] or time.perf_counter() - began < budget):
+        for timings, run in zip(seconds, runs, strict=True):
+            timings.append(run())
+    return [float(np.median(t)) for t in seconds]
 
 
 def scan_rate(
@@ -94,7 +98,8 @@ def scan_rate(
     (``floor_tokens_per_s``: the tokens those bytes hold, per s; ``floor_read_bytes_per_s``).
     ``file_bytes``: the data files' size (what the raw read reads); ``bytes_delivered``: what
     the scan copied out of its bins (a padded format's padding is not read). Each figure is
-    the median of up to ``repeats`` passes within ``budget`` seconds."""
+    the median of up to ``repeats`` passes, the three interleaved, within ``3 * budget``
+    seconds."""
     if cache not in CACHES:
         raise PacklabError(f"cache must be 'warm' or 'cold', got {cache!r}")
     source = open_source(path, via, reader_options)
@@ -114,7 +119,8 @@ def scan_rate(
         for got in stream(reading):
             nbytes += sink.take(got)
         seconds = time.perf_counter() - began
-        delivered[0] = nbytes
+        if reading is source:
+            delivered[0] = nbytes
         return seconds
 
     def read() -> float:
@@ -125,10 +131,9 @@ def scan_rate(
         return time.perf_counter() - began
 
     try:
-        seconds = _median_pass(lambda: run(source), repeats, budget)
+        seconds, floor_seconds, read_seconds = _interleaved_medians(
+            [lambda: run(source), lambda: run(floor), read], repeats, budget * 3)
         bytes_delivered = delivered[0]
-        floor_seconds = _median_pass(lambda: run(floor), repeats, budget)
-        read_seconds = _median_pass(read, repeats, budget)
     finally:
         source.close()
     raw = sum(f.stat().st_size for f in files)
