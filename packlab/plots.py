@@ -26,10 +26,13 @@ DPI = 120
 
 
 def save(fig: Any, name: str, *, show: bool = True) -> None:
-    """Move legends outside the data, save ``build/figures/NAME.png`` (tight, every label
-    kept), display it once (in a notebook) and close it."""
+    """Lay the axes out (``tight_layout`` unless the figure has a layout engine), move legends
+    outside the data, save ``build/figures/NAME.png`` (tight, every label kept), display it
+    once (in a notebook) and close it."""
     import matplotlib.pyplot as plt
 
+    if fig.get_layout_engine() is None:
+        fig.tight_layout()
     legends_outside(fig)
     fig.savefig(figure_path(name), dpi=DPI, bbox_inches="tight")
     if show:
@@ -94,17 +97,20 @@ def bytes_axis(ax: Any, axis: str = "y") -> None:
 
 
 def readable_log_axis(ax: Any, axis: str = "x") -> None:
-    """Plain-number tick labels on a log axis, with the ticks in between labelled when it
-    spans less than two decades."""
+    """Plain-number tick labels on a log axis (call it once the data is plotted), with the
+    ticks in between labelled when it spans less than two decades (1, 2, 5; below one decade
+    every integer multiple)."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
     target = ax.xaxis if axis == "x" else ax.yaxis
     lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
     if lo <= 0 or hi <= 0:
         return
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    if math.log10(hi / lo) < 2:
-        target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    decades = math.log10(hi / lo)
+    if decades < 2:
+        subs = (1.0, 2.0, 5.0) if decades >= 1 else tuple(float(k) for k in range(1, 10))
+        target.set_major_locator(LogLocator(base=10, subs=subs))
     target.set_major_formatter(plain)
     target.set_minor_formatter(NullFormatter())
 
@@ -148,3 +154,11 @@ def label_points(ax: Any, xs: Sequence[float], ys: Sequence[float], labels: Sequ
             note = ax.annotate(text, (x, y), xytext=(4, 2), textcoords="offset points",
                                fontsize=fontsize)
         placed.append(note.get_window_extent(renderer))
+
+
+def pareto_front(xs: Sequence[float], ys: Sequence[float]) -> list[int]:
+    """Indices of the points no other point beats on both counts (a larger ``x`` and a
+    smaller ``y``, e.g. faster and smaller): the ones worth a label on a crowded scatter."""
+    points = list(zip(xs, ys, strict=True))
+    return [i for i, (x, y) in enumerate(points)
+            if not any(ox >= x and oy <= y and (ox, oy) != (x, y) for ox, oy in points)]

@@ -26,6 +26,9 @@ from typing import Any
 from packlab.files import json_default
 
 _REPO = Path(__file__).resolve().parent.parent
+#: the id of the ``python -m packlab.notebooks run`` a notebook runs in (kept in its results, so
+#: a recorded run is known to be one run)
+RUN_ENV = "PACKLAB_RUN"
 
 
 def _root() -> Path:
@@ -84,6 +87,7 @@ def record(
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "notebook": notebook,
+        "run": os.environ.get(RUN_ENV),
         "parameters": parameters or {},
         "numbers": numbers,
         "findings": findings or [],

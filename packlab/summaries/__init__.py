@@ -58,8 +58,11 @@ def findings_table(findings: Sequence[Mapping[str, str]], *, colour: bool = True
 
 
 def _cell(text: str) -> str:
-    """Text safe inside a Markdown table cell."""
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text safe inside a Markdown table cell: pipes escaped, one line, and outside code spans
+    the underscores and stars that would turn ``__getitems__`` into bold."""
+    parts = str(text).replace("|", "\\|").replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("_", "\\_").replace("*", "\\*")
+                    for i, p in enumerate(parts))
 
 
 def notebook_markdown(notebook: str, recorded: Mapping[str, Any], *, colour: bool = True) -> str:
