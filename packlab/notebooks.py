@@ -8,7 +8,8 @@ timings) goes to ``build/results/run.json``.
 
 ``python -m packlab.notebooks record`` keeps the last complete run in the repository
 (``results/recorded/``) and regenerates the README's numbers from it; ``readme`` regenerates
-them only; ``report`` renders the report again from what ``build/`` holds.
+them only; ``report`` renders the report again from what ``build/`` holds; ``normalize``
+rewrites the notebooks in their committed form (what ``make lab`` saves).
 """
 
 from __future__ import annotations
@@ -108,6 +109,13 @@ def readme() -> None:
     print(f"[packlab] {readme_path()}: {'regenerated' if changed else 'already up to date'}")
 
 
+def normalize() -> None:
+    from packlab.lab import normalize as rewrite
+
+    for path in rewrite(notebook_paths()):
+        print(f"[packlab] {path}: rewritten in its committed form")
+
+
 def main(argv: list[str] | None = None) -> int:
     from packlab.errors import PacklabError
 
@@ -120,12 +128,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("record", help="keep the last complete run in results/recorded/ and "
                                   "regenerate the README's numbers from it")
     sub.add_parser("readme", help="regenerate the README's numbers from results/recorded/")
+    sub.add_parser("normalize", help="rewrite notebooks/NN_*.ipynb in their committed form "
+                                     "(no outputs, the metadata JupyterLab would add)")
     args = parser.parse_args(argv)
     try:
         if args.action == "run":
             run(args.scale, args.only)
         else:
-            {"report": report, "record": record, "readme": readme}[args.action]()
+            {"report": report, "record": record, "readme": readme,
+             "normalize": normalize}[args.action]()
     except PacklabError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
