@@ -72,8 +72,11 @@ def legends_outside(fig: Any) -> None:
                       borderaxespad=0.0, fontsize=size)
             continue
         tight = ax.get_tightbbox(renderer).transformed(ax.transAxes.inverted())
-        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, tight.y0 - 0.02),
-                  borderaxespad=0.0, fontsize=size, ncol=min(3, max(1, len(labels))))
+        for ncol in range(min(3, max(1, len(labels))), 0, -1):  # no wider than its axes
+            placed = ax.legend(handles, labels, loc="upper center", fontsize=size, ncol=ncol,
+                               bbox_to_anchor=(0.5, tight.y0 - 0.02), borderaxespad=0.0)
+            if placed.get_window_extent(renderer).width <= box.width or ncol == 1:
+                break
 
 
 def _overlaps(a: Any, b: Any) -> bool:
