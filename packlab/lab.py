@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from packlab.notebooks import notebooks_dir
+from packlab.results import notebooks_dir
 
 KEPT_NOTEBOOK_METADATA = ("jupytext", "kernelspec", "language_info")
 KEPT_CELL_METADATA = ("tags",)

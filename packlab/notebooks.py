@@ -22,13 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.results import RUN_ENV, _root, build_dir
+from packlab.results import RUN_ENV, build_dir, notebooks_dir
 
 SCALES = ("ci", "default", "full")
-
-
-def notebooks_dir() -> Path:
-    return _root() / "notebooks"
 
 
 def notebook_paths(only: list[str] | None = None) -> list[Path]:

@@ -36,6 +36,11 @@ def _root() -> Path:
     return _REPO if (_REPO / "pyproject.toml").is_file() else Path.cwd()
 
 
+def notebooks_dir() -> Path:
+    """``notebooks/`` of the repository: the research notebooks."""
+    return _root() / "notebooks"
+
+
 def build_dir() -> Path:
     return Path(os.environ.get("PACKLAB_BUILD", _root() / "build"))
 
