@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_random_spool
+from conftest import shard_per_format, write_random_spool
 
 from packlab.formats import format_names
 from packlab.materialize import iter_bins
 from packlab.measure.throughput import RawRead, scan_rate
 from packlab.packing import pack
-from packlab.pipeline.shards import write_shards
 
 # A scan through Python is many times slower than copying the same bytes out of the page
 # cache (warm, measured ~0.05-0.2 of it); cold, both wait for the device (~0.6-1.0, and a
@@ -32,11 +31,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("scan_floor")
     spool = write_random_spool(root / "spool", num_sequences=3000, max_len=1500, vocab_size=60_000)
     assignment, _ = pack(spool.lengths, 2048, algorithm="first_fit_decreasing")
-    out = {}
-    for name in format_names():
-        receipts = write_shards(spool, assignment, root / name, format=name,
-                                bins_per_shard=assignment.num_bins, workers=1)
-        out[name] = root / name / receipts[0]["shard"]
+    out: dict = shard_per_format(spool, assignment, root, format_names())
     out["_tokens"] = int(sum(b.input_ids.shape[0] for b in iter_bins(spool, assignment)))
     return out
 
