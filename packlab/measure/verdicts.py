@@ -78,7 +78,7 @@ def deviation(measured: float, claimed: float) -> str:
     """How far a measurement is from a claim, for the measured column: ``1.04x the claim``,
     ``45x the claim``, ``0.12x the claim``."""
     ratio = max(measured, 1e-12) / max(claimed, 1e-12)
-    return f"{ratio:,.0f}x the claim" if ratio >= 10 else f"{ratio:.3g}x the claim"
+    return f"{ratio:,.0f}x the claim" if ratio >= 10 else f"{ratio:.2f}x the claim"
 
 
 def overall(verdicts: Iterable[str]) -> str:

@@ -70,8 +70,8 @@ def notebook_markdown(notebook: str, recorded: Mapping[str, Any], *, colour: boo
     parts = ["\n".join(f"- {b}" for b in bullets(notebook, recorded))]
     table = findings_table(recorded.get("findings", []), colour=colour)
     if table:
-        parts.append("**Claims and checks**, each verdict computed from the numbers "
-                     "(the rule: `packlab.measure.verdicts.RULE`):\n\n" + table)
+        parts.append("**Claims and checks**, each verdict computed from the numbers by one "
+                     "rule (stated on the report's front page):\n\n" + table)
     return "\n\n".join(p for p in parts if p)
 
 

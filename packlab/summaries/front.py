@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packlab.formats import format_names, get_format
-from packlab.measure.verdicts import FLAT_SLOPE, NOT_MEASURED, RULE, badge
+from packlab.measure.verdicts import NOT_MEASURED, RULE, badge
 from packlab.tables import fmt_us, human_bytes, markdown_table
 
 Run = Mapping[str, Mapping[str, Any]]
@@ -95,7 +95,7 @@ def format_table(run: Run) -> str:
           "n/a (loads all at open)",
           f"{r['scan_tokens_per_s'] / 1e6:,.0f} M tok/s" if r["scan_tokens_per_s"] else "n/a",
           f"{r['bytes_per_token']:.2f}" if r["bytes_per_token"] is not None else "n/a",
-          ", ".join(r["read_by"]) or "packlab"] for r in rows])
+          ", ".join(r["read_by"]) or "packlab only"] for r in rows])
     return table
 
 
@@ -107,12 +107,11 @@ def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[
 
 
 def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    rule = (f"the lowest warm random-read p50 among formats that open lazily and whose writer "
-            f"memory stays flat (log-log slope at most {FLAT_SLOPE:g}); formats within "
-            f"{TIE:.2f}x of it tie, and the lowest cold p50 among them wins")
+    rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
+            f"every bin at open); formats within {TIE:.2f}x of it tie, and the lowest cold p50 "
+            "among them wins")
     fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
-           and r["cold_p50_us"] is not None and r["write_slope"] is not None
-           and round(r["write_slope"], 2) <= FLAT_SLOPE]
+           and r["cold_p50_us"] is not None]
     if not fit:
         return _choice("local training", rule, None, "")
     fastest = min(r["warm_p50_us"] for r in fit)
