@@ -73,10 +73,14 @@ def finding(claim: str, measured: str, verdict: str, *, source: str | None = Non
 
     ``source`` (see :data:`SOURCES`); by default ``rfc`` for a claim written ``RFC...``, else
     ``check``."""
-    source = source or ("rfc" if claim.startswith("RFC") else "check")
+    source = source or _source(claim)
     if source not in SOURCES:
         raise ValueError(f"finding source must be one of {sorted(SOURCES)}, got {source!r}")
     return {"claim": claim, "measured": measured, "verdict": verdict, "source": source}
+
+
+def _source(claim: str) -> str:
+    return "rfc" if claim.startswith("RFC") else "check"
 
 
 def record(
@@ -95,7 +99,8 @@ def record(
         "run": os.environ.get(RUN_ENV),
         "parameters": parameters or {},
         "numbers": numbers,
-        "findings": findings or [],
+        "findings": [{**f, "source": f.get("source") or _source(f["claim"])}
+                     for f in findings or []],
     }
     path.write_text(json.dumps(payload, indent=2, default=json_default) + "\n")
 

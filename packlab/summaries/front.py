@@ -221,6 +221,19 @@ def rule_text() -> str:
     return RULE
 
 
+def peers_table(run: Run) -> str:
+    """Notebook 11: every system on the same bins, fastest (over its in-RAM floor) first."""
+    from packlab.measure.peers import summary
+
+    rows = _numbers(run, "peers").get("rows")
+    if not rows:
+        return NOT_MEASURED
+    return markdown_table(
+        ["system", "columns", "warm p50", "x in-RAM floor", "bytes/token", "ran in"],
+        [[r["system"], r["columns"], f"{fmt_us(r['p50_us'])} µs", f"{r['x_floor']:.2f}x",
+          f"{r['bytes_per_token']:.2f}", r["environment"]] for r in summary.systems(rows)])
+
+
 # -- numbers the README quotes in its prose ---------------------------------------------------
 def legacy_load_text(run: Run) -> str:
     """The legacy format's load peak at the RFC's 50k bins (notebook 04)."""

@@ -35,7 +35,7 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         + ", ".join(f"{_name(a)} {n['sweep_loglog_slope'][a]:.2f}" for a in algorithms)
         + " (1 is linear). FFD and BFD place each run of equal lengths with a few numpy "
         "operations, so at small N their cost is the number of distinct lengths, not N; the "
-        "shuffled order has no runs and walks a tree per sequence in Python.",
+        "shuffled order has no runs and walks a tree per sequence (compiled with numba).",
         f"**The loss-mask trap**: on {trap['bins']:,} real bins ({trap['tokens']:,} tokens, "
         f"{trap['targets']:,} trained positions), the whole-bin roll differs from the "
         f"per-sequence alignment at {trap['differ']:,} positions "

@@ -171,6 +171,7 @@ def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any]
         "legacy-load": lambda: front.legacy_load_text(run),
         "repack": lambda: front.repack_text(run),
         "packing": lambda: front.packing_text(run),
+        "peers": lambda: block(front.peers_table(run)),
     }
     return parts
 

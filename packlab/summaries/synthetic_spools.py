@@ -30,4 +30,27 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         f"**On disk.** A spool costs {n['chat_bytes_per_token']:.2f} bytes per token (4 token, "
         f"1 mask, 12 per sequence). `chat` was written at "
         f"{n['chat_synth_tokens_per_second'] / 1e6:.1f} M tokens/s here.",
+    ] + _tokenizing(n)
+
+
+def _tokenizing(n: Mapping[str, Any]) -> list[str]:
+    if "tokenize_bpe_tokens_per_cpu_second" not in n:
+        return []
+    most = n["tokenize_max_workers"]
+    return [
+        f"**Tokenizing.** One core tokenizes {n['tokenize_bpe_tokens_per_cpu_second'] / 1e6:.2f}M "
+        "tokens per CPU second with bpe-openai and "
+        f"{n['tokenize_hf_tokens_per_cpu_second'] / 1e6:.2f}M with the Hugging Face BPE and the "
+        "`llama3` template (its tokenizer alone: "
+        f"{n['tokenize_hf_floor_tokens_per_cpu_second'] / 1e6:.2f}M): 13B tokens take "
+        f"{n['tokenize_hours_13b_1_cores_bpe']:.1f} h and {n['tokenize_hours_13b_1_cores_hf']:.1f} h "
+        f"on one core, {n['tokenize_hours_13b_32_cores_bpe']:.2f} h and "
+        f"{n['tokenize_hours_13b_32_cores_hf']:.2f} h on 32 (at the CPU rate of {most} workers). "
+        f"{most} workers got {n['tokenize_bpe_cpu_efficiency']:.0%} and "
+        f"{n['tokenize_hf_cpu_efficiency']:.0%} of one worker's tokens per CPU second, ran "
+        f"{n['tokenize_bpe_speedup']:.2f}x and {n['tokenize_hf_speedup']:.2f}x faster by the wall "
+        f"clock (load average {n['tokenize_load_average']:.1f} on {n.get('cpu_count', '?')} "
+        "cores: the wall clock measures the neighbours as much as us) and wrote "
+        f"{'the same' if n['tokenize_same_bytes'] else 'different'} spool bytes as one worker. "
+        f"{n['tokenize_unlocated']} corpus records were unlocated across the four templates.",
     ]
