@@ -230,7 +230,7 @@ def peers_table(run: Run) -> str:
         return NOT_MEASURED
     return markdown_table(
         ["system", "columns", "warm p50", "x in-RAM floor", "bytes/token", "ran in"],
-        [[r["system"], r["columns"], f"{fmt_us(r['p50_us'])} µs", f"{r['x_floor']:.2f}x",
+        [[r["system"], r["columns"], f"{fmt_us(r['p50_us'])} µs", f"{r['x_floor']:.2f}x" if r["x_floor"] < 10 else f"{r['x_floor']:,.0f}x",
           f"{r['bytes_per_token']:.2f}", r["environment"]] for r in summary.systems(rows)])
 
 
