@@ -94,6 +94,7 @@ class ArrowIpcFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("HF datasets",)
     ZERO_COPY = True
     detect = staticmethod(detect)
 

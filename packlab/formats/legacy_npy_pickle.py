@@ -52,6 +52,7 @@ class LegacyFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("Megatron-Bridge",)
     IN_RAM = True
     detect = staticmethod(detect)
 
