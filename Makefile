@@ -10,28 +10,48 @@ export MPLCONFIGDIR := $(CURDIR)/build/mpl
 export HF_HOME      := $(CURDIR)/build/hf
 export RAY_AUTH_MODE := disabled
 
-.PHONY: install run test lab lint clean
+# MosaicML streaming (MDS) needs numpy < 2.2 (and transformers < 5): it gets its own environment,
+# where notebook 11 runs its MDS measurement as a subprocess (packlab.measure.peers.mds_env).
+MDS_VENV  := .venv-mds
+MDS_STAMP := $(MDS_VENV)/.installed
+# the requirement lists at dotted keys of pyproject.toml, space-separated
+TOML_LIST = $(PYTHON) -c "import functools, sys, tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(r for key in sys.argv[1:] for r in functools.reduce(dict.get, key.split('.'), t)))"
 
-install: $(STAMP)
+.PHONY: install run test lab lint clean mds-env
+
+install: $(STAMP) $(MDS_STAMP)
+
+mds-env: $(MDS_STAMP)
 
 # [tool.packlab] no_deps are installed without their declared dependencies (they would replace
-# the CPU torch) and without the Python check (megatron-bridge declares >= 3.12; the packed-data
-# modules the tests run work on 3.11).
+# the CPU torch, or downgrade protobuf) and without the Python check (megatron-bridge declares
+# >= 3.12; the packed-data modules the tests run work on 3.11).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[torch,notebooks,test]"
+	$(BIN)/python -m pip install --quiet -e ".[torch,notebooks,test,peers]"
 	$(BIN)/python -m pip install --quiet --no-deps --ignore-requires-python $$($(BIN)/python -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml','rb'))['tool']['packlab']['no_deps']))")
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
-run: $(STAMP)
+# packlab's own dependencies plus [tool.packlab] mds (numpy < 2.2 wins the resolution), then
+# mosaicml-streaming without its declared dependencies (they would bring torchvision and a CUDA
+# torch; its image-dataset module gets a stand-in torchvision at run time). packlab itself runs
+# there from the checkout (PYTHONPATH), not installed.
+$(MDS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(MDS_VENV)
+	$(MDS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MDS_VENV)/bin/python -m pip install --quiet $$($(TOML_LIST) project.dependencies tool.packlab.mds)
+	$(MDS_VENV)/bin/python -m pip install --quiet --no-deps $$($(TOML_LIST) tool.packlab.mds_no_deps)
+	touch $@
+
+run: $(STAMP) $(MDS_STAMP)
 	$(BIN)/python -m packlab.notebooks run --scale $(SCALE)
 
 # The tests start servers (a local S3 server, Ray, torch.distributed). Where we may (root, as in
 # CI), they run in a private network namespace whose only interface is loopback, so nothing a
 # test starts can listen beyond 127.0.0.1 whatever address it binds; elsewhere, plainly.
-test: $(STAMP)
+test: $(STAMP) $(MDS_STAMP)
 	@if unshare -n sh -c 'ip link set lo up' 2>/dev/null; then \
 	  echo "[packlab] tests in a loopback-only network namespace"; \
 	  unshare -n sh -c 'ip link set lo up && exec $(BIN)/python -m pytest $(PYTEST_ARGS)'; \
@@ -46,4 +66,4 @@ lint: $(STAMP)
 	$(BIN)/ruff check packlab tests
 
 clean:
-	rm -rf build data/*/ $(VENV)
+	rm -rf build data/*/ $(VENV) $(MDS_VENV)

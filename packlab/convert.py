@@ -50,25 +50,49 @@ def convert_shard(
     **format_options: Any,
 ) -> dict[str, Any]:
     """Convert one shard; returns a summary with sizes before and after."""
+    check_target_format(format, dst)
+    reader = open_shard(Path(src), format=source_format)
+    try:
+        return convert_reader(reader, dst, format=format, overwrite=overwrite,
+                              before=reader.bytes_on_disk(), **format_options)
+    finally:
+        reader.close()
+
+
+def check_target_format(format: str, dst: object) -> None:
+    """Refuse a target format that cannot be produced from bins alone."""
     if get_format(format).Writer.NEEDS_SPOOL:
         raise PacklabError(f"{dst}: format {format!r} stores a reference to the spool, not "
                            "tokens; it cannot be converted into (use `packlab pack` instead)")
+
+
+def convert_reader(
+    reader: Any,
+    dst: str | os.PathLike[str],
+    *,
+    format: str,
+    before: int,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+    on_bin: Any = None,
+    **format_options: Any,
+) -> dict[str, Any]:
+    """Stream every bin of an open shard ``reader`` (local or remote) into a new shard at
+    ``dst``; ``before`` is the source's size in bytes, ``metadata`` more to record (the
+    shard's place in a converted dataset), ``on_bin()`` is called after each bin."""
+    check_target_format(format, dst)
     began = time.perf_counter()
-    source = Path(src)
-    reader = open_shard(source, format=source_format)
-    try:
-        metadata = {"converted_from": {"path": str(source), "format": reader.FORMAT},
-                    "vocab_size": source_vocab_size(reader)}
-        with open_writer(format, dst, pack_size=reader.pack_size, num_bins=reader.num_bins,
-                         overwrite=overwrite, metadata=metadata, **format_options) as writer:
-            for packed in reader.iter_bins():
-                writer.write(packed)
-            manifest = writer.finalize()
-        before = reader.bytes_on_disk()
-    finally:
-        reader.close()
+    recorded = {"converted_from": {"path": str(reader.path), "format": reader.FORMAT},
+                "vocab_size": source_vocab_size(reader), **(metadata or {})}
+    with open_writer(format, dst, pack_size=reader.pack_size, num_bins=reader.num_bins,
+                     overwrite=overwrite, metadata=recorded, **format_options) as writer:
+        for packed in reader.iter_bins():
+            writer.write(packed)
+            if on_bin is not None:
+                on_bin()
+        manifest = writer.finalize()
     return {
-        "source": str(source),
+        "source": str(reader.path),
         "source_format": reader.FORMAT,
         "destination": str(dst),
         "format": format,

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from packlab.errors import PacklabError
 from packlab.files import staged
+from packlab.progress import progress
 
 MIN_DOC_CHARS = 40
 MAX_DOC_CHARS = 12_000
@@ -72,7 +73,8 @@ class DocItem(NamedTuple):
 
 
 def build_docstring_corpus(
-    out_jsonl: Path, max_records: int, seed: int = 0, *, overwrite: bool = True
+    out_jsonl: Path, max_records: int, seed: int = 0, *, overwrite: bool = True,
+    show_progress: bool = False,
 ) -> Path:
     """Write ``max_records`` chat records built from installed docstrings; returns the path.
 
@@ -87,7 +89,10 @@ def build_docstring_corpus(
     written = 0
     with staged(out_jsonl, overwrite=overwrite) as tmp:
         with open(tmp, "w", encoding="utf-8") as f:
-            for record in iter_docstring_records(seed):
+            records = iter_docstring_records(seed)
+            if show_progress:
+                records = progress(records, total=max_records, desc="corpus", unit="record")
+            for record in records:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
                 written += 1
                 if written == max_records:

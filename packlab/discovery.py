@@ -9,8 +9,14 @@ A spool beside the shards, or a folder of spools, is no shard and is skipped too
 output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
 spools it packed them from (finished, empty or still being written).
 
-Layouts (``splits/``, ``blend.json``) and object storage sit above this module
-(:mod:`packlab.layout`, :mod:`packlab.cloud`); :func:`packlab.open_dataset` resolves them all.
+A directory with a dataset manifest (``dataset.json``, :mod:`packlab.pipeline.manifest`) is
+its shards as listed there, refused while the job that writes it has not finished; a shard named
+by itself (a path, a glob match, a layout's link) must be listed in its folder's manifest, when
+the folder has one (:func:`placed`). :func:`dataset_directories` finds the outputs under a run
+folder.
+
+Layouts (``splits/``, ``blend.json``), run folders and object storage sit above this module
+(:mod:`packlab.layout`, :mod:`packlab.cloud`); :mod:`packlab.sources.resolve` resolves them all.
 """
 
 from __future__ import annotations
@@ -24,7 +30,12 @@ from typing import Any
 from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, get_format
-from packlab.pipeline.manifest import listed_shards, read_manifest
+from packlab.pipeline.manifest import (
+    MANIFEST_FILE,
+    listed_shards,
+    read_manifest,
+    require_complete,
+)
 from packlab.spool import FILES as SPOOL_FILES
 
 PathLike = str | os.PathLike[str]
@@ -39,17 +50,27 @@ class NoShardsError(FormatError):
 
 class ShardRef(tuple):
     """``(path, format)``, and where a dataset manifest lists the shard, ``bins``: the range of
-    the dataset's bins it must hold (:class:`packlab.dataset.PackedDataset` checks it)."""
+    the dataset's bins it must hold (:class:`packlab.dataset.PackedDataset` checks it), and
+    ``sha256``: its identity there (``packlab validate`` compares it)."""
 
     bins: tuple[int, int] | None
+    sha256: str | None
 
-    def __new__(cls, path: Path, format: str, bins: tuple[int, int] | None = None) -> ShardRef:
+    def __new__(cls, path: Any, format: str, bins: tuple[int, int] | None = None,
+                sha256: str | None = None) -> ShardRef:
         ref = super().__new__(cls, (path, format))
         ref.bins = bins
+        ref.sha256 = sha256
         return ref
 
+    @classmethod
+    def listed(cls, path: Any, format: str, entry: dict[str, Any]) -> ShardRef:
+        """A shard as its dataset manifest's ``entry`` places it."""
+        return cls(path, format, (int(entry["bins"][0]), int(entry["bins"][1])),
+                   entry.get("sha256"))
+
     def __getnewargs__(self) -> tuple[Any, ...]:
-        return (self[0], self[1], self.bins)
+        return (self[0], self[1], self.bins, self.sha256)
 
 
 def is_ignored_name(name: str) -> bool:
@@ -125,7 +146,8 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
             continue
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
-        found.append((child, expect_format(child, name, format)))
+        name = expect_format(child, name, format)
+        found.append(placed(child, name) if child.is_symlink() else ShardRef(child, name))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
@@ -154,7 +176,7 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
                 continue
             name = detect_format(m)
             if _is_main_entry(m, name):
-                picked.append((m, expect_format(m, name, format)))
+                picked.append(placed(m, expect_format(m, name, format)))
         if not picked:
             raise FormatError(f"{text}: the pattern matches no shard")
         return picked
@@ -163,12 +185,11 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
     if p.is_dir():
         own = _detect(p)
         if own is not None and _is_main_entry(p, own):
-            return [(p, expect_format(p, own, format))]
+            return [placed(p, expect_format(p, own, format))]
         manifest = read_manifest(p)
         if manifest is not None:
-            return [ShardRef(path, expect_format(path, manifest["format"], format),
-                             (entry["bins"][0], entry["bins"][1]))
-                    for path, entry in listed_shards(p, manifest, lambda c: not _ignored(c))]
+            return [ShardRef.listed(path, expect_format(path, manifest["format"], format), entry)
+                    for path, entry in listed_shards(p, manifest, is_shard_like)]
         if holds_spools(p):
             what = "a spool (spool_v1)" if _is_spool(p) else "a folder of spools (spool_v1)"
             raise FormatError(f"{p}: {what}, not packed shards: pack it first "
@@ -177,4 +198,40 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
         if not shards:
             raise NoShardsError(f"{p}: no shards in this directory")
         return shards
-    return [(p, format or detect_format(p))]
+    return [placed(p, format or detect_format(p))]
+
+
+def is_shard_like(path: Path) -> bool:
+    """An entry of a shard directory that could be a shard (what a dataset manifest must
+    list): anything but hidden names, temporaries, receipts, notes, layout and spool folders."""
+    return not _ignored(path) and not holds_spools(path)
+
+
+def placed(path: Path, format: str) -> ShardRef:
+    """One shard named by itself (a path, a glob match, a layout's link): where the directory
+    it lives in has a dataset manifest, the shard must be listed there and the dataset
+    complete (a shard of an interrupted job is refused like the whole directory)."""
+    real = path.resolve() if path.is_symlink() else path
+    manifest = read_manifest(real.parent)
+    if manifest is None:
+        return ShardRef(path, format)
+    require_complete(real.parent, manifest)
+    for entry in manifest["shards"]:
+        if entry["name"] == real.name:
+            return ShardRef.listed(path, format, entry)
+    raise FormatError(f"{real}: not listed in {real.parent / MANIFEST_FILE} (copied in from "
+                      "elsewhere?)")
+
+
+def dataset_directories(path: Path) -> list[Path]:
+    """The directories under ``path`` (itself included) that hold a dataset manifest, in path
+    order, not looking inside them: a run folder (``OUT/runs/<run_hash>``), ``OUT/runs``, or
+    any folder of pack outputs. Spool folders and links are not followed."""
+    if (path / MANIFEST_FILE).is_file():
+        return [path]
+    found: list[Path] = []
+    for child in sorted(path.iterdir()):
+        if child.is_dir() and not child.is_symlink() and not _ignored(child) \
+                and not holds_spools(child):
+            found.extend(dataset_directories(child))
+    return found

@@ -10,7 +10,8 @@ Ray: ``ray.init(num_cpus=workers, include_dashboard=False)`` with its temporary 
 the build folder (``build/ray``) and ``RAY_AUTH_MODE=disabled`` (else Ray writes a token into
 the home directory); or ``ray.init(address=...)`` to join a running cluster. A session this
 module starts is always shut down, whatever happens; one already running is reused and left
-running. A failing task cancels the others and its own error is raised (a
+running. :func:`iter_jobs` yields each result as its job finishes (a caller that merges or
+counts as it goes). A failing task cancels the others and its own error is raised (a
 :class:`~packlab.errors.PacklabError` stays one, for the command line's one-line message).
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -66,38 +68,117 @@ def ray_session(*, workers: int = 2, address: str | None = None,
 
 
 def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,
-             desc: str = "work", executor: str = "process", address: str | None = None
-             ) -> list[T]:
+             desc: str | None = "work", executor: str = "process",
+             address: str | None = None) -> list[T]:
     """``fn(*job)`` for every job (serially, in a process pool, or as Ray tasks); results in
     job order. The first failure cancels the rest and is raised."""
     jobs = list(jobs)
+    return _in_order(iter_jobs(fn, jobs, workers, executor=executor, address=address),
+                     len(jobs), desc)
+
+
+def _in_order(done: Iterator[tuple[int, T]], count: int, desc: str | None) -> list[T]:
+    results: list[Any] = [None] * count
+    for i, result in (progress(done, total=count, desc=desc) if desc else done):
+        results[i] = result
+    return results
+
+
+def iter_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,
+              executor: str = "process", address: str | None = None,
+              temp_dir: str | os.PathLike[str] | None = None) -> Iterator[tuple[int, T]]:
+    """``(i, fn(*jobs[i]))`` as each job finishes, in any order (for a caller that merges or
+    counts as it goes). The first failure cancels the rest and is raised."""
+    jobs = list(jobs)
     if not jobs:
-        return []
+        return
     if executor == "ray":
-        return run_ray(fn, jobs, workers=workers, address=address)
-    if executor != "process":
+        yield from _iter_ray(fn, jobs, workers=workers, address=address, temp_dir=temp_dir)
+    elif executor != "process":
         raise PacklabError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
-    if workers <= 1 or len(jobs) == 1:
-        return [fn(*job) for job in progress(jobs, total=len(jobs), desc=desc)]
-    return run_pool(fn, jobs, workers, desc=desc)
+    elif workers <= 1 or len(jobs) == 1:
+        for i, job in enumerate(jobs):
+            yield i, fn(*job)
+    else:
+        yield from _iter_pool(fn, jobs, workers)
 
 
 def run_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int, *,
-             desc: str = "work") -> list[T]:
+             desc: str | None = "work") -> list[T]:
     """``fn(*job)`` in a process pool; the first failure cancels the rest and is raised."""
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs))) as pool:
-        futures = [pool.submit(fn, *job) for job in jobs]
-        for future in progress(as_completed(futures), total=len(futures), desc=desc):
-            error = future.exception()
-            if error is not None:
-                for other in futures:
-                    other.cancel()
+    return _in_order(_iter_pool(fn, list(jobs), workers), len(jobs), desc)
+
+
+def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
+               ) -> Iterator[tuple[int, T]]:
+    """Ctrl-C (SIGINT to the whole process group) is the parent's to handle: workers ignore
+    it; the parent cancels the queued jobs and aborts those in flight (``STOP_JOB``: their
+    writers clean up; a worker killed outright leaves a temporary the next run sweeps). Any other failure
+    cancels the queued jobs and lets those in flight finish."""
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
+                             initializer=_ignore_interrupt) as pool:
+        with interrupts_held():  # forked with SIGINT held, until the worker ignores it
+            futures = {pool.submit(_stoppable, fn, job): i for i, job in enumerate(jobs)}
+        try:
+            for future in as_completed(futures):
+                error = future.exception()
                 if isinstance(error, BrokenProcessPool):
                     raise PacklabError(f"a worker process died ({error}); out of memory? "
-                                       "try fewer --workers or a smaller --bins-per-shard"
-                                       ) from None
-                raise error
-        return [future.result() for future in futures]
+                                       "try fewer --workers (or smaller jobs)") from None
+                if error is not None:
+                    raise error
+                yield futures[future], future.result()
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()  # queued jobs never start
+            for pid in list(getattr(pool, "_processes", None) or {}):
+                try:
+                    os.kill(pid, STOP_JOB)  # jobs in flight abort (see _stoppable)
+                except ProcessLookupError:
+                    pass
+            raise
+        finally:  # a failure, or a caller that stopped early: drop the jobs not started
+            for future in futures:
+                future.cancel()
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """Hold SIGINT for the block (the workers forked in it start with it held); one that
+    arrives meanwhile is delivered when the block ends."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+_IN_JOB = [False]  # in a pool worker: whether a job is running
+STOP_JOB = signal.SIGUSR1
+
+
+def _ignore_interrupt() -> None:
+    """In a pool worker: ignore Ctrl-C (the parent stops the pool and reports it, once; no
+    worker prints a traceback); ``STOP_JOB`` (SIGUSR1) from the parent aborts the job running
+    (its writer cleans up: nothing half written is published) and leaves an idle worker alone
+    (it exits when the pool shuts down, so the pool never sees a worker vanish; SIGTERM keeps
+    its default, for the pool's own clean-up of a broken pool)."""
+    def stop(signum: int, frame: Any) -> None:
+        if _IN_JOB[0]:
+            raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(STOP_JOB, stop)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _stoppable(fn: Callable[..., T], job: tuple[Any, ...]) -> T:
+    """``fn(*job)`` in a pool worker, marked as running (see :func:`_ignore_interrupt`)."""
+    _IN_JOB[0] = True
+    try:
+        return fn(*job)
+    finally:
+        _IN_JOB[0] = False
 
 
 def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: int = 2,
@@ -105,18 +186,28 @@ def run_ray(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], *, workers: i
             ) -> list[T]:
     """``fn(*job)`` as Ray tasks; results in job order."""
     jobs = list(jobs)
-    if not jobs:
-        return []
+    return _in_order(iter_jobs(fn, jobs, workers, executor="ray", address=address,
+                               temp_dir=temp_dir), len(jobs), None)
+
+
+def _iter_ray(fn: Callable[..., T], jobs: list[tuple[Any, ...]], *, workers: int,
+              address: str | None, temp_dir: str | os.PathLike[str] | None
+              ) -> Iterator[tuple[int, T]]:
     with ray_session(workers=workers, address=address, temp_dir=temp_dir) as ray:
         task = ray.remote(num_cpus=1, max_retries=0)(fn)
         refs = [task.remote(*job) for job in jobs]
+        order = {ref: i for i, ref in enumerate(refs)}
+        pending = list(refs)
         try:
-            return list(ray.get(refs))
+            while pending:
+                ready, pending = ray.wait(pending, num_returns=1)
+                yield order[ready[0]], ray.get(ready[0])
         except ray.exceptions.RayTaskError as exc:
-            for ref in refs:
-                ray.cancel(ref, force=True)
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, PacklabError):
                 raise cause from None
             raise PacklabError(f"a Ray task failed: {' '.join(str(exc).split())[:300]}"
                                ) from None
+        finally:  # a failure, or a caller that stopped early: cancel what still runs
+            for ref in pending:
+                ray.cancel(ref, force=True)

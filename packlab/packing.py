@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.packers import ALGORITHMS
+from packlab.packers import ALGORITHMS, bin_totals, sequences_by_bin
 
 Overlong = Literal["truncate", "drop"]
 DEFAULT_ALGORITHM = "first_fit_shuffle"
@@ -237,18 +237,20 @@ def assignment_from_bins(
         raise PacklabError("packing returned a bin per sequence of the wrong shape (algorithm bug)")
     if bin_of.size and int(bin_of.min()) < 0:
         raise PacklabError("packing returned a negative bin number (algorithm bug)")
-    counts = np.bincount(bin_of)
+    if kept_len is None:
+        counts, load = np.bincount(bin_of), None
+    else:
+        counts, load = bin_totals(bin_of, kept_len)
     if (counts == 0).any():
         raise PacklabError("packing produced an empty bin (algorithm bug)")
-    if kept_len is not None:
-        load = np.bincount(bin_of, weights=kept_len, minlength=counts.shape[0])
-        if float(load.max()) > pack_size:
+    if load is not None:
+        if int(load.max()) > pack_size:
             b = int(np.argmax(load))
             raise PacklabError(
                 f"packing put {int(load[b])} tokens in bin {b}, more than pack_size {pack_size} "
                 "(algorithm bug)"
             )
-    order = np.argsort(bin_of, kind="stable")
+    order = sequences_by_bin(bin_of, counts)
     offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
     seq_indices = order if kept_index is None else kept_index[order]

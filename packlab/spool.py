@@ -189,7 +189,11 @@ class SpoolWriter:
             "source": self.source,
         }
         (self._staging.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        self._staging.publish()
+        try:
+            self._staging.publish()
+        except BaseException:  # e.g. a file where the spool goes: no temporary left behind
+            self.abort()
+            raise
         self._closed = True
         return manifest
 

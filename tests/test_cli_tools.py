@@ -59,14 +59,14 @@ def test_pack_json_reports_the_plan_and_the_shards(spool, tmp_path, capsys) -> N
 @pytest.mark.parametrize("argv, names", [
     (["pack", "{tmp}/missing", "{tmp}/o", "--format", "parquet", "--pack-size", "64"], "missing"),
     (["pack", "{spool}", "{tmp}/o", "--format", "nope", "--pack-size", "64"], "nope"),
-    (["pack", "{spool}", "{tmp}/o", "--format", "parquet", "--pack-size", "0"], "pack_size"),
+    (["pack", "{spool}", "{tmp}/o", "--format", "parquet", "--pack-size", "0"], "--pack-size"),
     (["pack", "{spool}", "{tmp}/o", "--format", "parquet", "--pack-size", "64",
       "--algorithm", "magic"], "magic"),
     (["pack", "{spool}", "{tmp}/o", "--format", "parquet", "--pack-size", "8", "--workers", "0"],
      "--workers"),
     (["convert", "{tmp}/missing", "{tmp}/o", "--format", "parquet"], "missing"),
     (["validate", "{tmp}/missing"], "missing"),
-    (["validate", "{spool}"], "a spool (spool_v1), not packed shards"),
+    (["validate", "{spool}", "--split", "train"], "a spool (spool_v1), not packed shards"),
 ])
 def test_errors_in_use_exit_2_with_one_line(argv, names, spool, tmp_path, capsys) -> None:
     args = [a.format(tmp=tmp_path, spool=spool) for a in argv]

@@ -72,13 +72,16 @@ def split_sequence_digests(out: Path, split: str) -> Counter:
 def test_split_and_weight_specs_are_parsed_and_refused_clearly() -> None:
     assert parse_fractions("train=0.98,valid=0.01,test=0.01") == {
         "train": 0.98, "valid": 0.01, "test": 0.01}
-    assert parse_fractions("train=98,valid=1,test=1") == pytest.approx(
-        {"train": 0.98, "valid": 0.01, "test": 0.01})
+    assert parse_fractions("train=0.3333333,valid=0.6666667") == pytest.approx(
+        {"train": 1 / 3, "valid": 2 / 3}, abs=1e-6)
     assert list(parse_fractions({"b": 1, "a": 0})) == ["b", "a"]
     assert parse_fractions(None) == {"train": 1.0}
     for bad, message in [("train", "NAME=FRACTION"), ("train=x", "not a number"),
                          ("train=-1", ">= 0"), ("train=1,train=2", "twice"),
-                         ("tr ain=1", "split name"), ("train=0", "positive")]:
+                         ("tr ain=1", "split name"), ("train=0", "positive"),
+                         ("train=0.5,valid=0.6", "sum to 1.1, not 1"),
+                         ("train=1.5", "over 1"), ("train=98,valid=1,test=1", "over 1"),
+                         ("train=0.5", "sum to 0.5, not 1")]:
         with pytest.raises(PacklabError, match=message):
             parse_fractions(bad)
     assert parse_weights("0.7,0.3", 2) == pytest.approx([0.7, 0.3])
@@ -244,7 +247,7 @@ def test_an_empty_split_is_listed_and_explained(spools, tmp_path: Path) -> None:
     out = tmp_path / "out"
     report = build(spools[:1], out, splits="train=1,valid=0")
     assert report["splits"]["valid"] == {"num_shards": 0, "num_bins": 0, "num_tokens": 0,
-                                         "num_sequences": 0}
+                                         "num_sequences": 0, "dropped_sequences": 0}
     assert known_splits(out) == ["train", "valid"]
     with pytest.raises(FormatError, match="split 'valid' is empty"):
         open_dataset(out, split="valid")

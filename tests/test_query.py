@@ -26,6 +26,7 @@ from packlab.query import connect, execute, query
 from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
 from packlab.query.tamper import RULES, break_bin
+from packlab.query.views import close
 
 SPLITS = "train=0.7,valid=0.2,test=0.1"
 
@@ -53,7 +54,7 @@ def sql_counts(con, split: str) -> dict[str, int]:
     row = query(con, "SELECT count(*) AS bins, sum(packed_len) AS tokens, sum(num_seqs) AS "
                      "sequences, sum(loss_tokens) AS loss_tokens FROM bins WHERE split = ?",
                 [split])[0]
-    return {k: int(v) for k, v in row.items()}
+    return {k: int(v or 0) for k, v in row.items()}  # sum() over no rows is NULL
 
 
 @settings(max_examples=6, deadline=None)
@@ -155,8 +156,15 @@ def test_plain_directories_and_globs_have_no_split(layout: Path, tmp_path: Path,
         connect(tmp_path / "flat", split="train")
     write_shards(spool, assignment, tmp_path / "mm", format="memmap_v1", bins_per_shard=50,
                  workers=1)
-    with pytest.raises(FormatError, match="SQL reads Parquet shards"):
-        connect(tmp_path / "mm")
+    sql = "SELECT count(*) AS n, sum(packed_len) AS t, sum(loss_tokens) AS l FROM bins"
+    con = connect(tmp_path / "mm")  # another format: transcoded into a private folder first
+    spill = con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
+    assert query(con, sql) == query(connect(tmp_path / "flat"), sql)
+    assert list(Path(spill, "transcoded").glob("*.parquet"))
+    close(con)
+    assert not Path(spill).exists()
+    with pytest.raises(FormatError, match="polars reads Parquet shards"):
+        answer("polars", "split_counts", tmp_path / "mm")
 
 
 def test_query_command_prints_a_table_csv_or_json(layout: Path, capsys) -> None:

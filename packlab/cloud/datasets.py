@@ -23,6 +23,7 @@ from packlab.cloud.discovery import find_shards, object_format, split_shards
 from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.cloud.transfer import download_shard, remote_manifest
 from packlab.dataset import PackedDataset
+from packlab.discovery import ShardRef
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import get_format
 from packlab.mapping import FORKS
@@ -68,7 +69,9 @@ class RemoteDataset(PackedDataset):
                  reader_options: dict[str, Any] | None = None) -> None:
         self.locations = [loc for loc, _ in shards]
         self.cache_dir = None if cache_dir is None else str(cache_dir)
-        super().__init__([(loc.uri, name) for loc, name in shards], reader_options=reader_options)
+        # where a dataset manifest placed a shard (ShardRef.bins), PackedDataset checks it
+        super().__init__([ShardRef(s[0].uri, s[1], getattr(s, "bins", None)) for s in shards],
+                         reader_options=reader_options)
         self.shards = list(self.locations)  # type: ignore[arg-type]  # URIs, not mangled Paths
 
     def _open_readers(self) -> list[Any]:

@@ -12,14 +12,20 @@ shard by its manifest's ``format`` (``MANIFEST_FORMAT``).
 
 from __future__ import annotations
 
+import fnmatch
+import glob as globlib
 from typing import Any
+
+import pyarrow.fs as pafs
 
 from packlab.cloud.storage import Location, resolve
 from packlab.cloud.transfer import MANIFEST, parse_manifest, remote_manifest
-from packlab.discovery import expect_format, is_ignored_name
+from packlab.discovery import ShardRef, expect_format, is_ignored_name
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import directory_shard_files, manifest_formats, suffix_formats
 from packlab.layout.blend import BLEND_FILE, blend_format, parse_blend
+from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards
+from packlab.pipeline.manifest import parse_manifest as parse_dataset_manifest
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SPOOL_VERSION
 
@@ -54,21 +60,99 @@ def find_shards(uri: str | Location, *, filesystem: Any = None, format: str | No
     if found is not None:
         return [(location, expect_format(location, directory_format(location, found[1]), format))]
     if (location / BLEND_FILE).is_file():
-        raise PacklabError(f"{location}: an output layout: pass split= (see its blend.json)")
-    children = [c for c in location.iterdir() if not is_ignored_name(c.name)]
-    parts = sorted({c.name for c in children}
+        raise PacklabError(f"{location}: an output layout: choose a split (see its blend.json)")
+    dataset = read_remote_dataset_manifest(location)
+    if dataset is not None:
+        return [ShardRef.listed(loc, expect_format(loc, dataset["format"], format), entry)
+                for loc, entry in listed_shards(location, dataset, is_shard_like, remote_size)]
+    if is_remote_spool(location):
+        raise FormatError(f"{location}: a spool or a folder of spools ({SPOOL_VERSION}), not "
+                          "packed shards: pack it first")
+    named = [c for c in location.iterdir() if not is_ignored_name(c.name)]
+    parts = sorted({c.name for c in named}
                    & (directory_shard_files() | set(SPOOL_FILES.values())))
     if parts:
         raise FormatError(f"{location}: holds {', '.join(parts)} but no {MANIFEST}: a directory "
                           "shard whose upload did not finish (or not a shard); refused")
     shards: list[tuple[Location, str]] = []
-    for child in children:
+    for child in (c for c in named if is_shard_like(c)):
         shards.extend(_child_shard(child, format))
     if not shards:
         if not location.exists():
             raise FormatError(f"{location}: no such file or directory")
         raise FormatError(f"{location}: no shards under this prefix")
     return shards
+
+
+def read_remote_dataset_manifest(location: Location) -> dict[str, Any] | None:
+    """``location/dataset.json`` (:mod:`packlab.pipeline.manifest`), checked; None if absent."""
+    target = location / MANIFEST_FILE
+    if not target.is_file():
+        return None
+    return parse_dataset_manifest(target.read_bytes(), target)
+
+
+def remote_size(location: Location) -> int:
+    """Bytes of an object, or of every object under a prefix (a directory shard)."""
+    info = location.info()
+    if info.type == pafs.FileType.File:
+        return int(info.size)
+    return sum(int(i.size) for i in location.walk_files())
+
+
+def is_remote_spool(location: Location) -> bool:
+    """A spool, finished or being written (a spool data file, or its ``.tmp``), or a folder
+    of nothing but spools (Nemotron's ``spool/`` beside its shards): never a shard."""
+    if location.is_file():
+        return False
+    names = {c.name for c in location.iterdir()}
+    spool_files = set(SPOOL_FILES.values())
+    if names & (spool_files | {f"{n}.tmp" for n in spool_files}):
+        return True
+    children = [location / n for n in names]
+    return bool(children) and all(not c.is_file() and is_remote_spool(c) for c in children)
+
+
+def is_shard_like(location: Location) -> bool:
+    """An entry under a shard prefix that could be a shard (as locally: hidden names,
+    receipts, notes, layout and spool folders are not)."""
+    if is_ignored_name(location.name):
+        return False
+    return object_format(location) is not None or not is_remote_spool(location)
+
+
+def remote_dataset_directories(location: Location) -> list[Location]:
+    """The prefixes under ``location`` (itself included) holding a dataset manifest, in path
+    order: a run folder, ``OUT/runs``, a folder of pack outputs (spools are not entered)."""
+    if (location / MANIFEST_FILE).is_file():
+        return [location]
+    found: list[Location] = []
+    for child in location.iterdir():
+        if is_ignored_name(child.name) or object_format(child) is not None:
+            continue  # a one-file shard: no request needed to know it holds no output
+        if child.is_dir() and not is_remote_spool(child):
+            found.extend(remote_dataset_directories(child))
+    return found
+
+
+def glob_remote(pattern: str, filesystem: Any = None) -> list[Location]:
+    """Objects and prefixes matching a glob URI (``s3://lab/out/shard_00000[0-3].parquet``),
+    sorted; ``*`` does not cross ``/``. The listing starts at the last prefix before the
+    first wildcard."""
+    location = resolve(pattern, filesystem)
+    parts = location.path.split("/")
+    fixed = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
+    base = Location(location.filesystem, "/".join(parts[:fixed]), location.scheme)
+    depth = len(parts)
+    found = set()
+    for info in base.walk_files():
+        pieces = info.path.split("/")
+        if len(pieces) >= depth:
+            candidate = "/".join(pieces[:depth])
+            if fnmatch.fnmatchcase(candidate, location.path):
+                found.add(candidate)
+    return [Location(location.filesystem, p, location.scheme) for p in sorted(found)
+            if not any(is_ignored_name(x) for x in p.split("/")[fixed:])]
 
 
 def _child_shard(child: Location, format: str | None) -> list[tuple[Location, str]]:
@@ -80,6 +164,9 @@ def _child_shard(child: Location, format: str | None) -> list[tuple[Location, st
         parsed = parse_manifest(manifest.read_bytes(), str(manifest))
         return [(child, expect_format(child, directory_format(child, parsed), format))]
     if child.is_dir():
+        if (child / MANIFEST_FILE).is_file():
+            raise FormatError(f"{child}: a pack output (it has a {MANIFEST_FILE}), inside "
+                              "another shard folder: name it, or the folder above")
         raise FormatError(f"{child}: no {MANIFEST} (an unfinished upload, or not a shard)")
     raise FormatError(f"{child}: not a shard of any known format (under a shard prefix)")
 

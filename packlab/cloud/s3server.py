@@ -182,6 +182,13 @@ class S3Server:
         return {"endpoint_override": self.endpoint, "scheme": "http", "access_key": ACCESS_KEY,
                 "secret_key": SECRET_KEY, "region": REGION}
 
+    def environment(self) -> dict[str, str]:
+        """The environment a separate process (``packlab`` on the command line, a worker)
+        needs for ``s3://`` to reach this server: the endpoint (read by
+        :mod:`packlab.cloud.storage`) and the keys (read by pyarrow)."""
+        return {"AWS_ENDPOINT_URL_S3": f"http://{self.endpoint}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+
     def start(self) -> S3Server:
         if self.process is not None:
             raise PacklabError(f"S3 server already running on {self.endpoint}")

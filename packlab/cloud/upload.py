@@ -13,16 +13,32 @@ place their recorded relative path points (which must stay inside the bucket).
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
+from packlab.cloud.discovery import remote_size
 from packlab.cloud.storage import Location, put_object, resolve
 from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
 from packlab.formats import get_format
-from packlab.layout.blend import BLEND_FILE, SPLITS_DIR, blend_format, read_blend
+from packlab.layout.blend import (
+    BLEND_FILE,
+    SPLITS_DIR,
+    blend_format,
+    read_blend,
+    writing_blend,
+)
+from packlab.pipeline.manifest import MANIFEST_FILE, as_writing, read_manifest, require_complete
+from packlab.pipeline.receipts import (
+    RECEIPT_SUFFIX,
+    parse_receipt,
+    receipt_path,
+    shard_bytes,
+)
+from packlab.pipeline.shards import SHARD_NAME
 
 
 def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,
@@ -41,17 +57,54 @@ def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesyste
 
 def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, overwrite: bool,
                  skip: tuple[str, ...]) -> None:
-    for child in sorted(folder.iterdir()):
-        if child.is_symlink() or child.name.startswith(".") or is_temporary(child) or \
-                child.name in skip:
-            continue
+    children = [c for c in sorted(folder.iterdir())
+                if not (c.is_symlink() or c.name.startswith(".") or is_temporary(c)
+                        or c.name in skip)]
+    dataset = read_manifest(folder)  # a pack output: incomplete on the store until the end
+    if dataset is not None:
+        require_complete(folder, dataset)
+        children = [c for c in children if c.name != MANIFEST_FILE]
+        put_object(json.dumps(as_writing(dataset), indent=2).encode(), target / MANIFEST_FILE)
+    for child in children:
         if child.is_dir() and not (child / MANIFEST).is_file():
             _upload_into(child, target / child.name, totals, overwrite=overwrite, skip=())
             continue
-        done = upload_shard(child, target / child.name, overwrite=overwrite)
+        if dataset is not None and _already_there(child, target / child.name):
+            totals["kept"] = totals.get("kept", 0) + 1
+            continue
+        done = upload_shard(child, target / child.name, overwrite=overwrite or dataset is not None)
         totals["shards"] += int(child.is_dir() or child.suffix != ".json")
         totals["files"] += done["files"]
         totals["bytes"] += done["bytes"]
+    if dataset is not None:
+        _drop_stale(target, {s["name"] for s in dataset["shards"]})
+        put_object((folder / MANIFEST_FILE).read_bytes(), target / MANIFEST_FILE)  # last
+
+
+def _already_there(local: Path, remote: Location) -> bool:
+    """A shard an earlier, interrupted upload already put there whole: the receipt on the
+    store vouches for the same shard as the local one (format, bins, size, checksum) and the
+    size there matches, so a resumed upload sends only what is missing."""
+    receipt = receipt_path(local)
+    there = remote.parent / receipt.name
+    if local.name.endswith(".json") or not receipt.is_file() or not there.is_file():
+        return False
+    try:
+        mine = parse_receipt(receipt.read_bytes(), receipt)
+        theirs = parse_receipt(there.read_bytes(), there)
+    except FormatError:
+        return False
+    same = all(mine.get(k) == theirs.get(k) for k in ("format", "bins", "bytes", "sha256"))
+    return same and remote.exists() and remote_size(remote) == shard_bytes(local)
+
+
+def _drop_stale(target: Location, keep: set[str]) -> None:
+    """Shards of an earlier, larger output at ``target`` (and their receipts) not in ``keep``."""
+    for child in target.iterdir():
+        name = child.name[: -len(RECEIPT_SUFFIX)] if child.name.endswith(RECEIPT_SUFFIX) \
+            else child.name
+        if SHARD_NAME.match(name) and name not in keep:
+            child.delete()
 
 
 def upload_layout(local_root: str | os.PathLike[str], uri: str | Location, *,
@@ -68,7 +121,8 @@ def upload_layout(local_root: str | os.PathLike[str], uri: str | Location, *,
         raise FormatError(f"{root / missing[0]}: listed in {BLEND_FILE} but missing")
     if not overwrite and (target / BLEND_FILE).exists():
         raise PacklabError(f"{target / BLEND_FILE}: already exists (pass overwrite=True)")
-    (target / BLEND_FILE).delete()  # when overwriting: the old layout is gone first
+    # the old layout (if any) reads as incomplete until the new blend lands, last
+    put_object(json.dumps(writing_blend(blend), indent=2).encode(), target / BLEND_FILE)
     totals = upload_tree(root, target, overwrite=True, skip=(SPLITS_DIR, BLEND_FILE))
     spools = _upload_spools(root, target, referenced, blend)
     put_object((root / BLEND_FILE).read_bytes(), target / BLEND_FILE)

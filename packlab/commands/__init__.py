@@ -1,10 +1,52 @@
-"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`); shared helpers below."""
+"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`); shared helpers below:
+argument types whose errors name the flag (argparse adds ``argument --seed:``), the
+descriptions every command shares, and output (``--json``, tables)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any
+
+DATASET_HELP = ("a shard, a directory of shards, a glob, an output layout (with --split), "
+                "ROOT/splits/NAME, a run folder (ROOT/runs/...), a Nemotron output directory; "
+                "local or a URI (s3://bucket/prefix)")
+OUTPUT_HELP = "a local path or a URI (s3://bucket/prefix: written locally, then uploaded)"
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer > 0."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (seeds, counts that may be zero)."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(
+            f"expected {'a positive integer' if low == 1 else f'an integer >= {low}'}, "
+            f"got {value}")
+    return value
+
+
+def format_choices() -> str:
+    """The registered shard formats, for help texts."""
+    from packlab.formats import format_names
+
+    return ", ".join(format_names())
+
+
+def warn(command: str, message: str) -> None:
+    """One warning line on stderr (the command goes on)."""
+    print(f"packlab {command}: warning: {message}", file=sys.stderr)
 
 
 def emit_json(obj: Any) -> None:

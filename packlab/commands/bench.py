@@ -10,7 +10,14 @@ size        bytes on disk, per token, padding waste, ratio to raw unpadded and t
 
 The same measurements notebook 05 makes (packlab.measure.latency, packlab.measure.throughput).
 
-With one PATH, ``--json`` prints that PATH's object; with several, ``{"results": [...]}``.
+PATH is any dataset path (a shard, a directory of shards, an output layout with ``--split``,
+``ROOT/splits/NAME``, a glob, a run folder; local or ``s3://``). Memory, latency and throughput
+read it through ``packlab.open_dataset`` (``--via dataset``, the default) or, for one shard,
+its reader, from local files (page-cache states and ``pread`` floors are local things): a
+dataset on object storage is measured on its verified copy in the download cache, and the
+result says so (``measured``); ``size`` counts the objects where they are. With one PATH, ``--json`` prints that PATH's object; with several,
+``{"results": [...]}``. A progress bar counts the measurements (never the timed reads: a bar
+drawn inside a timing loop would be measured too).
 """
 
 from __future__ import annotations
@@ -19,7 +26,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit_json, emit_table, flatten
+from packlab.commands import (
+    DATASET_HELP,
+    emit_json,
+    emit_table,
+    flatten,
+    nonnegative_int,
+    positive_int,
+)
 from packlab.errors import PacklabError
 
 KINDS = ("memory", "latency", "throughput", "size")
@@ -29,15 +43,17 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="measure memory, latency, throughput or size of shards",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=KINDS)
-    p.add_argument("paths", nargs="+", metavar="PATH", help="shards (files or shard directories)")
+    p.add_argument("paths", nargs="+", metavar="PATH", help=DATASET_HELP)
+    p.add_argument("--split", help="this split of an output layout (each PATH a layout root)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.add_argument("--cache", choices=("warm", "cold"), default="warm",
                    help="latency/throughput: warm (after a full pass) or cold (pages dropped)")
-    p.add_argument("--samples", type=int, default=1000, help="latency: random reads to time")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random indices")
-    p.add_argument("--batch-size", type=int, default=1,
+    p.add_argument("--samples", type=positive_int, default=1000,
+                   help="latency: random reads to time")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="seed of the random indices")
+    p.add_argument("--batch-size", type=positive_int, default=1,
                    help="latency: bins per read (read_bins / __getitems__), timed per bin")
-    p.add_argument("--workers", type=int, nargs="+", default=[0, 2, 4],
+    p.add_argument("--workers", type=nonnegative_int, nargs="+", default=[0, 2, 4],
                    help="throughput: DataLoader worker counts")
     p.add_argument("--via", choices=("auto", "reader", "dataset"), default="auto",
                    help="read through the shard reader or packlab.open_dataset (auto: dataset "
@@ -63,20 +79,53 @@ def measure_one(kind: str, path: str, args: argparse.Namespace) -> dict[str, Any
         for n, row in loader["workers"].items():
             out[f"dataloader_bins_per_s_{n}_workers"] = row["bins_per_s"]
         return out
-    return measure.size_report(path)
+    return measure.size_report(path, split=args.split)
+
+
+def dataset_path(path: str, split: str | None, kind: str) -> str:
+    """One string naming the dataset to measure (the measurements run in fresh processes, by
+    path): a layout's split is ``ROOT/splits/NAME``, which resolves locally (its links) and on
+    object storage (through ``blend.json``) alike. Resolved once here, so a bad PATH fails
+    before any measurement starts."""
+    from packlab.sources.resolve import resolve_source
+
+    source = resolve_source(path, split=split)
+    if kind == "size":  # measured here, not in a fresh process: the split goes as it is
+        return path
+    if split is not None and source.kind == "run":
+        raise PacklabError(f"{path}: --split of a run folder cannot be measured as one path: "
+                           "name the layout root, or one output under the run folder")
+    if split is not None:
+        path = f"{source.layout}/splits/{split}"
+    source.only_split("measure")  # reads are of one dataset: never several splits at once
+    return path
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.samples <= 0:
-        raise PacklabError(f"--samples must be positive, got {args.samples}")
-    if args.batch_size <= 0:
-        raise PacklabError(f"--batch-size must be positive, got {args.batch_size}")
-    if any(n < 0 for n in args.workers):
-        raise PacklabError(f"--workers must be >= 0, got {args.workers}")
-    for path in args.paths:
-        if not Path(path).exists():
-            raise PacklabError(f"{path}: no such file or directory")
-    results = [{"kind": args.kind, **measure_one(args.kind, path, args)} for path in args.paths]
+    import tempfile
+
+    from packlab.cloud.storage import is_remote
+    from packlab.files import remove
+    from packlab.progress import progress
+    from packlab.sources.outputs import local_copy
+    from packlab.sources.resolve import resolve_source
+
+    paths = [dataset_path(p, args.split, args.kind) for p in args.paths]
+    results = []
+    for path in progress(paths, total=len(paths), desc=f"bench {args.kind}", unit="measurement"):
+        if args.kind == "size" or not is_remote(path):
+            results.append({"kind": args.kind, **measure_one(args.kind, path, args)})
+            continue
+        # reads are measured on local files (page cache, pread floors): the dataset's
+        # verified copy in the download cache, said so in the result
+        folder = Path(tempfile.mkdtemp(prefix="packlab-bench-"))
+        try:
+            copy = local_copy(resolve_source(path), folder / "dataset")
+            row = measure_one(args.kind, str(copy), args)
+        finally:
+            remove(folder)
+        results.append({"kind": args.kind, **row, "path": path,
+                        "measured": "the verified local copy (download cache)"})
     if args.json:
         emit_json(results[0] if len(results) == 1 else {"kind": args.kind, "results": results})
         return 0

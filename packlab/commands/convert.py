@@ -1,32 +1,54 @@
-"""``packlab convert SRC DST --format F``: a shard (or a directory of shards) into another format."""
+"""``packlab convert SRC DST --format F [--split S]``: any dataset into another format.
+
+SRC is any dataset path (a shard, a directory of shards, an output layout with ``--split``,
+``ROOT/splits/NAME``, a run folder, a glob; local or ``s3://``). One shard converts into the
+shard DST; anything else into the folder DST: one shard per source shard, a receipt beside
+each, ``dataset.json`` first and last (:mod:`packlab.sources.conversion`). DST is a local path
+or a URI (written locally, then uploaded). Prints sizes before and after.
+"""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from packlab.commands import emit_json
+from packlab.commands import DATASET_HELP, OUTPUT_HELP, emit_json, format_choices
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("convert", help="convert shards to another format, bin by bin",
-                       description="Stream every bin of SRC (a shard or a directory of shards) "
-                                   "into DST in format F; prints sizes before and after.")
-    p.add_argument("src", help="a shard, or a directory of shards")
-    p.add_argument("dst", help="the output shard (or directory, when SRC is a directory)")
-    p.add_argument("--format", required=True, help="target format")
-    p.add_argument("--overwrite", action="store_true", help="replace existing output")
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("src", metavar="SRC", help=DATASET_HELP)
+    p.add_argument("dst", metavar="DST", help="the output shard (SRC is one shard) or folder: "
+                                              f"{OUTPUT_HELP}")
+    p.add_argument("--format", required=True, help=f"target format: {format_choices()}")
+    p.add_argument("--split", help="the split of an output layout (or run folder) to convert")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DST when it is a packlab output of the same kind (a shard of "
+                        "the format, or a converted/packed folder); anything else is refused")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.convert import convert
+    from packlab.convert import check_target_format
+    from packlab.errors import PacklabError
+    from packlab.sources.conversion import convert_source
+    from packlab.sources.outputs import output
+    from packlab.sources.resolve import resolve_source
 
-    rows = convert(args.src, args.dst, format=args.format, overwrite=args.overwrite)
+    check_target_format(args.format, args.dst)  # unknown or impossible: before any work
+    source = resolve_source(args.src, split=args.split).only_split("convert")
+    if args.dst.rstrip("/") == source.given.rstrip("/"):
+        raise PacklabError(f"{args.dst}: DST is SRC (convert writes a new output)")
+    kind = "shard" if source.kind == "shard" else "dataset"
+    with output(args.dst, kind=kind, overwrite=args.overwrite, format=args.format) as local:
+        rows = convert_source(source, local, format=args.format, overwrite=args.overwrite)
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
     tokens = sum(r["num_tokens"] for r in rows)
+    for row in rows:
+        row["destination"] = _named(row["destination"], str(local), args.dst)
     if args.json:
         emit_json({"shards": rows, "bytes_before": before, "bytes_after": after,
                    "num_bins": sum(r["num_bins"] for r in rows), "num_tokens": tokens})
@@ -38,3 +60,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"total: {len(rows)} shard(s), {tokens:,} tokens, {before:,} B -> {after:,} B "
           f"({ratio:.3f}x, {after / max(tokens, 1):.3f} B/token)")
     return 0
+
+
+def _named(path: str, local: str, given: str) -> str:
+    """A staged path as the destination the user named (its URI)."""
+    return given + path[len(local):] if path.startswith(local) else path

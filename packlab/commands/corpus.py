@@ -1,6 +1,8 @@
 """``packlab corpus OUT.jsonl --records N``: a real-text chat corpus from installed docstrings.
 
-Offline and deterministic for a seed on a given environment (see :mod:`packlab.corpus`).
+Offline and deterministic for a seed on a given environment (see :mod:`packlab.corpus`). OUT
+is a local file or a URI (written locally, then uploaded); ``--overwrite`` replaces a JSONL
+file only.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import OUTPUT_HELP, emit, nonnegative_int, positive_int
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,32 +23,52 @@ def add_parser(subparsers: Any) -> None:
                     "of the installed Python packages, answered with their docstrings "
                     "(sources parsed with ast, never imported).",
     )
-    parser.add_argument("out", help="JSONL file to write")
-    parser.add_argument("--records", "-n", type=int, required=True,
+    parser.add_argument("out", metavar="OUT", help=f"JSONL file to write: {OUTPUT_HELP}")
+    parser.add_argument("--records", "-n", type=positive_int, required=True,
                         help="number of chat records (positive)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed (default 0)")
     parser.add_argument("--index", action="store_true",
                         help="also write the line index OUT.idx for random access")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it is a JSONL file (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from packlab.corpus import build_docstring_corpus
-    from packlab.jsonl_index import build_jsonl_index
+    from packlab.jsonl_index import SUFFIX, build_jsonl_index
+    from packlab.sources.outputs import output
 
     began = time.perf_counter()
-    out = build_docstring_corpus(Path(args.out), args.records, args.seed,
-                                 overwrite=args.overwrite)
-    index = build_jsonl_index(out) if args.index else None
+    index_out = f"{args.out}{SUFFIX}" if args.index else None
+    with output(args.out, kind="file", overwrite=args.overwrite, recognise=is_jsonl,
+                what="a JSONL file") as local:
+        out = build_docstring_corpus(local, args.records, args.seed, overwrite=True,
+                                     show_progress=True)
+        size = out.stat().st_size
+        if index_out is not None:
+            with output(index_out, kind="file", overwrite=args.overwrite) as local_index:
+                build_jsonl_index(out, local_index)
     summary = {
-        "path": str(out),
+        "path": args.out,
         "records": args.records,
         "seed": args.seed,
-        "bytes": out.stat().st_size,
-        "index": str(index) if index else None,
+        "bytes": size,
+        "index": index_out,
         "seconds": round(time.perf_counter() - began, 3),
     }
     emit(summary, args.json)
     return 0
+
+
+def is_jsonl(path: Path) -> bool:
+    """A file whose first line is a JSON object (what ``--overwrite`` may replace)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            first = f.readline(1 << 20)
+        return isinstance(json.loads(first), dict)
+    except (OSError, ValueError):
+        return False

@@ -1,4 +1,10 @@
-"""``packlab inspect PATH``: what a spool or a shard holds (counts, lengths, sizes)."""
+"""``packlab inspect PATH``: what a spool or a dataset holds (counts, lengths, sizes).
+
+A spool: counts, length statistics, mask fraction, bytes per file (and the keys its writer
+added). One shard: format, bins, tokens, pack size, bytes on disk. Any other dataset path (a
+directory of shards, a layout, a split, a run folder, a glob; local or ``s3://``): the same
+totals, per split, and one line per shard. Nothing is validated (``packlab validate`` does).
+"""
 
 from __future__ import annotations
 
@@ -7,17 +13,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import DATASET_HELP, emit
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "inspect",
-        help="describe a spool or a shard",
-        description="Describe a spool (counts, length stats, mask fraction, bytes) or a shard "
-        "of any registered format (format, bins, tokens, pack size, bytes on disk).",
-    )
-    parser.add_argument("path", help="a spool directory or a shard")
+    parser = subparsers.add_parser("inspect", help="describe a spool, a shard or a dataset",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", metavar="PATH", help=f"a spool directory, or {DATASET_HELP}")
+    parser.add_argument("--split", help="only this split of an output layout or run folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -39,25 +43,44 @@ def is_spool(path: Path) -> bool:
     return any((path / name).exists() for name in FILES.values())
 
 
-def inspect_path(path: str | Path) -> dict[str, Any]:
+def spool_at(path: str) -> Any:
+    """A reader of the spool at ``path`` (local, or on object storage: fetched into the
+    verified cache), or None when ``path`` is no spool."""
+    from packlab.cloud.storage import is_remote, resolve
+    from packlab.sources.outputs import local_input
+    from packlab.spool import MANIFEST, SpoolReader
+
+    if is_remote(path):
+        manifest = resolve(path) / MANIFEST
+        if not (manifest.is_file() and b'"spool_v1"' in manifest.read_bytes()):
+            return None
+        return SpoolReader(local_input(path))
+    return SpoolReader(path) if is_spool(Path(path)) else None
+
+
+def inspect_path(path: str | Path, split: str | None = None) -> dict[str, Any]:
     """The description ``packlab inspect`` prints; FormatError for anything unreadable."""
-    from packlab.formats import open_shard
-    from packlab.spool import SpoolReader
+    from packlab.sources.describe import describe_source
+    from packlab.sources.resolve import resolve_source
     from packlab.spool_stats import describe_spool
 
-    p = Path(path)
-    if is_spool(p):
-        return describe_spool(SpoolReader(p))
-    reader = open_shard(p)
-    try:
-        return dict(reader.info())
-    finally:
-        close = getattr(reader, "close", None)
-        if close is not None:
-            close()
+    spool = spool_at(str(path)) if split is None else None
+    if spool is not None:
+        return describe_spool(spool)
+    return describe_source(resolve_source(str(path), split=split))
 
 
 def run(args: argparse.Namespace) -> int:
-    info = inspect_path(args.path)
-    emit(info, args.json, flat=True)
+    info = inspect_path(args.path, args.split)
+    if args.json:
+        emit(info, True)
+        return 0
+    shards = info.pop("shards", None)
+    emit(info, False, flat=True)
+    if shards:
+        print()
+        for row in shards:
+            where = f"  [{row['split']}]" if row.get("split") else ""
+            print(f"{row['name']}{where}  {row['format']}  {row['num_bins']:,} bins  "
+                  f"{row['num_tokens']:,} tokens  {row['bytes_on_disk']:,} B")
     return 0

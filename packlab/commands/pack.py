@@ -1,9 +1,16 @@
 """``packlab pack SPOOL [SPOOL ...] OUT --format F --pack-size P [--split ...]``.
 
-Without ``--split`` (one spool): plan the bins and write the shards straight into OUT, as
-before. With ``--split`` (or several spools): write the output layout of seed 001 (``splits/``
-of relative links, ``runs/{run_hash}/datasets/{name}/{hash}/``, ``blend.json``); a rerun keeps
-every shard whose receipt still vouches for it and writes only what is missing or damaged.
+Without ``--split`` (one spool): plan the bins and write the shards straight into OUT, with
+``OUT/dataset.json`` written first (``"writing"``: readers refuse OUT) and finished last. With
+``--split`` (or several spools): write the output layout of seed 001 (``splits/`` of relative
+links, ``runs/{run_hash}/datasets/{name}/{hash}/``, ``blend.json``, itself written as
+``"writing"`` first).
+
+Interrupted (Ctrl-C, a kill, a lost machine), the same command finishes the job: every shard
+whose receipt still vouches for it is kept, the rest written. OUT may be a URI (``s3://...``):
+the output is written in a local staging folder and uploaded when whole (``dataset.json`` or
+``blend.json`` last); a ``packed_index`` output takes its spool along (``OUT/spool/<name>/``).
+SPOOL may be a URI too (fetched once into the verified cache).
 """
 
 from __future__ import annotations
@@ -11,76 +18,127 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit_json, emit_table
+from packlab.commands import (
+    OUTPUT_HELP,
+    emit_json,
+    emit_table,
+    format_choices,
+    nonnegative_int,
+    positive_int,
+    warn,
+)
 
 SHOWN = 10  # shard lines printed (the first ones and the last)
+BINS_PER_SHARD = 8192
+LOSS_WARNING = 0.01  # warn when over-long sequences lose this share of the spool's tokens
 
 
 def add_parser(sub: Any) -> None:
-    from packlab.packing import DEFAULT_ALGORITHM
+    from packlab.packing import ALGORITHMS, DEFAULT_ALGORITHM
 
     p = sub.add_parser(
         "pack", help="pack spools into shards (or into a split/blend output layout)",
-        description="Plan bins from the spool's lengths, then write them as shards (in "
-                    "parallel), each with a JSON receipt. With --split (or several spools), "
-                    "write the output layout: splits/{train,valid,test}/ of relative links, "
-                    "runs/{run_hash}/datasets/{name}/{hash}/ shards and blend.json; sequences "
-                    "are split by a seeded hash of their content before packing; a rerun "
-                    "reuses every shard whose receipt validates.")
-    p.add_argument("spool", nargs="+", help="spool directory (spool_v1); several to blend")
-    p.add_argument("out", help="output directory")
-    p.add_argument("--format", required=True, help="shard format (see `packlab validate -h`)")
-    p.add_argument("--pack-size", type=int, required=True, help="tokens per bin")
-    p.add_argument("--algorithm", default=DEFAULT_ALGORITHM, help="packing algorithm")
-    p.add_argument("--seed", type=int, default=0, help="packing and split seed")
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spool", nargs="+", help="spool directory (spool_v1), local or a URI; "
+                                            "several to blend")
+    p.add_argument("out", metavar="OUT", help=f"output directory: {OUTPUT_HELP}")
+    p.add_argument("--format", required=True, help=f"shard format: {format_choices()}")
+    p.add_argument("--pack-size", type=positive_int, required=True, help="tokens per bin")
+    p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
+                   help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))} (default "
+                        f"{DEFAULT_ALGORITHM})")
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="packing and split seed (default 0)")
     p.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
-                   help="what to do with sequences longer than --pack-size")
-    p.add_argument("--bins-per-shard", type=int, default=8192)
-    p.add_argument("--workers", type=int, default=2, help="parallel shard writers")
+                   help="what to do with sequences longer than --pack-size (default truncate)")
+    p.add_argument("--bins-per-shard", type=positive_int, default=BINS_PER_SHARD,
+                   help=f"bins in each shard file (default {BINS_PER_SHARD}); the last shard "
+                        "holds the rest")
+    p.add_argument("--workers", type=positive_int, default=2,
+                   help="parallel shard writers (default 2)")
     p.add_argument("--executor", choices=("process", "ray"), default="process",
                    help="run shard writes in a local process pool or as Ray tasks")
     p.add_argument("--ray-address", default=None,
                    help="with --executor ray: join this cluster (default: start a local one)")
     p.add_argument("--split", help="write the layout with these splits, e.g. "
-                                   "train=0.98,valid=0.01,test=0.01 (fractions of sequences)")
-    p.add_argument("--weights", help="blend weights, one per spool, e.g. 0.7,0.3 (default: "
-                                     "each spool's share of the bins)")
+                                   "train=0.98,valid=0.01,test=0.01 (fractions of sequences, "
+                                   "each in [0, 1], summing to 1)")
+    p.add_argument("--weights", help="blend weights, one per spool, e.g. 0.7,0.3 (relative; "
+                                     "default: each spool's share of the bins)")
     p.add_argument("--names", help="dataset names, one per spool (default: folder names)")
     p.add_argument("--verify", choices=("receipt", "full"), default="receipt",
-                   help="layout reruns: trust a receipt's size+checksum, or also validate "
-                        "every bin before reusing a shard")
+                   help="reruns: trust a receipt's size+checksum, or also validate every bin "
+                        "before keeping a shard")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace shards already in OUT (layout: rewrite every shard)")
+                   help="replace OUT when it is a packlab output of the same kind (rewrite "
+                        "every shard); anything else at OUT is refused")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(run=run)
+    p.set_defaults(run=run, resumable=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.errors import PacklabError
+    from packlab.cloud.storage import is_remote
     from packlab.formats import get_format
+    from packlab.layout.splits import parse_fractions, parse_weights
+    from packlab.packing import check_algorithm
+    from packlab.sources.outputs import local_input, output, stage_spools
 
-    if args.workers < 1:
-        raise PacklabError(f"--workers must be >= 1, got {args.workers}")
     get_format(args.format)  # an unknown format fails before any work
-    if args.split is not None or len(args.spool) > 1 or args.weights or args.names:
-        return run_layout(args)
-    return run_flat(args)
+    check_algorithm(args.algorithm)
+    layout = args.split is not None or len(args.spool) > 1 or bool(args.weights or args.names)
+    if layout:  # bad --split/--weights fail before any work
+        parse_fractions(args.split)
+        parse_weights(args.weights, len(args.spool))
+    spools = [local_input(s) for s in args.spool]
+    needs_spool = get_format(args.format).Writer.NEEDS_SPOOL
+    with output(args.out, kind="layout" if layout else "dataset", overwrite=args.overwrite,
+                resume=True) as local:
+        if needs_spool and is_remote(args.out):  # the spool travels along
+            spools = stage_spools(spools, local)
+        result = (run_layout if layout else run_flat)(args, spools, local)
+    code = show_layout(args, result) if layout else show_flat(args, *result)
+    plans = [p["plan"] for p in result["parts"] if p["plan"]] if layout else [result[0]]
+    wheres = [f"{p['name']}/{p['split']}: " for p in result["parts"] if p["plan"]] \
+        if layout else [""]
+    for plan, where in zip(plans, wheres, strict=True):
+        message = loss_warning(plan, where)
+        if message:
+            warn("pack", message)
+    return code
 
 
-def run_flat(args: argparse.Namespace) -> int:
+def loss_warning(report: dict[str, Any], where: str = "") -> str | None:
+    """What to say when over-long sequences lose a large share of the spool's tokens (said
+    once the command has succeeded: a failure stays one line)."""
+    lost = int(report.get("truncated_tokens", 0)) + int(report.get("dropped_tokens", 0))
+    total = int(report.get("spool_tokens") or 0)
+    if not total or lost / total < LOSS_WARNING:
+        return None
+    verb = "truncates" if report.get("truncated") else "drops"
+    count = report.get("truncated") or report.get("dropped")
+    return (f"{where}--pack-size {report['pack_size']} {verb} {count:,} over-long "
+            f"sequence(s): {lost:,} tokens, {lost / total:.1%} of the spool's (a larger "
+            "--pack-size keeps them)")
+
+
+def run_flat(args: argparse.Namespace, spools: list[Any], out: Any
+             ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from packlab.packing import pack
     from packlab.pipeline.shards import write_shards
     from packlab.spool import SpoolReader
 
-    spool = SpoolReader(args.spool[0])
+    spool = SpoolReader(spools[0])
     assignment, report = pack(spool.lengths, args.pack_size, algorithm=args.algorithm,
                               seed=args.seed, overlong=args.overlong)
-    receipts = write_shards(spool, assignment, args.out, format=args.format,
+    receipts = write_shards(spool, assignment, out, format=args.format,
                             bins_per_shard=args.bins_per_shard, workers=args.workers,
                             existing="overwrite" if args.overwrite else "refuse",
-                            executor=args.executor,
-                            address=args.ray_address)
-    plan = report.to_dict()
+                            executor=args.executor, address=args.ray_address)
+    return report.to_dict(), receipts
+
+
+def show_flat(args: argparse.Namespace, plan: dict[str, Any],
+              receipts: list[dict[str, Any]]) -> int:
     written = {
         "out": args.out,
         "format": args.format,
@@ -108,15 +166,24 @@ def run_flat(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_layout(args: argparse.Namespace) -> int:
+def run_layout(args: argparse.Namespace, spools: list[Any], out: Any) -> dict[str, Any]:
     from packlab.layout import build_layout
 
+    names = args.names
+    if names is None:  # the given spools' folder names, not their cached or staged copies'
+        from packlab.layout import dataset_names
+
+        names = dataset_names([s.rstrip("/").rsplit("/", 1)[-1] for s in args.spool])
     result = build_layout(
-        args.spool, args.out, format=args.format, pack_size=args.pack_size,
-        splits=args.split, weights=args.weights, names=args.names, algorithm=args.algorithm,
+        spools, out, format=args.format, pack_size=args.pack_size,
+        splits=args.split, weights=args.weights, names=names, algorithm=args.algorithm,
         seed=args.seed, overlong=args.overlong, bins_per_shard=args.bins_per_shard,
         workers=args.workers, reuse=not args.overwrite, verify=args.verify,
         executor=args.executor, address=args.ray_address)
+    return {**result, "out": args.out}
+
+
+def show_layout(args: argparse.Namespace, result: dict[str, Any]) -> int:
     if args.json:
         emit_json(result)
         return 0
@@ -124,8 +191,9 @@ def run_layout(args: argparse.Namespace) -> int:
                                        "written")})
     print()
     for split, row in result["splits"].items():
+        dropped = f"  ({row['dropped_sequences']:,} dropped)" if row["dropped_sequences"] else ""
         print(f"splits/{split}/  {row['num_shards']} shards  {row['num_bins']:,} bins  "
-              f"{row['num_tokens']:,} tokens  {row['num_sequences']:,} sequences")
+              f"{row['num_tokens']:,} tokens  {row['num_sequences']:,} sequences{dropped}")
     for part in result["parts"]:
         plan = part["plan"] or {}
         eff = f"  efficiency {plan['efficiency']:.4f}" if plan else "  (empty)"

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import emit, nonnegative_int
 
 ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without importing it
 
@@ -26,37 +26,52 @@ def add_parser(subparsers: Any) -> None:
                     "and closed with the end-of-document token; from a spool directory, one "
                     "document per sequence. Modalities' PackedMemMapDatasetBase reads it.",
     )
-    parser.add_argument("src", help="a JSONL file of documents, or a spool directory")
-    parser.add_argument("out", help="the .pbin file to write")
+    parser.add_argument("src", help="a JSONL file of documents, or a spool directory (local "
+                                    "or a URI)")
+    parser.add_argument("out", help="the .pbin file to write (a local path or a URI)")
     parser.add_argument("--field", default="text",
                         help="JSONL: the record's text field, dotted for nested keys (default "
                              "text; Modalities' jq_pattern .text)")
     parser.add_argument("--encoding", default="cl100k_base",
                         help=f"JSONL: BPE encoding, {' or '.join(ENCODINGS)}")
-    parser.add_argument("--eod-id", type=int, default=None,
+    parser.add_argument("--eod-id", type=nonnegative_int, default=None,
                         help="JSONL: end-of-document token id (default: the encoding's "
                              "<|endoftext|>)")
     parser.add_argument("--token-width", default="auto",
                         help="bytes per token: 1, 2, 4 or auto (from the vocabulary)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it is a .pbin file (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.commands.inspect import spool_at
+    from packlab.sources.outputs import local_input, output
+
     width = args.token_width if args.token_width == "auto" else _width(args.token_width)
-    if Path(args.src).is_dir():
-        from packlab.formats.modalities import write_pbin
+    spool = spool_at(args.src)
+    with output(args.out, kind="file", overwrite=args.overwrite, recognise=_is_pbin,
+                what="a .pbin file") as local:
+        if spool is not None:
+            from packlab.formats.modalities import write_pbin
 
-        summary = write_pbin(args.src, args.out, token_width=width, overwrite=args.overwrite)
-    else:
-        from packlab.interop.modalities import encode_jsonl_pbin
+            summary = write_pbin(spool.path, local, token_width=width, overwrite=True)
+        else:
+            from packlab.interop.modalities import encode_jsonl_pbin
 
-        summary = encode_jsonl_pbin(args.src, args.out, encoding=args.encoding,
-                                    field=args.field, eod_id=args.eod_id, token_width=width,
-                                    overwrite=args.overwrite)
-    emit(summary, args.json)
+            summary = encode_jsonl_pbin(local_input(args.src, what="file"), local,
+                                        encoding=args.encoding, field=args.field,
+                                        eod_id=args.eod_id, token_width=width, overwrite=True)
+    emit({**summary, "path": args.out}, args.json)
     return 0
+
+
+def _is_pbin(path: Path) -> bool:
+    """A Modalities packed data file (by its suffix): what ``--overwrite`` may replace."""
+    from packlab.formats.modalities import SUFFIX
+
+    return path.suffix == SUFFIX
 
 
 def _width(text: str) -> int | str:

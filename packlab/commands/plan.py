@@ -1,7 +1,9 @@
 """``packlab plan SPOOL --pack-size P``: the packing report of a spool, nothing written.
 
 Packing reads only ``lengths.bin``, so trying pack sizes and algorithms costs seconds even for
-a 13M-sequence spool: plan first, then ``packlab pack`` with the choice.
+a 13M-sequence spool: plan first, then ``packlab pack`` with the choice. When over-long
+sequences lose 1% or more of the spool's tokens (truncated or dropped), a warning line on
+stderr says how many (``--json`` also lists it under ``warnings``). SPOOL may be a URI.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import emit, nonnegative_int, positive_int, warn
 
 
 def add_parser(sub: Any) -> None:
@@ -21,13 +23,15 @@ def add_parser(sub: Any) -> None:
         help="pack a spool's lengths and report bins and efficiency (writes nothing)",
         description="Assign the spool's sequences to bins of at most --pack-size tokens and "
         "report: bins, the lower bound ceil(tokens / pack size), efficiency, sequences per "
-        "bin, over-long sequences truncated or dropped, and the time it took.",
+        "bin, over-long sequences truncated or dropped (a warning when they lose 1%% or more "
+        "of the tokens), and the time it took. SPOOL may be a URI (s3://...).",
     )
-    p.add_argument("spool", help="spool directory (spool_v1)")
-    p.add_argument("--pack-size", type=int, required=True, help="tokens per bin")
+    p.add_argument("spool", help="spool directory (spool_v1), local or a URI")
+    p.add_argument("--pack-size", type=positive_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
                    help=f"one of {', '.join(sorted(ALGORITHMS))} (default {DEFAULT_ALGORITHM})")
-    p.add_argument("--seed", type=int, default=0, help="seed of the shuffling algorithms")
+    p.add_argument("--seed", type=nonnegative_int, default=0,
+                   help="seed of the shuffling algorithms (default 0)")
     p.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
                    help="sequences longer than --pack-size: truncate to it, or drop them")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -35,18 +39,26 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.commands.pack import loss_warning
     from packlab.errors import PacklabError
-    from packlab.packing import check_algorithm, check_pack_size, pack
+    from packlab.packing import check_algorithm, pack
+    from packlab.sources.outputs import local_input
     from packlab.spool import SpoolReader
 
-    check_pack_size(args.pack_size)  # bad arguments fail before the spool is opened
-    check_algorithm(args.algorithm)
-    spool = SpoolReader(args.spool)
+    check_algorithm(args.algorithm)  # bad arguments fail before the spool is opened
+    spool = SpoolReader(local_input(args.spool))
     try:
         _, report = pack(spool.lengths, args.pack_size, algorithm=args.algorithm,
                          seed=args.seed, overlong=args.overlong)
     except PacklabError as exc:
         raise PacklabError(f"{spool.path / 'lengths.bin'}: {exc}") from None
-    plan = {"spool": str(spool.path), **report.to_dict()}
+    plan = {"spool": args.spool, **report.to_dict()}
+    lost = plan["truncated_tokens"] + plan["dropped_tokens"]
+    plan["lost_token_fraction"] = lost / plan["spool_tokens"] if plan["spool_tokens"] else 0.0
+    message = loss_warning(plan)
+    if message:
+        plan["warnings"] = [message]
     emit(plan, args.json)
+    if message:
+        warn("plan", message)
     return 0

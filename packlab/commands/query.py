@@ -1,9 +1,13 @@
-"""``packlab query "SQL" --data OUT``: DuckDB over the Parquet shards of a layout (or a glob).
+"""``packlab query "SQL" --data PATH``: DuckDB over the Parquet shards of any dataset path.
 
 Views: ``shards``, ``bins`` (split, dataset, shard, row, packed_len, num_seqs, loss_tokens),
-``sequences``, ``violations`` and, with ``--tokens``, ``tokens``. A missing view or column is
-DuckDB's message on one line, exit 2; ``--split`` of a split that does not exist lists those
-that do.
+``sequences``, ``violations`` and, with ``--tokens``, ``tokens``. PATH is an output layout
+(every split, or ``--split``), ``ROOT/splits/NAME``, a run folder, a directory of shards, a
+shard or a glob; local or ``s3://`` (read through packlab's own S3 client, no DuckDB
+extension). Read-only unless ``--allow-writes``: only SELECT and EXPLAIN run, no file but the
+shards can be opened, DuckDB spills into a private temporary folder only. A missing view or
+column is DuckDB's message on one line, exit 2; ``--split`` of a split that does not exist
+lists those that do.
 """
 
 from __future__ import annotations
@@ -14,34 +18,38 @@ import json
 import sys
 from typing import Any
 
-from packlab.commands import _jsonable
+from packlab.commands import DATASET_HELP, _jsonable, nonnegative_int, positive_int
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("query", help="SQL (DuckDB) over Parquet shards",
-                       description="Run SQL over the Parquet shards of an output layout, a "
-                                   "directory, a shard or a glob. Views: shards, bins, "
-                                   "sequences, violations, and tokens (with --tokens).")
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("sql", help='e.g. "SELECT split, count(*) AS bins FROM bins GROUP BY split"')
-    p.add_argument("--data", required=True, help="output layout, shard directory, shard or glob")
-    p.add_argument("--split", help="only this split of a layout")
+    p.add_argument("--data", required=True, help=DATASET_HELP)
+    p.add_argument("--split", help="only this split of a layout (or run folder)")
     p.add_argument("--tokens", action="store_true",
                    help="also create the tokens view (one row per token)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
                    dest="output", help="output: an aligned table, CSV, or one JSON object")
-    p.add_argument("--max-rows", type=int, default=100,
+    p.add_argument("--max-rows", type=nonnegative_int, default=100,
                    help="table output: rows shown (the rest are counted); csv/json: all rows")
-    p.add_argument("--threads", type=int, help="DuckDB threads (default: all cores)")
-    p.add_argument("--memory-limit", help="DuckDB memory limit, e.g. 1GB")
+    p.add_argument("--threads", type=positive_int, help="DuckDB threads (default: all cores)")
+    p.add_argument("--memory-limit", help="DuckDB memory limit, e.g. 1GB, 512MB or 50%%")
+    p.add_argument("--allow-writes", action="store_true",
+                   help="let the SQL write (COPY ... TO, ATTACH, CREATE, ...) and open any file")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from packlab.errors import PacklabError
     from packlab.query import connect, execute
+    from packlab.query.run import check_read_only
+    from packlab.query.views import close
 
+    if not args.allow_writes:
+        check_read_only(args.sql)  # before the shards are even listed
     con = connect(args.data, split=args.split, tokens=args.tokens, threads=args.threads,
-                  memory_limit=args.memory_limit)
+                  memory_limit=args.memory_limit, allow_writes=args.allow_writes)
     try:
         try:
             result = execute(con, args.sql)
@@ -60,8 +68,9 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write("\n")
         else:
             print_table(result, args.max_rows)
+        sys.stdout.flush()  # a closed pipe fails here, inside the command, not at exit
     finally:
-        con.close()
+        close(con)
     return 0
 
 

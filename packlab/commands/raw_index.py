@@ -11,6 +11,7 @@ import argparse
 from typing import Any
 
 from packlab.commands import emit
+from packlab.errors import PacklabError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -21,16 +22,32 @@ def add_parser(subparsers: Any) -> None:
                     "): a pickled list of (byte offset, byte length) per record, beside the "
                     "file as NAME.idx. Every line is parsed once; a bad one is named.",
     )
-    parser.add_argument("jsonl", help="JSONL file")
+    parser.add_argument("jsonl", help="JSONL file (local or a URI)")
     parser.add_argument("--index-path", default=None,
                         help="where to write the index (default: JSONL with suffix .idx)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing index")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace an existing index (.idx; nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.interop.modalities import write_raw_index
+    from packlab.interop.modalities import INDEX_SUFFIX, write_raw_index
+    from packlab.sources.outputs import local_input, output
 
-    emit(write_raw_index(args.jsonl, args.index_path, overwrite=args.overwrite), args.json)
+    target = args.index_path or _beside(args.jsonl, INDEX_SUFFIX)
+    if target == args.jsonl:
+        raise PacklabError(f"{target}: the index would replace its own JSONL (--index-path)")
+    jsonl = local_input(args.jsonl, what="file")
+    with output(target, kind="file", overwrite=args.overwrite,
+                recognise=lambda p: p.suffix == INDEX_SUFFIX, what="an index (.idx)") as local:
+        summary = write_raw_index(jsonl, local, overwrite=True)
+    emit({**summary, "path": target, "source": args.jsonl}, args.json)
     return 0
+
+
+def _beside(jsonl: str, suffix: str) -> str:
+    """``data/x.jsonl`` -> ``data/x.idx`` (a URI stays a URI): where Modalities looks."""
+    head, _, name = jsonl.rpartition("/")
+    stem = name.rsplit(".", 1)[0] if "." in name else name
+    return f"{head}/{stem}{suffix}" if head else f"{stem}{suffix}"

@@ -1,4 +1,9 @@
-"""``packlab synth OUT --num-sequences N``: write a synthetic spool (see :mod:`packlab.synth`)."""
+"""``packlab synth OUT --num-sequences N``: write a synthetic spool (see :mod:`packlab.synth`).
+
+OUT is a local folder or a URI (written locally, then uploaded: manifest last).
+``--overwrite`` replaces a spool only (never another kind of file or folder), and never one
+that ``packed_index`` shards still read.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import OUTPUT_HELP, emit, nonnegative_int, positive_int
 from packlab.spool_stats import spool_bytes
 from packlab.synth import PROFILES
 
@@ -18,41 +23,45 @@ def add_parser(subparsers: Any) -> None:
         help="write a synthetic spool (seeded, streamed)",
         description=f"Write a synthetic spool. Profiles: {profiles}.",
     )
-    parser.add_argument("out", help="spool directory to create")
-    parser.add_argument("--num-sequences", "-n", type=int, required=True,
+    parser.add_argument("out", metavar="OUT", help=f"spool directory to create: {OUTPUT_HELP}")
+    parser.add_argument("--num-sequences", "-n", type=positive_int, required=True,
                         help="number of sequences (positive)")
     parser.add_argument("--profile", default="chat", choices=sorted(PROFILES),
                         help="length / structure / token profile (default: chat)")
-    parser.add_argument("--vocab-size", type=int, default=None,
+    parser.add_argument("--vocab-size", type=positive_int, default=None,
                         help="vocabulary size (default: the profile's, 131072 for chat)")
-    parser.add_argument("--seed", type=int, default=0, help="seed (default 0)")
-    parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed (default 0)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if it is a spool (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.sources.outputs import output
     from packlab.synth import synthesize
 
     began = time.perf_counter()
-    reader = synthesize(
-        args.out,
-        num_sequences=args.num_sequences,
-        profile=args.profile,
-        vocab_size=args.vocab_size,
-        seed=args.seed,
-        overwrite=args.overwrite,
-        show_progress=True,
-    )
+    with output(args.out, kind="spool", overwrite=args.overwrite) as local:
+        reader = synthesize(
+            local,
+            num_sequences=args.num_sequences,
+            profile=args.profile,
+            vocab_size=args.vocab_size,
+            seed=args.seed,
+            overwrite=args.overwrite,
+            show_progress=True,
+        )
+        sizes = spool_bytes(reader)
     seconds = time.perf_counter() - began
     summary = {
-        "path": str(reader.path),
+        "path": args.out,
         "profile": args.profile,
         "seed": args.seed,
         "vocab_size": reader.vocab_size,
         "num_sequences": reader.num_sequences,
         "num_tokens": reader.num_tokens,
-        "bytes_on_disk": sum(spool_bytes(reader).values()),
+        "bytes_on_disk": sum(sizes.values()),
         "seconds": round(seconds, 3),
         "tokens_per_second": reader.num_tokens / seconds if seconds > 0 else None,
     }

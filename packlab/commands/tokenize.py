@@ -1,6 +1,8 @@
 """``packlab tokenize CHAT.jsonl OUT``: chat JSONL to a spool with a real, offline tokenizer.
 
-See :mod:`packlab.tokenize` for the chat template, the special-token ids and the mask.
+``--encoding`` (bpe-openai, packlab's ChatML template) or ``--tokenizer`` (any Hugging Face
+tokenizer and its Jinja chat template); ``--workers N`` or ``--executor ray`` for many cores,
+same bytes. See :mod:`packlab.tokenize` for the templates, special tokens and masks.
 """
 
 from __future__ import annotations
@@ -17,15 +19,38 @@ ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "tokenize",
-        help="tokenize a chat JSONL into a spool (bpe-openai, ChatML template, offline)",
-        description="Tokenize chat JSONL ({\"messages\": [{\"role\", \"content\"}, ...]} per "
-                    "line) into a spool_v1 directory with a ChatML-style template and a "
-                    "response-only mask (assistant content and its <|im_end|>).",
+        help="tokenize a chat JSONL into a spool (bpe-openai or any Hugging Face tokenizer)",
+        description="Tokenize chat JSONL ({\"messages\": [{\"role\", \"content\"}, ...], "
+                    "\"tools\": [...]} per line) into a spool_v1 directory, one sequence per "
+                    "record, the loss mask on exactly the assistant turns. --encoding: "
+                    "bpe-openai with packlab's ChatML template. --tokenizer: a Hugging Face "
+                    "tokenizer.json or tokenizer folder, its chat template rendered as "
+                    "transformers renders it; the mask from the template's {% generation %} "
+                    "markers, else from each assistant message's located text plus its "
+                    "end-of-turn token (records that cannot be masked exactly are skipped, "
+                    "counted and named).",
     )
     parser.add_argument("jsonl", help="chat JSONL file")
     parser.add_argument("out", help="spool directory to create")
-    parser.add_argument("--encoding", default="cl100k_base",
-                        help=f"BPE encoding: {' or '.join(ENCODINGS)} (default cl100k_base)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--encoding", default=None,
+                       help=f"bpe-openai encoding: {' or '.join(ENCODINGS)} (the default, "
+                            "cl100k_base, when there is no --tokenizer)")
+    which.add_argument("--tokenizer", default=None, metavar="PATH",
+                       help="a Hugging Face tokenizer.json, or a folder with tokenizer.json and "
+                            "tokenizer_config.json (whose chat_template is used)")
+    parser.add_argument("--chat-template", default=None, metavar="FILE",
+                        help="Jinja chat template file for --tokenizer, or the name of one "
+                             "packlab ships (chatml, chatml_generation, llama3, llama3_system)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="parallel jobs over byte ranges of the JSONL (default 1)")
+    parser.add_argument("--executor", choices=("process", "ray"), default="process",
+                        help="run the jobs in a local process pool or as Ray tasks")
+    parser.add_argument("--ray-address", default=None,
+                        help="with --executor ray: join this cluster (default: start a local one)")
+    parser.add_argument("--unlocated", choices=("skip", "error"), default="skip",
+                        help="a record whose assistant text cannot be masked exactly: skip and "
+                             "count it (default) or stop with an error naming its line")
     parser.add_argument("--limit", type=int, default=None,
                         help="tokenize only the first N records")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
@@ -34,17 +59,26 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.sources.outputs import local_input, output
     from packlab.tokenize import tokenize_chat_jsonl
 
     began = time.perf_counter()
-    reader = tokenize_chat_jsonl(args.jsonl, args.out, encoding=args.encoding,
-                                 overwrite=args.overwrite, limit=args.limit)
+    with output(args.out, kind="spool", overwrite=args.overwrite) as local:  # OUT may be a URI
+        reader = tokenize_chat_jsonl(local_input(args.jsonl, what="file"), local,
+                                     encoding=args.encoding, tokenizer=args.tokenizer,
+                                     chat_template=args.chat_template, workers=args.workers,
+                                     executor=args.executor, address=args.ray_address,
+                                     overwrite=args.overwrite, limit=args.limit,
+                                     unlocated=args.unlocated)
     seconds = time.perf_counter() - began
     source = reader.manifest.get("source", {})
     stats = source.get("stats", {})
     summary = {
-        "path": str(reader.path),
+        "path": args.out,
         "encoding": source.get("encoding"),
+        "tokenizer": source.get("tokenizer"),
+        "chat_template": source.get("chat_template_origin", source.get("template")),
+        "mask": source.get("mask"),
         "vocab_size": reader.vocab_size,
         "special_tokens": source.get("special_tokens"),
         "num_records": stats.get("records"),
@@ -52,6 +86,10 @@ def run(args: argparse.Namespace) -> int:
         "num_tokens": reader.num_tokens,
         "learn_tokens": stats.get("learn_tokens"),
         "records_without_response": stats.get("records_without_response"),
+        "records_unlocated": stats.get("records_unlocated"),
+        "first_unlocated": (stats.get("unlocated") or [None])[0],
+        "workers": args.workers,
+        "executor": args.executor,
         "seconds": round(seconds, 3),
         "tokens_per_second": reader.num_tokens / seconds if seconds > 0 else None,
     }

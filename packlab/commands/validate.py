@@ -1,7 +1,11 @@
-"""``packlab validate PATH``: prove a shard (or a directory of shards) whole and valid.
+"""``packlab validate PATH [--split S]``: prove a dataset (or a spool) whole and valid.
 
-Exit 0 only when every shard passes: sizes, checksums (manifest and receipt), counts and every
-invariant of every bin. Otherwise one line naming the file (and bin), exit 2.
+PATH is any dataset path (:mod:`packlab.sources.resolve`): a shard, a directory of shards, a
+glob, an output layout (every split, or ``--split``), a run folder, a Nemotron output
+directory, local or ``s3://``. Exit 0 only when every shard passes: sizes, checksums (manifest,
+receipt, the dataset manifest's record of it), counts against ``blend.json``, and every
+invariant of every bin. An output still being written (or interrupted) is refused. A spool is
+checked against its manifest. Otherwise one line naming the file (and bin), exit 2.
 """
 
 from __future__ import annotations
@@ -9,22 +13,35 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit_json
+from packlab.commands import DATASET_HELP, emit_json
 
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("validate", help="check shards: sizes, checksums, every invariant",
-                       description="Exit 0 when every shard under PATH is whole and valid; "
-                                   "otherwise print one line naming the file (and bin), exit 2.")
-    p.add_argument("path", help="a shard, or a directory of shards")
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("path", metavar="PATH", help=f"{DATASET_HELP}; or a spool")
+    p.add_argument("--split", help="only this split of an output layout or run folder")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.layout.validate import validate_path
+    from packlab.commands.inspect import spool_at
+    from packlab.sources.checks import validate_source
+    from packlab.sources.resolve import resolve_source
 
-    result = validate_path(args.path)
+    spool = spool_at(args.path) if args.split is None else None
+    if spool is not None:
+        spool.verify()
+        result = {"path": args.path, "kind": "spool", "num_sequences": spool.num_sequences,
+                  "num_tokens": spool.num_tokens}
+        if args.json:
+            emit_json(result)
+        else:
+            print(f"valid: spool, {spool.num_sequences:,} sequences, {spool.num_tokens:,} "
+                  "tokens (files match the manifest's sizes and checksums)")
+        return 0
+    result = validate_source(resolve_source(args.path, split=args.split))
     if args.json:
         emit_json(result)
         return 0
@@ -32,6 +49,9 @@ def run(args: argparse.Namespace) -> int:
         checked = "manifest+receipt" if row["receipt"] else "manifest"
         print(f"ok  {row['path']}  {row['format']}  {int(row['num_bins']):,} bins  "
               f"{int(row['num_tokens']):,} tokens  ({checked})")
+    for split, counts in result.get("splits", {}).items():
+        print(f"split {split}: {counts['num_shards']} shard(s), {counts['num_bins']:,} bins, "
+              f"{counts['num_tokens']:,} tokens")
     print(f"valid: {result['num_shards']} shard(s), {result['num_bins']:,} bins, "
           f"{result['num_tokens']:,} tokens, {result['bytes']:,} bytes")
     return 0

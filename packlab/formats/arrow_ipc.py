@@ -96,6 +96,7 @@ class ArrowIpcFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("HF datasets",)
     ZERO_COPY = True
     BUFFERED_BINS = DEFAULT_BATCH_SIZE
     detect = staticmethod(detect)

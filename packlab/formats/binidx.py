@@ -136,6 +136,7 @@ class BinidxFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("Megatron-core",)
     MANIFEST = MANIFEST
     MANIFEST_FORMAT = FORMAT
     FILES = (DATA, INDEX, LOSS, SEQS, SUMS)

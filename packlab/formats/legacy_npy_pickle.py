@@ -55,6 +55,7 @@ class LegacyFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("Megatron-Bridge",)
     IN_RAM = True
     detect = staticmethod(detect)
 

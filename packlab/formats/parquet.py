@@ -106,6 +106,7 @@ class ParquetFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("Megatron-Bridge", "DuckDB", "HF datasets")
     STREAMS = True
     READS_IN_PLACE = True
     SQL_READABLE = True

@@ -113,6 +113,7 @@ class PbinFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
+    READ_BY = ("Modalities",)
     ZERO_COPY = True
     detect = staticmethod(detect)
 

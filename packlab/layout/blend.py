@@ -61,10 +61,28 @@ def parse_blend(data: str | bytes, where: object) -> dict[str, Any]:
 
 
 def check_blend(blend: dict[str, Any], where: object) -> dict[str, Any]:
-    """What a blend file holds beyond its version: a ``splits`` object."""
+    """What a blend file holds beyond its version: a ``splits`` object, and a finished run
+    (``state`` absent or ``"complete"``: a layout being written is refused, see
+    :mod:`packlab.layout.build`)."""
     if not isinstance(blend.get("splits"), dict):
         raise FormatError(f"{where}: no 'splits' object")
+    state = blend.get("state", "complete")
+    if state == "writing":
+        raise FormatError(f"{where}: incomplete output layout (run {blend.get('run_hash')} was "
+                          "interrupted or is running: run the same `packlab pack` again to "
+                          "finish it)")
+    if state != "complete":
+        raise FormatError(f"{where}: state {state!r} is not 'writing' or 'complete'")
     return blend
+
+
+def writing_blend(blend: dict[str, Any]) -> dict[str, Any]:
+    """What ``blend.json`` says while a run is being written (before its first shard, or while
+    a layout is uploaded): the run and its inputs, ``state`` writing, no splits yet. Every
+    reader refuses the layout until the finished blend replaces it."""
+    keep = ("version", "packlab_version", "run_hash", "run_dir", "format", "packing",
+            "split_rule", "inputs")
+    return {**{k: blend[k] for k in keep if k in blend}, "state": "writing", "splits": {}}
 
 
 def blend_format(blend: dict[str, Any]) -> str | None:

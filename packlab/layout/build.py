@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.files import json_default, staged
+from packlab.files import TMP_MARKER, is_temporary, json_default, remove, staged
 from packlab.formats import get_format
 from packlab.layout.blend import (
     BLEND_FILE,
@@ -43,10 +43,12 @@ from packlab.layout.blend import (
     LINK_SEPARATOR,
     RUNS_DIR,
     SPLITS_DIR,
+    writing_blend,
 )
 from packlab.layout.hashes import short_hash, spool_identity
 from packlab.layout.splits import parse_fractions, parse_weights, split_sequences
 from packlab.packing import DEFAULT_ALGORITHM, BinAssignment, pack
+from packlab.pipeline.manifest import writing_lock
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
 from packlab.pipeline.shards import ShardPlan, plan_shards, write_planned
 from packlab.spool import SpoolReader
@@ -115,51 +117,50 @@ def build_layout(
                    for n, i, w in zip(labels, identities, blend_weights or labels, strict=True)],
         "packing": packing, "split_rule": rule})
     root = Path(out).absolute()
-    run_dir = root / RUNS_DIR / run_hash
-    parts: list[dict[str, Any]] = []
-    plans: list[ShardPlan] = []
-    for reader, label, identity in zip(readers, labels, identities, strict=True):
-        for split, indices in split_sequences(reader, fractions, seed).items():
-            config = {"dataset": label, "split": split, "spool": identity, "packing": packing,
-                      "split_rule": rule}
-            config_hash = short_hash({k: v for k, v in config.items() if k != "dataset"})
-            part = {"name": label, "split": split, "config_hash": config_hash,
-                    "dir": run_dir / "datasets" / label / config_hash,
-                    "num_sequences": int(indices.shape[0]), "plan": None}
-            parts.append(part)
-            if indices.shape[0] == 0:
-                continue
-            assignment, report = _pack_part(reader, indices, packing, f"{label}/{split}")
-            part["plan"] = report.to_dict()
-            _write_config(part["dir"], {**config, "config_hash": config_hash})
-            plans.append(plan_shards(reader, assignment, part["dir"], format=format,
-                                     bins_per_shard=bins_per_shard,
-                                     existing="reuse" if reuse else "overwrite", verify=verify,
-                                     **packing["format_options"]))
-    receipts = iter(write_planned(plans, workers, desc=f"write {format}", executor=executor,
-                                  address=address))
-    for part in parts:
-        part["receipts"] = next(receipts) if part["plan"] is not None else []
-    splits_entry = _splits_entry(root, fractions, parts, labels, blend_weights)
-    _publish_links(root, splits_entry)
-    blend = {
-        "version": BLEND_VERSION,
-        "packlab_version": __version__,
-        "run_hash": run_hash,
-        "run_dir": f"{RUNS_DIR}/{run_hash}",
-        "format": format,
-        "packing": packing,
-        "split_rule": rule,
-        "inputs": [
-            {"name": label, "spool": str(Path(s).resolve()), "weight":
-             None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
-             "config_hashes": {p["split"]: p["config_hash"] for p in parts if p["name"] == label}}
-            for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))
-        ],
-        "splits": splits_entry,
-    }
-    _write_json(root / BLEND_FILE, blend)
-    return _summary(root, blend, parts)
+    root.mkdir(parents=True, exist_ok=True)
+    with writing_lock(root):  # one job per layout; what a killed one left is swept
+        sweep_temporaries(root, (SPLITS_DIR, BLEND_FILE))
+        run_dir = root / RUNS_DIR / run_hash
+        parts: list[dict[str, Any]] = []
+        plans: list[ShardPlan] = []
+        for reader, label, identity in zip(readers, labels, identities, strict=True):
+            for split, indices in split_sequences(reader, fractions, seed).items():
+                config = {"dataset": label, "split": split, "spool": identity, "packing": packing,
+                          "split_rule": rule}
+                config_hash = short_hash({k: v for k, v in config.items() if k != "dataset"})
+                part = {"name": label, "split": split, "config_hash": config_hash,
+                        "dir": run_dir / "datasets" / label / config_hash,
+                        "num_sequences": int(indices.shape[0]), "plan": None}
+                parts.append(part)
+                if indices.shape[0] == 0:
+                    continue
+                assignment, report = _pack_part(reader, indices, packing, f"{label}/{split}")
+                part["plan"] = report.to_dict()
+                _write_config(part["dir"], {**config, "config_hash": config_hash})
+                plans.append(plan_shards(reader, assignment, part["dir"], format=format,
+                                         bins_per_shard=bins_per_shard,
+                                         existing="reuse" if reuse else "overwrite", verify=verify,
+                                         **packing["format_options"]))
+        # the run manifest first: until the finished blend replaces it, every reader refuses
+        # the layout (and the shard folders' own dataset.json say which shards to expect)
+        inputs = [{"name": label, "spool": str(Path(s).resolve()), "weight":
+                   None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
+                   "config_hashes": {p["split"]: p["config_hash"] for p in parts
+                                     if p["name"] == label}}
+                  for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))]
+        blend = {"version": BLEND_VERSION, "packlab_version": __version__, "run_hash": run_hash,
+                 "run_dir": f"{RUNS_DIR}/{run_hash}", "format": format, "packing": packing,
+                 "split_rule": rule, "inputs": inputs}
+        _write_json(root / BLEND_FILE, writing_blend({**blend, "splits": {}}))
+        receipts = iter(write_planned(plans, workers, desc=f"write {format}", executor=executor,
+                                      address=address))
+        for part in parts:
+            part["receipts"] = next(receipts) if part["plan"] is not None else []
+        splits_entry = _splits_entry(root, fractions, parts, labels, blend_weights)
+        _publish_links(root, splits_entry)
+        blend = {**blend, "splits": splits_entry}
+        _write_json(root / BLEND_FILE, blend)  # last: the layout's commit point
+        return _summary(root, blend, parts)
 
 
 def _pack_part(reader: SpoolReader, indices: np.ndarray, packing: dict[str, Any], where: str
@@ -205,16 +206,42 @@ def _splits_entry(root: Path, fractions: Mapping[str, float], parts: list[dict[s
             "num_shards": len(rows),
             "num_bins": sum(r[2] for r in rows),
             "num_tokens": sum(int(x["num_tokens"]) for p in mine for x in p["receipts"]),
-            "num_sequences": sum(p["num_sequences"] for p in every),
+            "num_sequences": sum(_packed(p) for p in every),
+            "dropped_sequences": sum(p["num_sequences"] - _packed(p) for p in every),
             "datasets": [
                 {"name": p["name"], "weight": raw.get(p["name"], 0.0) / total,
                  "config_hash": p["config_hash"], "dir": p["dir"].relative_to(root).as_posix(),
-                 "num_sequences": p["num_sequences"], "num_bins": bins.get(p["name"], 0),
-                 "packing": p["plan"]}
+                 "num_sequences": _packed(p),
+                 "dropped_sequences": p["num_sequences"] - _packed(p),
+                 "num_bins": bins.get(p["name"], 0),
+                 "packing": _without_timing(p["plan"])}
                 for p in every
             ],
         }
     return out
+
+
+def _without_timing(plan: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A packing report as ``blend.json`` keeps it: no wall time, so the same run writes the
+    same bytes (a resumed run is byte for byte an uninterrupted one)."""
+    return None if plan is None else {k: v for k, v in plan.items() if k != "seconds"}
+
+
+def sweep_temporaries(folder: Path, names: Sequence[str]) -> list[str]:
+    """Remove hidden temporaries of ``names`` in ``folder`` (``.splits.tmp-<pid>-<rand>``):
+    what a killed run left. Called with the folder's lock held."""
+    gone = []
+    for entry in folder.iterdir() if folder.is_dir() else []:
+        if is_temporary(entry) and entry.name[1:].split(TMP_MARKER, 1)[0] in names:
+            remove(entry)
+            gone.append(entry.name)
+    return gone
+
+
+def _packed(part: dict[str, Any]) -> int:
+    """Sequences of a part that landed in bins (dropped over-long ones are not packed)."""
+    plan = part["plan"]
+    return 0 if plan is None else int(plan["num_sequences"]) - int(plan["dropped"])
 
 
 def _publish_links(root: Path, splits: dict[str, Any]) -> None:
@@ -240,6 +267,7 @@ def _write_json(path: Path, obj: Any) -> None:
 def _write_config(folder: Path, config: dict[str, Any]) -> None:
     """``config.json`` of a shard folder, written once (kept byte for byte on reruns)."""
     folder.mkdir(parents=True, exist_ok=True)
+    sweep_temporaries(folder, (CONFIG_FILE,))
     path = folder / CONFIG_FILE
     text = json.dumps(config, indent=2, sort_keys=True) + "\n"
     if not path.is_file() or path.read_text() != text:
@@ -257,11 +285,12 @@ def _summary(root: Path, blend: dict[str, Any], parts: list[dict[str, Any]]) -> 
         "num_shards": len(receipts),
         "reused": sum(1 for r in receipts if r["reused"]),
         "written": sum(1 for r in receipts if not r["reused"]),
-        "splits": {s: {k: e[k] for k in ("num_shards", "num_bins", "num_tokens",
-                                          "num_sequences")}
+        "splits": {s: {k: e.get(k, 0) for k in ("num_shards", "num_bins", "num_tokens",
+                                                 "num_sequences", "dropped_sequences")}
                    for s, e in blend["splits"].items()},
         "parts": [{"name": p["name"], "split": p["split"], "config_hash": p["config_hash"],
-                   "num_sequences": p["num_sequences"],
+                   "num_sequences": _packed(p),
+                   "dropped_sequences": p["num_sequences"] - _packed(p),
                    "reused": sum(1 for r in p["receipts"] if r["reused"]),
                    "written": sum(1 for r in p["receipts"] if not r["reused"]),
                    "plan": p["plan"]} for p in parts],

@@ -29,6 +29,7 @@ from packlab.spool import SpoolReader
 
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
 DEFAULT_SPLITS = "train=1"
+SUM_TOLERANCE = 1e-6
 CHUNK_TOKENS = 1 << 20
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -36,10 +37,10 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
-    """``"train=0.98,valid=0.01,test=0.01"`` (or a mapping) as fractions that sum to 1.
-
-    Any non-negative numbers are accepted and normalized (``train=98,valid=1,test=1`` is the
-    same); a split may be 0 (it is then empty). Order is kept: it places the intervals.
+    """``"train=0.98,valid=0.01,test=0.01"`` (or a mapping): each split's share of the
+    sequences, each in [0, 1], summing to 1 (within ``1e-6``; anything else is refused rather
+    than silently rescaled: ``train=0.5,valid=0.6`` is a typo, not a ratio). A split may be 0
+    (it is then empty). Order is kept: it places the intervals.
     """
     if spec is None:
         spec = DEFAULT_SPLITS
@@ -62,17 +63,35 @@ def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
         out[name] = _fraction(name, value)
     total = sum(out.values())
     if not out or total <= 0:
-        raise PacklabError(f"splits {spec!r}: at least one fraction must be positive")
+        raise PacklabError(f"splits {_spelled(spec)}: at least one fraction must be positive")
+    if abs(total - 1.0) > SUM_TOLERANCE:
+        raise PacklabError(f"splits {_spelled(spec)}: fractions sum to {total:.6g}, not 1 "
+                           "(each is a split's share of the sequences, e.g. "
+                           "train=0.98,valid=0.01,test=0.01)")
     return {name: value / total for name, value in out.items()}
 
 
+def _spelled(spec: object) -> str:
+    if isinstance(spec, Mapping):
+        return ",".join(f"{k}={v}" for k, v in spec.items())
+    return str(spec)
+
+
 def _fraction(name: str, value: object) -> float:
+    number = _number(f"split {name!r}: fraction", value)
+    if number > 1:
+        raise PacklabError(f"split {name!r}: fraction {value!r} is over 1 (a share of the "
+                           "sequences, in [0, 1])")
+    return number
+
+
+def _number(what: str, value: object) -> float:
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise PacklabError(f"split {name!r}: fraction {value!r} is not a number") from None
+        raise PacklabError(f"{what} {value!r} is not a number") from None
     if not np.isfinite(number) or number < 0:
-        raise PacklabError(f"split {name!r}: fraction {value!r} must be a finite number >= 0")
+        raise PacklabError(f"{what} {value!r} must be a finite number >= 0")
     return number
 
 
@@ -83,7 +102,7 @@ def parse_weights(spec: str | Sequence[float] | None, count: int) -> list[float]
     values = [p.strip() for p in spec.split(",")] if isinstance(spec, str) else list(spec)
     if len(values) != count:
         raise PacklabError(f"{len(values)} weights for {count} inputs: give one per spool")
-    weights = [_fraction(f"weight {i}", v) for i, v in enumerate(values)]
+    weights = [_number(f"weights: weight {i + 1} of {count}", v) for i, v in enumerate(values)]
     if sum(weights) <= 0:
         raise PacklabError("weights: at least one must be positive")
     return [w / sum(weights) for w in weights]

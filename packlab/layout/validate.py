@@ -22,15 +22,17 @@ from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt, shard_checksum
 
 
-def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = None
-                   ) -> dict[str, Any]:
-    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt, and
-    (``bins``: where a dataset manifest places it) that it holds exactly those bins.
+def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = None,
+                   sha256: str | None = None, receipt: dict[str, Any] | None = None,
+                   reader_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Prove one shard whole (the reader's ``validate``) and consistent with its receipt (the
+    one beside it, or ``receipt``), and, where a dataset manifest places it, that it holds
+    exactly ``bins`` and is the shard whose checksum the manifest recorded (``sha256``).
 
     Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
     """
     try:
-        reader = open_shard(path, format=format)
+        reader = open_shard(path, format=format, **(reader_options or {}))
         try:
             if bins is not None:
                 check_place(path, reader, bins)
@@ -46,10 +48,13 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
         detail = " ".join(str(exc).split())[:300]
         raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
                           ) from None
-    receipt = check_receipt(path)
+    receipt = check_receipt(path, receipt)
     if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
         raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
                           f"{receipt.get('num_bins')}")
+    if sha256 is not None and shard_checksum(path)[0] != sha256:
+        raise FormatError(f"{path}: checksum differs from {MANIFEST_FILE}'s (replaced or "
+                          "corrupted)")
     summary["path"] = str(path)
     summary["format"] = format
     summary["receipt"] = receipt is not None
@@ -64,20 +69,29 @@ def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
         return validate_layout(root)
     shards = find_shards(root)
     if root.is_dir() and not (len(shards) == 1 and shards[0][0] == root):
-        names = {p.name for p, _ in shards}
-        for receipt in sorted(root.glob(f"*{RECEIPT_SUFFIX}")):
-            shard = receipt.name[: -len(RECEIPT_SUFFIX)]
-            if shard not in names:
-                raise FormatError(f"{root / shard}: missing (its receipt {receipt.name} exists)")
-    rows = [validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None)) for ref in shards]
+        check_orphan_receipts(root, {p.name for p, _ in shards})
+    rows = [validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None),
+                           sha256=getattr(ref, "sha256", None)) for ref in shards]
     manifest = read_manifest(root) if root.is_dir() else None
-    if manifest is not None:
-        for row, entry in zip(rows, manifest["shards"], strict=True):
-            digest, _ = shard_checksum(Path(row["path"]))
-            if digest != entry["sha256"]:
-                raise FormatError(f"{row['path']}: checksum differs from {MANIFEST_FILE}'s "
-                                  "(replaced or corrupted)")
-    return {"path": str(root), **_totals(rows), "manifest": manifest is not None}
+    return {"path": str(root), **totals(rows), "manifest": manifest is not None}
+
+
+def check_orphan_receipts(directory: Path, names: set[str]) -> None:
+    """A receipt whose shard is not among ``names`` (the shards found): the shard is gone."""
+    for receipt in sorted(directory.glob(f"*{RECEIPT_SUFFIX}")):
+        shard = receipt.name[: -len(RECEIPT_SUFFIX)]
+        if shard not in names:
+            raise FormatError(f"{directory / shard}: missing (its receipt {receipt.name} exists)")
+
+
+def check_split_counts(where: object, blend: dict[str, Any], split: str,
+                       result: dict[str, Any]) -> None:
+    """A split's bins and tokens as ``blend.json`` records them."""
+    expected = blend.get("splits", {}).get(split, {})
+    for key in ("num_bins", "num_tokens"):
+        if key in expected and expected[key] != result[key]:
+            raise FormatError(f"{where}: {result[key]} {key[4:]}, blend.json says "
+                              f"{expected[key]}")
 
 
 def validate_layout(root: Path) -> dict[str, Any]:
@@ -92,20 +106,19 @@ def validate_layout(root: Path) -> dict[str, Any]:
             continue
         source = split_source(root, split)
         result = validate_path(source) if isinstance(source, Path) else _validate_list(source)
-        for key in ("num_bins", "num_tokens"):
-            if key in expected and expected[key] != result[key]:
-                raise FormatError(f"{root / SPLITS_DIR / split}: {result[key]} "
-                                  f"{key[4:]}, blend.json says {expected[key]}")
+        check_split_counts(root / SPLITS_DIR / split, blend, split, result)
         splits[split] = {k: result[k] for k in ("num_shards", "num_bins", "num_tokens")}
         rows.extend(result["shards"])
-    return {"path": str(root), **_totals(rows), "splits": splits}
+    return {"path": str(root), **totals(rows), "splits": splits}
 
 
 def _validate_list(paths: Sequence[Path]) -> dict[str, Any]:
-    return _totals([validate_shard(p, name) for p, name in find_shards(list(paths))])
+    return totals([validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None),
+                                  sha256=getattr(ref, "sha256", None))
+                   for ref in find_shards(list(paths))])
 
 
-def _totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Shard, bin, token and byte counts over validated shards, the rows kept beside them."""
     return {
         "num_shards": len(rows),

@@ -27,6 +27,8 @@ notebooks call the same functions):
   swept for size and speed;
 - :mod:`~packlab.measure.verdicts`: the verdict words (tables and units: :mod:`packlab.tables`);
 - :mod:`~packlab.measure.workload`: a synthetic spool and packing for the benchmarks;
+- :mod:`~packlab.measure.peers`: the same bins in other systems (Megatron-core, HF datasets,
+  LitData, MDS, Lance, Vortex, Modalities, raw CSR, Arrow views) beside packlab's formats (notebook 11);
 - :mod:`~packlab.measure.queries`, :mod:`~packlab.measure.sharding`,
   :mod:`~packlab.measure.object_store`: the back ends of notebooks 07, 08 and 09.
 """

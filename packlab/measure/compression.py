@@ -57,7 +57,7 @@ from packlab.formats.parquet_layout import (  # noqa: F401 - the recipes, re-exp
     ParquetEncoding,
 )
 from packlab.measure.size import RAW_BYTES_PER_SEQ, RAW_BYTES_PER_TOKEN
-from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
+from packlab.measure.verdicts import holds, ratio_verdict, speed_word, words_agree
 from packlab.version import __version__
 
 # The codec sweep the issue asks for: (codec, level); None is pyarrow's default level.
@@ -352,7 +352,7 @@ def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     :func:`codec_encodings` (codecs at their default level, zstd at level 1 = pyarrow's default).
 
     Ratio: Parquet with codec ``none`` (same encodings) over the codec's size, as the table's
-    ``none = 1x`` implies (within 20%); also against the raw unpadded bins. Speeds as
+    ``none = 1x`` implies (within the verdicts' tolerance); also against the raw unpadded bins. Speeds as
     :func:`speed_word`; a row holds when ratio and both speed words agree with the claim.
     """
     by_codec = {r["codec"]: r for r in rows if r["level"] in (None, 1)}
@@ -369,15 +369,13 @@ def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         measured = plain / row["bytes"]
         w = speed_word(row["write_tokens_per_s"], fastest_write)
         r = speed_word(row["read_tokens_per_s"], fastest_read)
-        ratio_ok = ratio_verdict(measured, ratio, tolerance=0.2)
-        misses = [f"ratio {measured:.2g}x, not ~{ratio:g}x"] if ratio_ok != "holds" else []
-        misses += [f"write {w}, not {write}"] if not words_agree(write, w) else []
-        misses += [f"read {r}, not {read}"] if not words_agree(read, r) else []
+        agree = (ratio_verdict(measured, ratio) == "holds" and words_agree(write, w)
+                 and words_agree(read, r))
         table.append({
             "codec": codec, "claimed_ratio": ratio, "ratio": measured,
             "ratio_to_raw": row["ratio_to_raw"], "claimed_write": write, "write": w,
             "claimed_read": read, "read": r,
-            "verdict": "holds" if not misses else "does not hold: " + ", ".join(misses),
+            "verdict": holds(agree),
         })
     return table
 

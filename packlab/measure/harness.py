@@ -54,6 +54,7 @@ def run_job(
     interval: float = 0.002,
     timeout: float = 3600.0,
     isolation: str = "forkserver",
+    python: str | os.PathLike[str] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
     """Run ``job(*args, **kwargs)`` in a fresh process; returns baseline, phases and result.
@@ -64,9 +65,12 @@ def run_job(
     libraries once; nothing of the caller's memory is in it), ``subprocess`` (a new
     interpreter per job, slower) or ``fork`` (a non-daemonic fork of the caller: only from a
     process that is itself a fresh measuring process, whose state every job shares). A job that raises comes back as a :class:`PacklabError`
-    naming the job and the child's error.
+    naming the job and the child's error. ``python``: with ``subprocess``, the interpreter of
+    another environment to run it in (packlab from this checkout on its ``PYTHONPATH``).
     """
     name = job_name(job)
+    if python is not None and isolation != "subprocess":
+        raise PacklabError(f"job {name}: python= needs isolation='subprocess'")
     spec = {
         "job": name,
         "args": [_jsonable(a) for a in args],
@@ -81,7 +85,7 @@ def run_job(
         payload = _run_forked(spec, name, timeout, multiprocessing.get_context("fork"),
                               daemon=False)
     elif isolation == "subprocess":
-        payload = _run_subprocess(spec, name, timeout)
+        payload = _run_subprocess(spec, name, timeout, python)
     else:
         raise PacklabError(f"isolation must be 'forkserver', 'fork' or 'subprocess', got "
                            f"{isolation!r}")
@@ -144,7 +148,8 @@ def _run_forked(spec: dict[str, Any], name: str, timeout: float, context: Any, *
     return payload
 
 
-def _run_subprocess(spec: dict[str, Any], name: str, timeout: float) -> dict[str, Any]:
+def _run_subprocess(spec: dict[str, Any], name: str, timeout: float,
+                    python: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="packlab-measure-") as tmp:
         spec_path, out_path, err_path = (Path(tmp) / n for n in ("spec.json", "out.json", "err"))
         spec_path.write_text(json.dumps(spec))
@@ -153,7 +158,8 @@ def _run_subprocess(spec: dict[str, Any], name: str, timeout: float) -> dict[str
         with open(err_path, "wb") as err:
             try:
                 proc = subprocess.run(
-                    [sys.executable, "-m", "packlab.measure.child", str(spec_path), str(out_path)],
+                    [os.fspath(python or sys.executable), "-m", "packlab.measure.child",
+                     str(spec_path), str(out_path)],
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                     env=env, timeout=timeout, check=False,
                 )

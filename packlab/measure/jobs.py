@@ -47,10 +47,12 @@ def format_imports(format: str, via: str = "reader") -> list[str]:
 
 
 def shard_imports(path: str | os.PathLike[str], via: str = "reader") -> list[str]:
-    """:func:`format_imports` of the shard at ``path`` (format detected)."""
-    from packlab.formats import detect_format
+    """:func:`format_imports` of every format of the dataset at ``path`` (a shard, a
+    directory, a layout's split, a URI...)."""
+    from packlab.sources import detect_format
 
-    return format_imports(detect_format(path), via)
+    return list(dict.fromkeys(m for name in detect_format(path).split("+")
+                              for m in format_imports(name, via)))
 
 
 def _uses_arrow(module: ModuleType) -> bool:

@@ -6,7 +6,7 @@ per token (the loss mask) and 4 bytes per sequence start. The order-0 entropy of
 model, cannot beat (a coder that finds repeats, as zstd's matches do, can go below it on real
 text); :func:`byte_plane_entropy_bits` is what byte-wise coding reaches.
 
-- :func:`size_report`: one shard (``packlab bench size``), one pass over its bins;
+- :func:`size_report`: any dataset path (``packlab bench size``), one pass over its bins;
 - :func:`format_sizes`: the same bins written in every format (:func:`default_variants`);
 - :func:`padding_sweep`: ``memmap_v1``'s bytes against pack efficiency (notebook 06).
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.formats import detect_format, format_names, get_format, open_shard
+from packlab.formats import format_names, get_format
 from packlab.measure.pagecache import shard_files
 from packlab.packing import BinAssignment, pack
 from packlab.spool import SpoolReader
@@ -65,44 +65,72 @@ def byte_plane_entropy_bits(tokens: np.ndarray) -> float:
                      for k in range(4)))
 
 
-def _references(reader: Any, on_disk: int, raw: int) -> dict[str, Any]:
-    """A shard that stores no tokens (``packed_index``) needs the files it references: their
-    bytes count too, or the comparison would flatter it."""
-    spool = getattr(reader, "spool_path", None)
-    if spool is None:
+def _references(readers: Sequence[Any], on_disk: int, raw: int) -> dict[str, Any]:
+    """Shards that store no tokens (``packed_index``) need the files they reference: their
+    bytes count too (each spool once), or the comparison would flatter them."""
+    spools = sorted({str(s) for s in (getattr(r, "spool_path", None) for r in readers) if s})
+    if not spools:
         return {}
-    referenced = sum(f.stat().st_size for f in shard_files(spool))
-    return {"referenced_path": str(spool), "referenced_bytes": referenced,
+    referenced = sum(f.stat().st_size for spool in spools for f in shard_files(spool))
+    return {"referenced_path": spools[0] if len(spools) == 1 else spools,
+            "referenced_bytes": referenced,
             "ratio_to_raw_with_references": (on_disk + referenced) / raw if raw else None}
 
 
-def size_report(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Bytes on disk (every file), bytes per token, padding waste, ratio to raw and entropy."""
-    root = Path(path)
-    files = shard_files(root)
-    on_disk = sum(f.stat().st_size for f in files)
-    reader = open_shard(path)
+def _files(shard: Any, single: bool) -> dict[str, int]:
+    """Every file of a shard with its size, named relative to the shard (to the dataset when
+    there are several); on object storage, every object under it."""
+    where = shard.path
+    if shard.remote:
+        whole = where.is_file()
+        sizes = [(where.name, where.size())] if whole else \
+            [(i.path[len(where.path) + 1:], int(i.size)) for i in where.walk_files()]
+    else:
+        whole = Path(where).is_file()
+        sizes = [(Path(f).name if whole else str(f.relative_to(where)), f.stat().st_size)
+                 for f in shard_files(where)]
+    if single:
+        return dict(sizes)
+    return {shard.name if whole else f"{shard.name}/{name}": size for name, size in sizes}
+
+
+def size_report(path: str | os.PathLike[str], *, split: str | None = None) -> dict[str, Any]:
+    """Bytes on disk (every file), bytes per token, padding waste, ratio to raw and entropy of
+    any dataset path (one shard, a directory of shards, a layout's split, ``s3://``...), in one
+    pass over its bins."""
+    from packlab.sources import open_shard, resolve_source
+
+    source = resolve_source(path, split=split)
+    single = source.kind == "shard"
+    files: dict[str, int] = {}
     counts = np.zeros(0, dtype=np.int64)
-    bins = tokens = seqs = 0
-    for packed in reader.iter_bins():
-        ids = np.asarray(packed.input_ids, dtype=np.int64)
-        here = np.bincount(ids)
-        if here.shape[0] > counts.shape[0]:
-            counts = np.concatenate((counts, np.zeros(here.shape[0] - counts.shape[0], np.int64)))
-        counts[: here.shape[0]] += here
-        bins += 1
-        tokens += ids.shape[0]
-        seqs += packed.num_seqs
-    pack_size = int(reader.pack_size)
+    bins = tokens = seqs = pack_size = 0
+    readers = []
+    for shard in source.shards:
+        files.update(_files(shard, single))
+        reader = open_shard(shard.path, format=shard.format)
+        readers.append(reader)
+        for packed in reader.iter_bins():
+            ids = np.asarray(packed.input_ids, dtype=np.int64)
+            here = np.bincount(ids)
+            if here.shape[0] > counts.shape[0]:
+                counts = np.concatenate((counts, np.zeros(here.shape[0] - counts.shape[0],
+                                                          np.int64)))
+            counts[: here.shape[0]] += here
+            bins += 1
+            tokens += ids.shape[0]
+            seqs += packed.num_seqs
+        pack_size = max(pack_size, int(reader.pack_size))
+    on_disk = sum(files.values())
     capacity = bins * pack_size
     raw = tokens * RAW_BYTES_PER_TOKEN + seqs * RAW_BYTES_PER_SEQ
     entropy_bits = order0_entropy_bits(counts)
     entropy_bytes = entropy_bits * tokens / 8
-    return {
+    report = {
         "path": str(path),
-        "format": detect_format(path),
-        "files": {str(f.relative_to(root)) if root.is_dir() else f.name: f.stat().st_size
-                  for f in files},
+        "format": "+".join(source.formats),
+        "num_shards": len(source.shards),
+        "files": files,
         "bytes_on_disk": on_disk,
         "num_bins": bins,
         "num_tokens": tokens,
@@ -113,11 +141,14 @@ def size_report(path: str | os.PathLike[str]) -> dict[str, Any]:
         "padding_fraction": (capacity - tokens) / capacity if capacity else None,
         "raw_unpadded_bytes": raw,
         "ratio_to_raw": on_disk / raw if raw else None,
-        **_references(reader, on_disk, raw),
+        **_references(readers, on_disk, raw),
         "token_entropy_bits": entropy_bits,
         "token_entropy_bytes": entropy_bytes,
         "ratio_to_token_entropy": on_disk / entropy_bytes if entropy_bytes else None,
     }
+    for reader in readers:
+        reader.close()
+    return report
 
 
 # -- every format, and padding ------------------------------------------------------------

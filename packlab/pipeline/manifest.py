@@ -89,6 +89,13 @@ def completed(manifest: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> d
             "num_tokens": sum(int(s["num_tokens"]) for s in out)}
 
 
+def as_writing(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as it stood before the first shard (``state`` writing, no identities): what
+    an upload puts first, so the destination reads as incomplete until the real one lands."""
+    return {**manifest, "state": "writing", "num_tokens": None,
+            "shards": [{**s, **dict.fromkeys(_IDENTITY)} for s in manifest["shards"]]}
+
+
 def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
     """Publish ``dataset.json`` atomically (readers may be looking)."""
     final = manifest_path(directory)
@@ -107,9 +114,14 @@ def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
         raw = path.read_bytes()
     except OSError as exc:
         raise FormatError(f"{path}: unreadable dataset manifest: {exc.strerror}") from None
-    manifest = parse_versioned_json(raw, path, version=VERSION, kind="dataset manifest",
+    return parse_manifest(raw, path)
+
+
+def parse_manifest(raw: bytes, where: object) -> dict[str, Any]:
+    """A dataset manifest read from anywhere (a local file, an object store), checked."""
+    manifest = parse_versioned_json(raw, where, version=VERSION, kind="dataset manifest",
                                     unreadable="unreadable dataset manifest")
-    return check_manifest(manifest, path)
+    return check_manifest(manifest, where)
 
 
 def check_manifest(manifest: dict[str, Any], where: object) -> dict[str, Any]:
@@ -147,34 +159,39 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def require_complete(directory: Path, manifest: dict[str, Any]) -> None:
-    """Refuse a directory whose job has not finished, saying how far it got."""
+def require_complete(directory: Any, manifest: dict[str, Any]) -> None:
+    """Refuse a directory (local, or a prefix on object storage) whose job has not finished,
+    saying how far it got."""
     if manifest["state"] == "complete":
         return
-    present = sum(1 for s in manifest["shards"] if (directory / s["name"]).exists())
+    names = {p.name for p in directory.iterdir()}
+    present = sum(1 for s in manifest["shards"] if s["name"] in names)
     raise FormatError(f"{directory}: incomplete output ({present} of {len(manifest['shards'])} "
                       "shards written; the job that writes it was interrupted or is running: "
                       "run the same `packlab pack` again to finish it)")
 
 
-def listed_shards(directory: Path, manifest: dict[str, Any],
-                  is_shard_like: Any) -> list[tuple[Path, dict[str, Any]]]:
+def listed_shards(directory: Any, manifest: dict[str, Any], is_shard_like: Any,
+                  size_of: Any = shard_bytes) -> list[tuple[Any, dict[str, Any]]]:
     """The shards the manifest lists, in order, each present with its recorded size; an extra
-    shard-like entry (``is_shard_like(path)``) is refused. Cheap: names and ``stat`` only."""
+    shard-like entry (``is_shard_like(path)``) is refused. Cheap: names and sizes only.
+    ``directory`` is a local folder or a prefix on object storage (``size_of`` then says how
+    big a shard there is)."""
     require_complete(directory, manifest)
     listed = {s["name"] for s in manifest["shards"]}
-    extra = sorted(p.name for p in directory.iterdir()
-                   if p.name not in listed and is_shard_like(p))
+    children = {p.name: p for p in directory.iterdir()}
+    extra = sorted(name for name, p in children.items()
+                   if name not in listed and is_shard_like(p))
     if extra:
         raise FormatError(f"{directory / extra[0]}: a shard {MANIFEST_FILE} does not list "
                           "(copied in from elsewhere? remove it, or rewrite the output)")
     out = []
     for entry in manifest["shards"]:
         path = directory / entry["name"]
-        if not path.exists():
+        if entry["name"] not in children or (isinstance(path, Path) and not path.exists()):
             raise FormatError(f"{path}: missing ({MANIFEST_FILE} lists it: bins "
                               f"{entry['bins'][0]}..{entry['bins'][1] - 1})")
-        size = shard_bytes(path)
+        size = size_of(path)
         if size != entry["bytes"]:
             raise FormatError(f"{path}: {size} bytes, {MANIFEST_FILE} says {entry['bytes']} "
                               "(replaced, truncated, or another shard in its place)")

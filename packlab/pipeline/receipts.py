@@ -55,17 +55,29 @@ def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
     return final
 
 
-def check_receipt(shard: Path) -> dict[str, Any] | None:
-    """Compare a shard with its receipt, if it has one (bins, bytes, checksum)."""
-    where = receipt_path(shard)
-    if not where.is_file():
-        return None
+def parse_receipt(raw: bytes, where: object) -> dict[str, Any]:
+    """A receipt read from anywhere (a file beside its shard, an object beside a remote one)."""
     try:
-        receipt = json.loads(where.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        receipt = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{where}: unreadable receipt: {exc}") from None
     if not isinstance(receipt, dict):
         raise FormatError(f"{where}: unreadable receipt: not a JSON object")
+    return receipt
+
+
+def check_receipt(shard: Path, receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Compare a shard with its receipt (``receipt``, or the one beside it, if it has one):
+    bytes and checksum."""
+    if receipt is None:
+        where = receipt_path(shard)
+        if not where.is_file():
+            return None
+        try:
+            raw = where.read_bytes()
+        except OSError as exc:
+            raise FormatError(f"{where}: unreadable receipt: {exc.strerror}") from None
+        receipt = parse_receipt(raw, where)
     size = shard_bytes(shard)
     if size != receipt.get("bytes"):
         raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "

@@ -39,9 +39,13 @@ from typing import Any
 
 from packlab.errors import FormatError, PacklabError
 from packlab.executors import run_jobs
-from packlab.files import remove, sha256_file
+from packlab.files import TMP_MARKER, is_temporary, remove, sha256_file
 from packlab.formats import get_format, open_writer
-from packlab.interop.bridge_metadata import metadata_of_assignment, write_pack_metadata
+from packlab.interop.bridge_metadata import (
+    PACK_METADATA_FILE,
+    metadata_of_assignment,
+    write_pack_metadata,
+)
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.pipeline.manifest import (
@@ -60,11 +64,15 @@ from packlab.pipeline.receipts import (
     shard_checksum,
     write_receipt,
 )
+from packlab.pipeline.references import record_spool_use
+from packlab.progress import shared_counter
 from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader
 
 SHARD_NAME = re.compile(r"^shard_(\d{6,})")
 EXISTING = ("refuse", "overwrite", "reuse")
+REPORT_EVERY = 32  # bins between progress reports of a shard job
+OWN_FILES = (MANIFEST_FILE, PACK_METADATA_FILE)  # beside the shards: the job's own bookkeeping
 
 
 def shard_name(index: int, format: str) -> str:
@@ -91,12 +99,14 @@ def write_shard(
     format: str,
     overwrite: bool,
     format_options: dict[str, Any],
+    reporter: Any = None,
 ) -> dict[str, Any]:
     """Write ``part`` (bins ``start:start + part.num_bins`` of the whole assignment) into one
     shard; return its receipt. Runs in a worker: everything arrives by value or by path.
 
     A format that ``NEEDS_SPOOL`` gets the spool and the assignment instead of bins, and
-    writes only its index (``write_assignment``).
+    writes only its index (``write_assignment``). ``reporter`` (see
+    :func:`packlab.progress.shared_counter`) hears how many bins are done, now and then.
     """
     began = time.perf_counter()
     stop = start + part.num_bins
@@ -111,13 +121,19 @@ def write_shard(
                 "vocab_size": reader.vocab_size}
     with open_writer(format, out, pack_size=part.pack_size, num_bins=stop - start,
                      overwrite=overwrite, metadata=metadata, **options) as writer:
+        done = 0
         if by_reference:
             writer.write_assignment()  # the index only: no token is gathered
         else:
             materializer = BinMaterializer(reader, part)
             for bin_id in range(stop - start):
                 writer.write_bin(bin_id, *materializer.materialize(bin_id))
+                if reporter is not None and (bin_id + 1) % REPORT_EVERY == 0:
+                    reporter.put(REPORT_EVERY)
+                    done += REPORT_EVERY
         manifest = writer.finalize()
+    if reporter is not None:
+        reporter.put(stop - start - done)
     digest, digest_of = shard_checksum(out)
     receipt = {
         "shard": out.name,
@@ -247,14 +263,21 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
                   ) -> list[list[dict[str, Any]]]:
     """Write the jobs of many plans in one pool, drop stale shards; receipts per plan."""
     flat = [(k, i, job) for k, plan in enumerate(plans) for i, job in sorted(plan.jobs.items())]
+    todo = sum(int(job[1].num_bins) for _, _, job in flat)
     with ExitStack() as locks:
         for plan in plans:
             locks.enter_context(writing_lock(plan.out))
+            sweep_own_temporaries(plan.out)  # a killed run's: nobody else writes here now
             write_manifest(plan.out, plan.manifest)  # "writing": the shards to expect
             for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
                 remove(receipt_path(plan.out / plan.names[i]))
-        receipts = run_jobs(write_shard, [job for _, _, job in flat], workers, desc=desc,
-                            executor=executor, address=address)
+            if get_format(plan.manifest["format"]).Writer.NEEDS_SPOOL:
+                record_spool_use(plan.spool, plan.out, plan.manifest["format"])
+        with shared_counter(total=todo, desc=desc, unit="bin",
+                            processes=executor == "process" and workers > 1 and len(flat) > 1,
+                            enabled=executor != "ray") as reporter:
+            receipts = run_jobs(write_shard, [(*job, reporter) for _, _, job in flat], workers,
+                                desc=None, executor=executor, address=address)
         written: list[dict[int, dict[str, Any]]] = [{} for _ in plans]
         for (k, i, _), receipt in zip(flat, receipts, strict=True):
             written[k][i] = receipt
@@ -267,6 +290,21 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
                     plan.assignment, SpoolReader(plan.spool).lengths))
             write_manifest(plan.out, completed(plan.manifest, out[-1]))  # last: "complete"
     return out
+
+
+def sweep_own_temporaries(out: Path) -> list[str]:
+    """Remove what a killed job left in ``out``: hidden temporaries of shards, receipts and the
+    job's own files (``.shard_000003.parquet.tmp-<pid>-<rand>``...). Called with the
+    directory's lock held, so no living job is writing them; anything else is left alone."""
+    gone = []
+    for entry in out.iterdir() if out.is_dir() else []:
+        if not is_temporary(entry):
+            continue
+        name = entry.name[1:].split(TMP_MARKER, 1)[0]
+        if SHARD_NAME.match(name) or name in OWN_FILES:
+            remove(entry)
+            gone.append(entry.name)
+    return gone
 
 
 def _manifest_before(out: Path, existing: str) -> dict[str, Any] | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from packlab.errors import FormatError
+from packlab.formats import get_format
 from packlab.query.sources import PathLike, resolve_sources
 
 
@@ -18,6 +20,10 @@ def frames(data: PathLike | Sequence[PathLike], *, split: str | None = None) -> 
     import polars as pl
 
     shards = resolve_sources(data, split=split)
+    other = [s for s in shards if not get_format(s.format).Reader.SQL_READABLE]
+    if other:
+        raise FormatError(f"{other[0].path}: a {other[0].format} shard; polars reads Parquet "
+                          "shards (packlab query transcodes others; or convert first)")
     first, at = [], 0
     for s in shards:
         first.append(at)

@@ -14,6 +14,7 @@ from typing import Any
 from packlab.errors import PacklabError
 
 MAX_MESSAGE = 500
+READ_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
 def one_line(exc: BaseException) -> str:
@@ -47,10 +48,32 @@ class Result:
         return [dict(zip(self.columns, row, strict=True)) for row in self.fetchall()]
 
 
-def execute(con: Any, sql: str, params: Any = None) -> Result:
-    """Run ``sql`` on ``con``; DuckDB's error (missing view, column, syntax, I/O) as one line."""
+def check_read_only(sql: str) -> None:
+    """Refuse statements that may write (COPY, EXPORT, ATTACH, CREATE, INSERT, SET, PRAGMA,
+    INSTALL/LOAD...): a read-only query runs SELECT and EXPLAIN only."""
     import duckdb
 
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise PacklabError(one_line(exc)) from None
+    for statement in statements:
+        kind = str(statement.type).rsplit(".", 1)[-1]
+        if kind not in READ_STATEMENTS:
+            raise PacklabError(f"a {kind} statement: queries are read-only (SELECT, EXPLAIN); "
+                               "pass --allow-writes to run others")
+
+
+def execute(con: Any, sql: str, params: Any = None) -> Result:
+    """Run ``sql`` on ``con``; DuckDB's error (missing view, column, syntax, I/O) as one line.
+    On a read-only connection (:func:`packlab.query.views.lock_down`) only SELECT and EXPLAIN
+    run."""
+    import duckdb
+
+    from packlab.query.views import read_only
+
+    if read_only(con):
+        check_read_only(sql)
     try:
         cursor = con.execute(sql, params) if params is not None else con.execute(sql)
     except duckdb.Error as exc:

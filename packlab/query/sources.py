@@ -1,28 +1,24 @@
 """Which Parquet shards a query reads, and what each one is (split, dataset, shard name).
 
-``data`` is an output layout (``splits/`` or ``blend.json``: every split, or the one named),
-a Parquet shard, a directory of shards, a glob, or a list of those (split and dataset are then
-NULL). Only the footers are read here (pack size, bins, tokens), never a row group.
+``data`` is any dataset path (:mod:`packlab.sources.resolve`): an output layout (every split,
+or the one named), ``ROOT/splits/NAME``, a run folder, a Parquet shard, a directory of shards,
+a glob, a list of those (split and dataset are then NULL); local or ``s3://``. Only the footers
+are read here (pack size, bins, tokens), never a row group. A shard of a format SQL does not
+read is transcoded (:func:`sql_readable`) into a private temporary folder first.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packlab.discovery import find_shards
-from packlab.errors import FormatError
-from packlab.formats import detect_format, formats_where, get_format
-from packlab.layout.blend import (
-    LINK_SEPARATOR,
-    is_layout,
-    layout_shards,
-    read_blend,
-    split_source,
-)
+from packlab.convert import convert_reader
+from packlab.formats import formats_where, get_format
+from packlab.progress import progress_bar
+from packlab.sources import open_shard, resolve_source
 
 PathLike = str | os.PathLike[str]
 
@@ -36,6 +32,8 @@ class Shard:
     pack_size: int
     num_bins: int
     num_tokens: int
+    format: str = ""
+    file: str | None = None  # what DuckDB reads, when not ``path`` (a transcoded copy)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -43,43 +41,37 @@ class Shard:
 
 def resolve_sources(data: PathLike | Sequence[PathLike], *, split: str | None = None
                     ) -> list[Shard]:
-    """The Parquet shards under ``data``, in the order :func:`packlab.open_dataset` reads them."""
-    if not isinstance(data, list | tuple) and is_layout(data):
-        return _layout_sources(Path(data), split)
-    if split is not None:
-        split_source(data if not isinstance(data, list | tuple) else data[0], split)  # raises
-    found = find_shards(data)
-    return [_shard(None, None, p.name, p, name) for p, name in found]
+    """The Parquet shards ``data`` names (any dataset path, :mod:`packlab.sources.resolve`;
+    local or on object storage), in the order :func:`packlab.open_dataset` reads them, each
+    with its split, dataset and counts (from its footer)."""
+    source = resolve_source(data, split=split)
+    return [_shard(s) for s in source.shards]
 
 
-def _layout_sources(root: Path, split: str | None) -> list[Shard]:
-    if split is not None:
-        split_source(root, split)  # an unknown or empty split is a clear error
-    blend = read_blend(root) or {}
-    inputs = [i.get("name") for i in blend.get("inputs", [])]
-    only = inputs[0] if len(inputs) == 1 else None
-    out: list[Shard] = []
-    for name, entries in layout_shards(root).items():
-        if split is not None and name != split:
-            continue
-        for link, path in entries:
-            dataset = link.split(LINK_SEPARATOR, 1)[0] if LINK_SEPARATOR in link else only
-            out.append(_shard(name, dataset, link, path, None))
-    if not out:
-        raise FormatError(f"{root}: the layout holds no shards")
+def _shard(shard: Any) -> Shard:
+    with open_shard(shard.path, format=shard.format) as reader:
+        return Shard(shard.split, shard.dataset, shard.name, str(shard.path),
+                     int(reader.pack_size), int(reader.num_bins), int(reader.num_tokens),
+                     shard.format)
+
+
+def sql_readable(shards: Sequence[Shard], folder: Path) -> list[Shard]:
+    """The shards, each readable by SQL: a format SQL reads is left as it is; any other is
+    transcoded bin by bin into ``folder`` (a private temporary folder) as the first format
+    that is (:func:`packlab.convert.convert_reader`), and read from there."""
+    target = formats_where("SQL_READABLE")[0]
+    todo = [s for s in shards if not get_format(s.format).Reader.SQL_READABLE]
+    if not todo:
+        return list(shards)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = list(shards)
+    with progress_bar(total=sum(s.num_bins for s in todo), desc=f"transcode to {target}",
+                      unit="bin") as bar:
+        for k, shard in enumerate(shards):
+            if shard in todo:
+                file = folder / f"{k:06d}{get_format(target).Writer.SUFFIX}"
+                with open_shard(shard.path, format=shard.format) as reader:
+                    convert_reader(reader, file, format=target, before=0,
+                                   on_bin=lambda: bar.update(1))
+                out[k] = replace(shard, file=str(file))
     return out
-
-
-def _shard(split: str | None, dataset: str | None, name: str, path: Path, fmt: str | None
-           ) -> Shard:
-    fmt = fmt or detect_format(path)
-    reader_class = get_format(fmt).Reader
-    if not reader_class.SQL_READABLE:
-        raise FormatError(f"{path}: a {fmt} shard; SQL reads Parquet shards (convert first: "
-                          f"packlab convert SRC DST --format {formats_where('SQL_READABLE')[0]})")
-    reader = reader_class(path)
-    try:
-        return Shard(split, dataset, name, str(path), int(reader.pack_size),
-                     int(reader.num_bins), int(reader.num_tokens))
-    finally:
-        reader.close()

@@ -28,11 +28,19 @@ The rules of ``violations`` (DESIGN.md, "One packed bin"; ``packlab validate`` c
 
 from __future__ import annotations
 
-import sys
+import os
+import shutil
+import tempfile
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from packlab.query.sources import PathLike, Shard, resolve_sources
+from packlab.cloud import sql as remote_sql
+from packlab.cloud.storage import is_remote
+from packlab.errors import PacklabError
+from packlab.progress import progress_enabled
+from packlab.query.sources import PathLike, Shard, resolve_sources, sql_readable
 
 VIEWS = ("shards", "bins", "sequences", "violations", "tokens")
 
@@ -41,7 +49,8 @@ CREATE VIEW _raw AS
 SELECT s.split, s.dataset, s.shard, p.file_row_number AS row, s.pack_size,
        p.input_ids, p.loss_mask, p.seq_start_id
 FROM read_parquet({files}, filename = true, file_row_number = true) AS p
-JOIN shards AS s ON p.filename = s.path
+JOIN _shard_files AS f ON p.filename = f.file
+JOIN shards AS s ON f.path = s.path
 """
 
 _BINS = """
@@ -113,7 +122,10 @@ def create_views(con: Any, shards: Sequence[Shard], *, tokens: bool = False) -> 
     con.executemany("INSERT INTO shards VALUES (?, ?, ?, ?, ?, ?, ?)",
                     [(s.split, s.dataset, s.shard, s.path, s.pack_size, s.num_bins,
                       s.num_tokens) for s in shards])
-    files = "[" + ", ".join(_literal(s.path) for s in shards) + "]"
+    con.execute("CREATE TABLE _shard_files (path VARCHAR, file VARCHAR)")
+    con.executemany("INSERT INTO _shard_files VALUES (?, ?)",
+                    [(s.path, s.file or s.path) for s in shards])
+    files = "[" + ", ".join(_literal(s.file or s.path) for s in shards) + "]"
     con.execute(_RAW.format(files=files))
     for sql in (_BINS, _SEQUENCES, _VIOLATIONS, *((_TOKENS,) if tokens else ())):
         con.execute(sql)
@@ -126,21 +138,77 @@ def connect(
     tokens: bool = False,
     threads: int | None = None,
     memory_limit: str | None = None,
+    allow_writes: bool = False,
 ) -> Any:
-    """A DuckDB connection (in memory) with the views over ``data``'s Parquet shards."""
+    """A DuckDB connection (in memory) with the views over ``data``'s shards (local or on
+    object storage). Parquet is read where it is; a shard of another format is transcoded
+    first (bin by bin, into the connection's private temporary folder, removed by
+    :func:`close`), so every format can be queried.
+
+    Read-only unless ``allow_writes`` (:func:`lock_down`): only SELECT and EXPLAIN run, only
+    the shards can be opened, DuckDB may spill only into a temporary folder of its own
+    (``connection_temp_dir``), and the configuration is locked.
+    """
     import duckdb
 
-    shards = resolve_sources(data, split=split)
+    spill = Path(tempfile.gettempdir()) / f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    shards = sql_readable(resolve_sources(data, split=split), spill / "transcoded")
     con = duckdb.connect(":memory:")
-    # DuckDB draws its own progress bar for long queries: on a terminal only. Under Jupyter
-    # without ipywidgets the bar is already off and DuckDB refuses any change to the setting.
+    con.execute(f"SET temp_directory = {_literal(str(spill))}")
+    # DuckDB draws its own progress bar for long queries: when a person watches (a terminal,
+    # not CI). Under Jupyter without ipywidgets the bar is off and DuckDB refuses any change.
     try:
-        con.execute(f"SET enable_progress_bar = {str(sys.stderr.isatty()).lower()}")
+        con.execute(f"SET enable_progress_bar = {str(progress_enabled()).lower()}")
     except duckdb.Error:
         pass
-    if threads is not None:
-        con.execute(f"SET threads = {int(threads)}")
-    if memory_limit is not None:
-        con.execute(f"SET memory_limit = {_literal(str(memory_limit))}")
+    _setting(con, "threads", threads, "a positive integer")
+    _setting(con, "memory_limit", memory_limit, "a size such as 2GB, 512MB or 50%")
+    if any(is_remote(s.path) for s in shards):
+        remote_sql.connect(con=con)  # s3:// through packlab's own pyarrow filesystem
     create_views(con, shards, tokens=tokens)
+    if not allow_writes:
+        lock_down(con, [s.file or s.path for s in shards])
     return con
+
+
+def _setting(con: Any, name: str, value: Any, expected: str) -> None:
+    import duckdb
+
+    if value is None:
+        return
+    try:
+        con.execute(f"SET {name} = {_literal(str(value))}")
+    except duckdb.Error as exc:
+        raise PacklabError(f"{name} must be {expected}, got {value!r} (DuckDB: "
+                           f"{' '.join(str(exc).split())[:200]})") from None
+
+
+SPILL_PREFIX = "packlab-query-"
+
+
+def read_only(con: Any) -> bool:
+    """Whether ``con`` was locked down by :func:`lock_down`."""
+    value = con.execute("SELECT current_setting('enable_external_access')").fetchone()[0]
+    return str(value).lower() == "false"
+
+
+def lock_down(con: Any, paths: Sequence[str]) -> None:
+    """Make ``con`` read-only over ``paths``: files other than those cannot be opened, writes
+    go nowhere but its temporary folder (``temp_directory``), settings cannot be changed back. (Statements
+    other than SELECT and EXPLAIN are refused by :func:`packlab.query.run.execute`; DuckDB
+    itself would still let a COPY through the connection overwrite one of ``paths``.)"""
+    spill = Path(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])
+    con.execute(f"SET allowed_directories = [{_literal(str(spill) + '/')}]")
+    if paths:  # object storage URIs too: DuckDB checks them the same way
+        con.execute(f"SET allowed_paths = [{', '.join(_literal(p) for p in paths)}]")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+
+
+def close(con: Any) -> None:
+    """Close a connection from :func:`connect`, and remove the spill folder of a read-only
+    one."""
+    spill = Path(con.execute("SELECT current_setting('temp_directory')").fetchone()[0])
+    con.close()
+    if spill.name.startswith(SPILL_PREFIX) and spill.parent == Path(tempfile.gettempdir()):
+        shutil.rmtree(spill, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Chat JSONL -> spool with a real tokenizer that works offline (``bpe-openai``).
+"""The ``--encoding`` path: bpe-openai's cl100k/o200k with packlab's fixed ChatML template.
 
 Input: one JSON object per line with ``"messages"``: a non-empty list of
 ``{"role": "system" | "user" | "assistant" | "tool", "content": str}``. Other top-level keys
@@ -31,20 +31,14 @@ is an error naming the line instead).
 
 from __future__ import annotations
 
-import os
-import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.jsonl_index import iter_jsonl_lines, parse_json_line
-from packlab.progress import progress
-from packlab.spool import SpoolReader, SpoolWriter
 
 # One past the largest id each encoding defines (BPE ranks and its own special tokens); fixed
 # here so encoding never loads the Python rank tables (a test checks them against bpe-openai).
@@ -54,7 +48,6 @@ ROLES = ("system", "user", "assistant", "tool")
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 TEMPLATE = "chatml"
-_BATCH_RECORDS = 256
 
 
 class ChatTokenizer:
@@ -97,6 +90,22 @@ class ChatTokenizer:
         lengths = [p.shape[0] for p in pieces]
         return tokens, np.repeat(np.array(values, dtype=np.uint8), lengths)
 
+    def encode_record(self, record: dict[str, Any], where: str
+                      ) -> tuple[np.ndarray, np.ndarray, int]:
+        """Tokens, mask and 0 (every assistant turn ends with ``<|im_end|>``) of one JSONL
+        record; errors start with ``where`` (file and line)."""
+        messages = validate_messages(record, where)
+        try:
+            return (*self.encode_chat(messages), 0)
+        except UnicodeEncodeError as exc:
+            raise PacklabError(f"{where}: content is not valid Unicode text "
+                               f"({exc.reason} at position {exc.start})") from None
+
+    def describe(self) -> dict[str, Any]:
+        """What the spool manifest records about this tokenizer (its ``source``)."""
+        return {"encoding": self.encoding, "template": TEMPLATE,
+                "special_tokens": self.special_tokens, "mask": "response_only"}
+
     def render_text(self, messages: Sequence[dict[str, str]]) -> str:
         """The template as text: what :meth:`decode` of :meth:`encode_chat` returns."""
         return "".join(f"{IM_START}{m['role']}\n{m['content']}{IM_END}\n" for m in messages)
@@ -123,9 +132,11 @@ class ChatTokenizer:
 
 @cache
 def _backend(encoding: str) -> Any:
-    from bpe_openai import _bindings
+    with warnings.catch_warnings():  # bpe-openai uses the deprecated resources.open_binary
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from bpe_openai import _bindings
 
-    return _bindings.tokenizer_for_encoding(encoding)
+        return _bindings.tokenizer_for_encoding(encoding)
 
 
 @cache
@@ -153,8 +164,9 @@ def decode(tokens: Iterable[int] | np.ndarray, *, encoding: str = "cl100k_base",
 detokenize = decode
 
 
-def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
-    """The record's messages, checked; errors start with ``where`` (file and line)."""
+def message_objects(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The record's ``messages``: a non-empty list of objects (what every template needs);
+    errors start with ``where`` (file and line)."""
     messages = record.get("messages")
     if not isinstance(messages, list):
         raise PacklabError(f"{where}: expected \"messages\": a list of "
@@ -165,6 +177,14 @@ def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]
         if not isinstance(message, dict):
             raise PacklabError(f"{where}: message {k}: expected an object, "
                                f"got {type(message).__name__}")
+    return messages
+
+
+def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]]:
+    """The record's messages, checked for this template: ``role`` and string ``content``
+    only; errors start with ``where`` (file and line)."""
+    messages = message_objects(record, where)
+    for k, message in enumerate(messages):
         extra = sorted(set(message) - {"role", "content"})
         if extra:
             raise PacklabError(f"{where}: message {k}: unsupported keys {extra} "
@@ -177,82 +197,3 @@ def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]
             raise PacklabError(f"{where}: message {k}: \"content\" must be a string, "
                                f"got {type(message.get('content')).__name__}")
     return messages
-
-
-def iter_chat_records(
-    jsonl: Path, limit: int | None = None
-) -> Iterator[tuple[str, list[dict[str, str]]]]:
-    """Stream ``(where, messages)`` of the first ``limit`` records, each validated."""
-    count = 0
-    for line, _, raw in iter_jsonl_lines(jsonl):
-        if limit is not None and count >= limit:
-            return
-        where = f"{jsonl}: line {line}"
-        yield where, validate_messages(parse_json_line(jsonl, line, raw), where)
-        count += 1
-
-
-def tokenize_chat_jsonl(
-    jsonl: str | os.PathLike[str],
-    spool_out: str | os.PathLike[str],
-    *,
-    encoding: str = "cl100k_base",
-    overwrite: bool = False,
-    limit: int | None = None,
-) -> SpoolReader:
-    """Tokenize a chat JSONL into a ``spool_v1`` (one sequence per record); streaming.
-
-    Memory is bounded by one batch of records plus the spool writer's flush buffer. Any bad
-    record aborts the whole spool (nothing appears under ``spool_out``) with an error naming the
-    file and line. The manifest records the encoding, template, special-token ids and counts.
-    """
-    jsonl, spool_out = Path(jsonl), Path(spool_out)
-    if limit is not None and limit < 1:
-        raise PacklabError(f"limit must be a positive number of records, got {limit}")
-    if not jsonl.is_file():
-        raise PacklabError(f"{jsonl}: no such file")
-    tokenizer = ChatTokenizer(encoding)
-    started = time.perf_counter()
-    stats = {"records": 0, "messages": 0, "learn_tokens": 0, "records_without_response": 0}
-    source = {"generator": "tokenize", "input": str(jsonl), "encoding": encoding,
-              "template": TEMPLATE, "special_tokens": tokenizer.special_tokens,
-              "mask": "response_only", "limit": limit}
-    with SpoolWriter(spool_out, vocab_size=tokenizer.vocab_size, source=source,
-                     overwrite=overwrite) as writer:
-        batch: list[tuple[np.ndarray, np.ndarray]] = []
-        records = progress(iter_chat_records(jsonl, limit), total=limit, desc="tokenize")
-        for where, messages in records:
-            batch.append(_encode_record(tokenizer, messages, where))
-            stats["messages"] += len(messages)
-            if len(batch) == _BATCH_RECORDS:
-                _flush(writer, batch, stats)
-        _flush(writer, batch, stats)
-        if stats["records"] == 0:
-            raise PacklabError(f"{jsonl}: no records (empty file)")
-        stats["seconds"] = round(time.perf_counter() - started, 3)
-        writer.source["stats"] = dict(stats)
-    return SpoolReader(spool_out)
-
-
-def _encode_record(tokenizer: ChatTokenizer, messages: list[dict[str, str]],
-                   where: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        return tokenizer.encode_chat(messages)
-    except UnicodeEncodeError as exc:
-        raise PacklabError(f"{where}: content is not valid Unicode text "
-                           f"({exc.reason} at position {exc.start})") from None
-
-
-def _flush(writer: SpoolWriter, batch: list[tuple[np.ndarray, np.ndarray]],
-           stats: dict[str, Any]) -> None:
-    if not batch:
-        return
-    tokens = np.concatenate([t for t, _ in batch])
-    masks = np.concatenate([m for _, m in batch])
-    lengths = np.array([t.shape[0] for t, _ in batch], dtype=np.int64)
-    writer.append_many(tokens, masks, lengths)
-    learn = np.add.reduceat(masks.astype(np.int64), np.concatenate(([0], np.cumsum(lengths)[:-1])))
-    stats["records"] += len(batch)
-    stats["learn_tokens"] += int(learn.sum())
-    stats["records_without_response"] += int((learn == 0).sum())
-    batch.clear()

@@ -1,0 +1,139 @@
+"""Notebook 11's table and findings, computed from :func:`packlab.measure.peers.side_by_side`'s rows.
+
+Systems measured in another environment (MDS, in ``.venv-mds``) are timed in another process,
+so systems are ranked by ``x_floor``: p50 over the in-RAM Python floor measured in the same
+process and loop (each process has its own). The findings:
+
+- **speed**: packlab's best format (lowest ``x_floor``) against the fastest peer that returns
+  all three columns; holds when packlab's is at or below it;
+- **size**: among every system (peers and packlab formats) within ``within`` x of the fastest
+  system's ``x_floor``, the one with the fewest bytes on disk per token (all files, while
+  being read); holds when it is packlab's Parquet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from packlab.errors import PacklabError
+from packlab.tables import times
+
+SYSTEM_KINDS = ("peer", "packlab")
+PARQUET = "packlab_parquet"
+
+
+def systems(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of systems (not floors), fastest first."""
+    return sorted((r for r in rows if r["kind"] in SYSTEM_KINDS), key=lambda r: r["x_floor"])
+
+
+def floors(rows: Sequence[dict[str, Any]], environment: str = "venv") -> dict[str, dict]:
+    """The floors measured in one environment's loop, by name."""
+    return {r["name"]: r for r in rows if r["kind"] == "floor" and r["environment"] == environment}
+
+
+def table(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of the side-by-side table (systems fastest first, then the floors;
+    skipped systems last with their reason)."""
+    headers = ["system", "columns", "p50 µs", "p90 µs", "p99 µs", "x in-RAM floor",
+               "x raw CSR", "bytes/token", "accesses", "bins verified", "ran in"]
+    out = []
+    for r in systems(result["rows"]) + [r for r in result["rows"] if r["kind"] == "floor"]:
+        columns = r["columns"] if r["columns"] == "all three" else "tokens only (copied as returned)"
+        size = "" if "bytes_per_token" not in r else f"{r['bytes_per_token']:.2f}"
+        if "bytes_per_token_written" in r and abs(r["bytes_per_token_written"]
+                                                  - r["bytes_per_token"]) > 0.005:
+            size += f" ({r['bytes_per_token_written']:.2f} written)"
+        out.append([r["system"], columns if r["kind"] != "floor" else "floor",
+                    f"{r['p50_us']:,.1f}", f"{r['p90_us']:,.1f}", f"{r['p99_us']:,.1f}",
+                    times(r["x_floor"]), times(r["x_raw_csr"]) if "x_raw_csr" in r else "",
+                    size, f"{r['samples']:,}", _verified(r), r["environment"]])
+    out += [[s["system"], "skipped", "", "", "", "", "", "", "", "", s["reason"]]
+            for s in result.get("skipped", [])]
+    return headers, out
+
+
+def _verified(row: dict[str, Any]) -> str:
+    """``all`` or ``k of n`` (a slow system's time budget ran out first)."""
+    if "verified_bins" not in row:
+        return ""
+    if row["verified_bins"] == row["num_bins"]:
+        return "all"
+    return f"first {row['verified_bins']:,} of {row['num_bins']:,}"
+
+
+def best_packlab(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    found = [r for r in systems(rows) if r["kind"] == "packlab"]
+    if not found:
+        raise PacklabError("no packlab format was measured")
+    return found[0]
+
+
+def fastest_full_peer(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The fastest peer returning all three columns (None: no such peer ran)."""
+    found = [r for r in systems(rows) if r["kind"] == "peer" and r["columns"] == "all three"]
+    return found[0] if found else None
+
+
+def smallest_fast(rows: Sequence[dict[str, Any]], within: float = 10.0) -> dict[str, Any]:
+    """Among systems within ``within`` x of the fastest's ``x_floor``, the fewest bytes per
+    token (ties: the faster)."""
+    ranked = systems(rows)
+    if not ranked:
+        raise PacklabError("no system was measured")
+    limit = within * ranked[0]["x_floor"]
+    fast = [r for r in ranked if r["x_floor"] <= limit]
+    return min(fast, key=lambda r: (r["bytes_per_token"], r["x_floor"]))
+
+
+def findings(result: dict[str, Any], *, within: float = 10.0) -> dict[str, Any]:
+    """The two questions of the issue, answered from the rows: ``numbers`` and ``findings``
+    (``claim``, ``measured``, ``verdict``)."""
+    rows = result["rows"]
+    best = best_packlab(rows)
+    peer = fastest_full_peer(rows)
+    fastest = systems(rows)[0]
+    small = smallest_fast(rows, within)
+    parquet = next((r for r in rows if r["name"] == PARQUET), None)
+    numbers: dict[str, Any] = {
+        "best_packlab": best["name"], "best_packlab_p50_us": best["p50_us"],
+        "best_packlab_x_floor": best["x_floor"],
+        "fastest_full_peer": peer["name"] if peer else None,
+        "fastest_full_peer_p50_us": peer["p50_us"] if peer else None,
+        "fastest_full_peer_x_floor": peer["x_floor"] if peer else None,
+        "fastest_system": fastest["name"], "fastest_x_floor": fastest["x_floor"],
+        "smallest_within": small["name"], "smallest_within_bytes_per_token":
+        small["bytes_per_token"], "within": within,
+        "parquet_bytes_per_token": parquet["bytes_per_token"] if parquet else None,
+        "parquet_x_floor": parquet["x_floor"] if parquet else None,
+    }
+    out = []
+    if peer is None:
+        out.append({"claim": "packlab's best format at or below the fastest peer returning all "
+                    "three columns", "measured": "no such peer ran", "verdict": "not measured"})
+    else:
+        ratio = best["x_floor"] / peer["x_floor"]
+        numbers["best_packlab_vs_fastest_full_peer"] = ratio
+        out.append({
+            "claim": "packlab's best format at or below the fastest peer returning all three "
+                     "columns (warm p50)",
+            "measured": f"{best['system']} {best['p50_us']:.1f} µs ({times(best['x_floor'])} "
+                        f"floor) against {peer['system']} {peer['p50_us']:.1f} µs "
+                        f"({times(peer['x_floor'])}): {times(ratio)}",
+            "verdict": "holds" if ratio <= 1.0 else "does not hold"})
+    if parquet is None:
+        out.append({"claim": f"packlab's Parquet the smallest among systems within {within:g}x "
+                    "of the fastest", "measured": "Parquet not measured",
+                    "verdict": "not measured"})
+    else:
+        fast_enough = parquet["x_floor"] <= within * fastest["x_floor"]
+        out.append({
+            "claim": f"packlab's Parquet the smallest file among systems within {within:g}x of "
+                     "the fastest's p50 (all bytes on disk per token)",
+            "measured": f"Parquet {parquet['bytes_per_token']:.2f} B/token at "
+                        f"{times(parquet['x_floor'] / fastest['x_floor'])} the fastest "
+                        f"({fastest['system']}); smallest within: {small['system']} "
+                        f"{small['bytes_per_token']:.2f}",
+            "verdict": "holds" if fast_enough and small["name"] == PARQUET else "does not hold"})
+    return {"numbers": numbers, "findings": out}

@@ -1,0 +1,62 @@
+"""``packlab inspect`` over any dataset path: what it holds, from headers and listings only.
+
+One shard: its reader's ``info()`` (format, bins, tokens, pack size, bytes on disk). A dataset
+of several shards: the same totals (``format``, ``num_shards``, ``num_bins``, ``num_tokens``,
+``pack_size``, ``bytes_on_disk``), per split where the shards carry one, and the shards
+themselves. No bin is read; on object storage, sizes come from the listing and counts from each
+shard's footer or manifest (a shard that must be downloaded to be opened is fetched into the
+verified cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from packlab.cloud.discovery import remote_size
+from packlab.pipeline.receipts import shard_bytes
+from packlab.sources import open_shard
+from packlab.sources.resolve import Shard, Source
+
+
+def shard_info(shard: Shard) -> dict[str, Any]:
+    """Format, bins, tokens, pack size and bytes of one shard (local or remote)."""
+    with open_shard(shard.path, format=shard.format) as reader:
+        info = {"path": str(shard.path), "format": shard.format,
+                "num_bins": int(reader.num_bins), "num_tokens": int(reader.num_tokens),
+                "pack_size": int(reader.pack_size)}
+        if not shard.remote:
+            info = {**dict(reader.info()), **info}
+    info["bytes_on_disk"] = remote_size(shard.path) if shard.remote else shard_bytes(shard.path)
+    return info
+
+
+def describe_source(source: Source) -> dict[str, Any]:
+    """The summary ``packlab inspect`` prints for ``source``."""
+    if source.kind == "shard":
+        return shard_info(source.shards[0])
+    rows = []
+    for shard in source.shards:
+        row = shard_info(shard)
+        rows.append({"name": shard.name, "split": shard.split, "dataset": shard.dataset,
+                     **{k: row[k] for k in ("format", "num_bins", "num_tokens", "pack_size",
+                                            "bytes_on_disk")}})
+    out: dict[str, Any] = {"path": source.given, "kind": source.kind,
+                           **_totals(rows), "formats": source.formats}
+    if source.splits:
+        out["splits"] = {name: _totals([r for r in rows if r["split"] == name], brief=True)
+                         for name in source.splits}
+        for name in source.empty_splits:
+            out["splits"][name] = {"num_shards": 0, "num_bins": 0, "num_tokens": 0}
+    out["shards"] = rows
+    return out
+
+
+def _totals(rows: list[dict[str, Any]], *, brief: bool = False) -> dict[str, Any]:
+    out = {"num_shards": len(rows), "num_bins": sum(r["num_bins"] for r in rows),
+           "num_tokens": sum(r["num_tokens"] for r in rows)}
+    if brief:
+        return out
+    formats = sorted({r["format"] for r in rows})
+    return {"format": "+".join(formats), **out,
+            "pack_size": max((r["pack_size"] for r in rows), default=0),
+            "bytes_on_disk": sum(r["bytes_on_disk"] for r in rows)}
