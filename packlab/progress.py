@@ -3,7 +3,9 @@
 A bar counts what the work is made of (``bin``, ``record``, ``sequence``), so it shows a rate
 in those units (bins/s, records/s) and, with a known total, an ETA. Quiet means no bar at all:
 nothing is written to stderr when it is not a terminal (a pipe, a log file, a notebook run
-headless) or when ``CI`` is set to anything but ``""``/``0``/``false``.
+headless) or when ``CI`` is set to anything but ``""``/``0``/``false``. A bar is drawn only on
+a terminal, so the plain terminal ``tqdm`` is the one imported: ``tqdm.auto`` picks the notebook
+widget inside a kernel and, without ipywidgets, warns at import in every notebook.
 """
 
 from __future__ import annotations
@@ -15,9 +17,23 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
-from tqdm.auto import tqdm
+from tqdm.std import tqdm  # the terminal bar: tqdm.auto warns in every notebook kernel
 
 T = TypeVar("T")
+
+
+def settle_tqdm_auto() -> None:
+    """Import ``tqdm.auto`` once with its "IProgress not found" warning silenced. Libraries
+    import it at their own import (Hugging Face ``datasets``, LitData); in a notebook kernel
+    without ipywidgets it warns, then falls back to this same terminal bar, so the warning
+    says nothing a reader needs and its absolute path lands on the page."""
+    import warnings
+
+    from tqdm import TqdmWarning
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=TqdmWarning, message="IProgress not found")
+        import tqdm.auto  # noqa: F401
 
 
 def progress_enabled() -> bool:

@@ -81,6 +81,20 @@ def write_empty_spool(path: Path) -> Path:
     return path
 
 
+def shard_per_format(spool: SpoolReader, assignment: BinAssignment, root: Path,
+                     names: list[str]) -> dict[str, Path]:
+    """One shard of every format in ``names`` under ``root/NAME``, all holding the same bins
+    (written by the pipeline, as ``packlab pack`` writes them)."""
+    from packlab.pipeline.shards import write_shards
+
+    out = {}
+    for name in names:
+        receipts = write_shards(spool, assignment, root / name, format=name,
+                                bins_per_shard=max(assignment.num_bins, 1), workers=1)
+        out[name] = root / name / receipts[0]["shard"]
+    return out
+
+
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: object) -> tuple[int, str, str]:
     """``packlab ARGV...`` in this process: exit code, stdout, stderr."""
     from packlab.cli import main

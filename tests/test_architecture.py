@@ -23,7 +23,7 @@ NOT_FORMAT_NAMES = {
 # ARCHITECTURE.md, "Layers": a module may import only from its own layer or the ones before it.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "progress", "safe_pickle", "mapping", "results", "bins",
-     "invariants", "executors", "tables"),
+     "invariants", "executors", "tables", "plots"),
     ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
      "materialize"),
     ("formats",),
@@ -32,7 +32,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cloud",),
     ("sources",),
     ("measure", "query", "train"),
-    ("commands", "cli", "notebooks", "lab", "report", ""),
+    ("commands", "cli", "notebooks", "lab", "report", "summaries", ""),
 ]
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_random_spool
+from conftest import shard_per_format, write_random_spool
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -73,11 +73,7 @@ def source_shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("convert")
     spool = write_random_spool(root / "spool", num_sequences=80, max_len=200, seed=9)
     assignment, _ = pack(spool.lengths, 256, algorithm="next_fit")
-    out = {}
-    for name in FORMATS:
-        write_shards(spool, assignment, root / name, format=name, bins_per_shard=10**6)
-        out[name] = find_shards(root / name)[0][0]
-    return out
+    return shard_per_format(spool, assignment, root, FORMATS)
 
 
 @pytest.mark.parametrize("source", FORMATS)

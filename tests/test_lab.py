@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from packlab.lab import committed_form, lab_arguments
+from packlab.lab import LANGUAGE_INFO, committed_form, lab_arguments, normalize
 from packlab.notebooks import notebook_paths
 
 NOTEBOOKS = notebook_paths()
@@ -27,6 +27,29 @@ def test_notebooks_are_committed_in_their_committed_form(path: Path) -> None:
     text = path.read_text()
     again = nbformat.writes(committed_form(nbformat.reads(text, as_version=4))) + "\n"
     assert again == text, f"{path.name}: not in committed form (outputs or volatile metadata)"
+
+
+def test_the_committed_form_carries_what_the_kernel_reports() -> None:
+    """JupyterLab writes the kernel's language_info and kernelspec into a notebook when the
+    kernel connects, and marks it modified unless they are there already, equal (checked in a
+    headless Chromium: the old form turned dirty, this one does not)."""
+    from ipykernel.ipkernel import IPythonKernel
+
+    reported = dict(IPythonKernel.language_info)
+    assert {k: v for k, v in reported.items() if k != "version"} == \
+        {k: v for k, v in LANGUAGE_INFO.items() if k != "version"}
+    assert reported["version"].rsplit(".", 1)[0] == LANGUAGE_INFO["version"].rsplit(".", 1)[0]
+
+
+def test_normalize_rewrites_a_notebook_saved_elsewhere(tmp_path: Path) -> None:
+    nb = nbformat.read(NOTEBOOKS[0], as_version=4)
+    nb.metadata.pop("language_info", None)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="x")]
+    path = tmp_path / NOTEBOOKS[0].name
+    nbformat.write(nb, path)
+    assert normalize([path]) == [str(path)]
+    assert path.read_text() == NOTEBOOKS[0].read_text()
+    assert normalize([path]) == []
 
 
 def _free_port() -> int:

@@ -1,4 +1,6 @@
-"""Every notebook: committed clean, follows the template, and runs at CI scale under papermill."""
+"""Every notebook: committed clean, follows the template, and runs at CI scale under papermill
+into a page a reader wants: no warning, no stray output, its findings in the one vocabulary and
+rendered from what it recorded."""
 
 from __future__ import annotations
 
@@ -8,7 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from packlab.measure.verdicts import VERDICTS
 from packlab.notebooks import notebook_paths, notebooks_dir
+from packlab.summaries import notebook_markdown
 
 NOTEBOOKS = notebook_paths()
 
@@ -26,7 +30,9 @@ def test_notebook_is_committed_clean_and_follows_the_template(path: Path) -> Non
     tagged = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(tagged) == 1, "exactly one cell tagged 'parameters'"
     assert nb.cells[0].cell_type == "markdown" and nb.cells[0].source.startswith("# ")
-    assert "results.record(" in "".join(c.source for c in code) or "record(" in code[-1].source
+    assert "results.record(" in code[-1].source, "the last cell records the results"
+    assert code[-1].source.rstrip().endswith(f'summaries.show("{path.stem}")'), \
+        "the last cell shows the recorded findings"
     scales = json.loads((notebooks_dir() / "scales.json").read_text())
     assert path.stem in scales and {"default", "full"} <= set(scales[path.stem])
 
@@ -39,8 +45,28 @@ def test_notebook_runs_at_ci_scale(path: Path, tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("PACKLAB_DATA", str(tmp_path / "data"))
-    execute(path, "ci", tmp_path / "build" / "notebooks")
+    executed = execute(path, "ci", tmp_path / "build" / "notebooks")
     recorded = results.load(path.stem)
     assert recorded["numbers"], f"{path.stem} recorded no numbers"
     figures = list((tmp_path / "build" / "figures").glob("*.png"))
     assert figures, f"{path.stem} saved no figure under build/figures/"
+    assert_reads_cleanly(nbformat.read(executed, as_version=4))
+    for f in recorded["findings"]:
+        assert f["verdict"] in VERDICTS, f
+        assert f["source"] in results.SOURCES, f
+    assert notebook_markdown(path.stem, recorded)
+
+
+def assert_reads_cleanly(notebook: nbformat.NotebookNode) -> None:
+    """What a reader of the page would trip on: warnings or errors (anything on stderr), and
+    outputs that are only a repr (``PosixPath(...)``, a dict): every result is Markdown, HTML
+    or an image."""
+    for i, cell in enumerate(notebook.cells):
+        for out in cell.get("outputs", []):
+            where = f"cell {i}: {cell.source[:60]!r}"
+            assert out.output_type != "error", where
+            assert not (out.output_type == "stream" and out.name == "stderr"), \
+                f"{where} wrote to stderr: {out.text[:300]}"
+            if out.output_type in ("execute_result", "display_data"):
+                assert set(out.data) - {"text/plain"}, \
+                    f"{where} shows a bare repr: {out.data['text/plain'][:200]}"

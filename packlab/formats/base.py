@@ -48,6 +48,10 @@ def close_stream(stream: Any, where: object) -> None:
         raise PacklabError(f"{where}: upload failed: {str(exc).splitlines()[0][:300]}") from None
 
 
+#: the readers a format's ``READ_BY`` may name: stacks people train or query with
+READERS = ("Megatron-core", "Megatron-Bridge", "DuckDB", "HF datasets", "Modalities")
+
+
 class FormatFacts:
     """The format contract: what a format is, as class attributes its Writer and Reader share.
 
@@ -87,6 +91,13 @@ class FormatFacts:
     #: a shard is one Parquet file that SQL engines scan as it is (DuckDB ``read_parquet``,
     #: polars ``scan_parquet``), so ``packlab query`` reads it
     SQL_READABLE: ClassVar[bool] = False
+    #: the other stacks that read this format's shards as packlab writes them (names from
+    #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
+    READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: bins the writer holds before it writes them out, at its defaults (a row group, a record
+    #: batch; 1 for a writer that writes each bin as it comes): its memory is bounded by that
+    #: many bins' bytes (times what its encoder needs) plus a constant, never by the shard
+    BUFFERED_BINS: ClassVar[int] = 1
 
     @classmethod
     def is_directory(cls) -> bool:
@@ -396,6 +407,11 @@ class ShardReader(FormatFacts, ABC):
     def iter_bins(self) -> Iterator[PackedBin]:
         for i in range(self.num_bins):
             yield self.read_bin(i)
+
+    def bin_table(self) -> Any:
+        """This process's :class:`~packlab.formats.bintable.BinTable` when the shard's bins are
+        slices of its memory-mapped files (the datasets' one-call read path), else None."""
+        return None
 
     def packed_lengths(self) -> np.ndarray:
         """Packed length of every bin (int64), from the index/metadata where possible."""

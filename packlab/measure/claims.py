@@ -1,8 +1,8 @@
 """The RFC's memory claims (seed 002, "Memory Impact") against what was measured.
 
 The RFC's table is back-of-envelope, at 50k bins of 2048 tokens. A claim about the legacy
-format is an estimate (it holds within a factor ``tolerance`` either way); a claim about a
-new format is a bound (it holds when the measurement is at most ``tolerance`` times it).
+format is an estimate, a claim about a new format is a bound; both are judged by the one rule
+of :mod:`packlab.measure.verdicts`.
 Where the run did not reach 50k bins the value is extrapolated along the measured power law
 and says so: a verdict never hides its scale.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packlab.formats import formats_where
-from packlab.measure.verdicts import claim_verdict
+from packlab.measure.verdicts import at_least, claim_verdict, deviation
 from packlab.tables import GB, KB, MB, human_bytes, times
 
 RFC_BINS = 50_000
@@ -41,6 +41,7 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("memmap_v1", "load", 3 * KB, "~few KB (metadata)", "rss", "bound"),
 )
 RATIO_CLAIMS = {"write": 200.0, "load": 500.0}
+METRIC_NAMES = {"python_heap": "Python heap", "rss": "RSS"}
 
 
 def loglog_slope(bins: Sequence[float], values: Sequence[float], floor: float = 4096.0) -> float:
@@ -94,7 +95,9 @@ def claim_rows(
             "measured": f"RSS {human_bytes(rss)}"
                         + (f" (anonymous {human_bytes(anon)})" if anon is not None else "")
                         + (f", Python heap {human_bytes(heap)} ({how})" if heap_how == how else
-                           f" ({how}); Python heap {human_bytes(heap)} ({heap_how})"),
+                           f" ({how}); Python heap {human_bytes(heap)} ({heap_how})")
+                        + f"; {METRIC_NAMES[claim.metric]} "
+                        + deviation(max(judged, 1.0), claim.claimed_bytes),
             "verdict": claim_verdict(judged, claim.claimed_bytes, claim.kind),
             "rss_verdict": claim_verdict(rss, claim.claimed_bytes, claim.kind),
         })
@@ -119,7 +122,7 @@ def ratio_rows(rows: Sequence[dict[str, str | float]]) -> list[dict[str, str | f
             out.append({
                 "claim": f"{row['format']}: ~{claimed:.0f}x less {phase} memory than legacy",
                 "measured": f"{times(ratio)} (RSS)",
-                "verdict": "holds" if ratio >= claimed / 2 else f"does not hold ({times(ratio)})",
+                "verdict": at_least(ratio, claimed),
                 "ratio": ratio,
             })
     return out

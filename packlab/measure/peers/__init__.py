@@ -33,6 +33,9 @@ from packlab.measure.peers.packlab_peer import PacklabFormat
 from packlab.measure.peers.raw_csr import RawCsr
 from packlab.measure.peers.registry import get_peer, peer_names
 from packlab.measure.peers.run import compare, seeded_indices
+from packlab.progress import settle_tqdm_auto
+
+settle_tqdm_auto()  # the peers import HF datasets and LitData, which import tqdm.auto
 
 __all__ = ["get_peer", "peer_names", "side_by_side"]
 FLOOR_FORMAT = "memmap_v1"

@@ -1,0 +1,197 @@
+"""The report decides from the numbers: a format per use case computed from a run, verdicts in
+one vocabulary and colour, notebook pages without code, figures whose legends leave the data
+alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import nbformat
+import pytest
+
+from packlab.formats import format_names, formats_where, get_format
+from packlab.measure import verdicts
+from packlab.results import finding
+from packlab.summaries import findings_table, front, notebook_markdown
+
+matplotlib.use("Agg")
+
+
+def _run(**overrides: Any) -> dict[str, dict[str, Any]]:
+    """A small run in the recorded shape: notebooks 03, 04, 05 for every registered format."""
+    memory: dict[str, Any] = {}
+    access: dict[str, Any] = {}
+    sizes = {}
+    for i, fmt in enumerate(format_names()):
+        in_ram = get_format(fmt).Reader.IN_RAM
+        memory[f"{fmt}_write_peak_rss_growth_bytes_1000"] = 1e6 * (i + 1)
+        memory[f"{fmt}_load_peak_rss_growth_bytes_1000"] = 4e9 if in_ram else 1e4 * (i + 1)
+        memory[f"{fmt}_write_loglog_slope"] = 1.0 if in_ram else 0.05
+        access[f"{fmt}_warm_p50_us"] = 200.0 if in_ram else 10.0 + i
+        access[f"{fmt}_warm_python_floor_p50_us"] = 9.0
+        access[f"{fmt}_cold_p50_us"] = 300.0 - 10 * i
+        access[f"{fmt}_cold_pread_p50_us"] = 100.0
+        access[f"{fmt}_scan_warm_tokens_per_s"] = 1e8
+        sizes[fmt] = 5.0 - 0.1 * i
+    run = {
+        "03_write_formats": {"numbers": {"bytes_per_token": sizes}, "findings": []},
+        "04_peak_memory": {"numbers": memory, "findings": [
+            finding("RFC: legacy ~4 GB", "4.1 GB", verdicts.approx(4.1e9, 4e9))]},
+        "05_random_access": {"numbers": access, "findings": [
+            finding("binidx: warm within 1.1x", "1.05x", verdicts.holds(True), source="target")]},
+    }
+    for key, value in overrides.items():
+        notebook, number = key.split("__")
+        run[notebook]["numbers"][number] = value
+    return run
+
+
+def _chosen(run: dict) -> dict[str, str | None]:
+    return {r["use_case"]: r["format"] for r in front.recommendations(run)}
+
+
+def test_each_use_case_is_computed_from_the_numbers() -> None:
+    run = _run()
+    lazy_flat = [f for f in format_names() if f not in formats_where("IN_RAM")]
+    fastest = min(lazy_flat, key=lambda f: run["05_random_access"]["numbers"][f"{f}_warm_p50_us"])
+    chosen = _chosen(run)
+    # within 10% of the fastest warm p50, the lowest cold p50 wins
+    tied = [f for f in lazy_flat if run["05_random_access"]["numbers"][f"{f}_warm_p50_us"]
+            <= 1.1 * run["05_random_access"]["numbers"][f"{fastest}_warm_p50_us"]]
+    assert chosen["local training"] == min(
+        tied, key=lambda f: run["05_random_access"]["numbers"][f"{f}_cold_p50_us"])
+    assert chosen["object storage"] in formats_where("READS_IN_PLACE")
+    assert chosen["Megatron pretrain tooling"] in [
+        f for f in format_names() if "Megatron-core" in get_format(f).Reader.READ_BY]
+    smallest = min(format_names(), key=lambda f: run["03_write_formats"]["numbers"]
+                   ["bytes_per_token"][f])
+    assert chosen["repacking often"] == smallest
+    # change the numbers, the choice follows
+    slow = chosen["local training"]
+    changed = _run(**{f"05_random_access__{slow}_warm_p50_us": 1e4})
+    assert _chosen(changed)["local training"] not in (slow, None)
+    in_ram = formats_where("IN_RAM")
+    fast_legacy = _run(**{f"05_random_access__{f}_warm_p50_us": 0.1 for f in in_ram})
+    assert _chosen(fast_legacy)["local training"] == chosen["local training"]  # loads it all
+
+
+def test_a_run_without_a_notebook_says_not_measured() -> None:
+    run = _run()
+    del run["05_random_access"]
+    rows = {r["use_case"]: r for r in front.recommendations(run)}
+    assert rows["local training"]["format"] is None
+    assert rows["local training"]["why"] == verdicts.NOT_MEASURED
+    assert "n/a" in front.format_table(run)
+
+
+def test_the_format_table_carries_every_format_and_who_reads_it() -> None:
+    table = front.format_table(_run())
+    for fmt in format_names():
+        assert f"`{fmt}`" in table
+        for reader in get_format(fmt).Reader.READ_BY:
+            assert reader in table
+    assert "4 GB" in table  # memory in units people read, not raw bytes
+
+
+def test_verdicts_are_one_vocabulary_decided_by_one_rule() -> None:
+    t = verdicts.TOLERANCE
+    assert verdicts.approx(4e9 * t * 0.99, 4e9) == verdicts.HOLDS
+    assert verdicts.approx(4e9 * t * 1.01, 4e9) == verdicts.DOES_NOT_HOLD
+    assert verdicts.approx(3.2, 2, 3) == verdicts.HOLDS  # inside the widened range
+    assert verdicts.at_most(20e6 * t, 20e6) == verdicts.HOLDS
+    assert verdicts.at_least(200 / t, 200) == verdicts.HOLDS
+    assert verdicts.at_least(199 / t, 200) == verdicts.DOES_NOT_HOLD
+    assert verdicts.flat(0.304) == verdicts.HOLDS  # printed 0.30: at the threshold
+    assert verdicts.flat(0.306) == verdicts.DOES_NOT_HOLD
+    assert verdicts.overall(["holds", "does not hold"]) == verdicts.PARTLY
+    assert verdicts.overall(["holds", "not measured"]) == verdicts.HOLDS
+    assert verdicts.overall([]) == verdicts.NOT_MEASURED
+    assert verdicts.deviation(45e6, 1e6) == "45x the claim"
+    assert verdicts.deviation(1.04e9, 1e9) == "1.04x the claim"
+    for word in verdicts.VERDICTS:
+        assert word in verdicts.COLOURS and word in verdicts.badge(word)
+    assert "<s>" in verdicts.badge("fails")  # a word outside the vocabulary is shown struck
+    assert str(verdicts.TOLERANCE) in verdicts.RULE
+
+
+def test_findings_name_their_source_and_render_with_colour() -> None:
+    rfc = finding("RFC: Parquet ~0.4x", "0.40x", "holds")
+    mine = finding("__getitems__ cheaper", "7% cheaper", "holds", source="target")
+    assert (rfc["source"], mine["source"]) == ("rfc", "target")
+    with pytest.raises(ValueError, match="source"):
+        finding("x", "y", "holds", source="nobody")
+    table = findings_table([rfc, mine])
+    assert verdicts.COLOURS["holds"][0] in table and "\\_\\_getitems\\_\\_" in table
+    assert "holds" in findings_table([rfc], colour=False).splitlines()[-1]
+    text = notebook_markdown("99_unknown", {"numbers": {}, "findings": [rfc]})
+    assert "RFC: Parquet" in text  # no bullets module: the findings alone
+
+
+def _executed_notebook(path: Path) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("# 99 · A test\n\nWhat does **this** `do`?"),
+                nbformat.v4.new_code_cell("secret_code_line = 1")]
+    nb.cells[1].outputs = [nbformat.v4.new_output(
+        "display_data", data={"text/markdown": "a finding", "text/plain": "x"})]
+    nbformat.write(nb, path)
+
+
+def test_write_report_front_page_and_notebook_pages(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from packlab.report import write_report
+
+    monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path / "build"))
+    executed, results, out = tmp_path / "nb", tmp_path / "results", tmp_path / "report"
+    executed.mkdir()
+    results.mkdir()
+    _executed_notebook(executed / "99_test.ipynb")
+    for name, recorded in _run().items():
+        (results / f"{name}.json").write_text(json.dumps(recorded))
+    (results / "99_test.json").write_text(json.dumps(
+        {"parameters": {"n": 3}, "numbers": {}, "findings": [finding("x", "y", "does not hold")]}))
+    (results / "run.json").write_text(json.dumps(
+        {"run": "r1", "date": "2026-11-25T10:00:00+00:00", "scale": "ci", "commit": "abc1234",
+         "machine": {"cores": 2, "memory_bytes": 8e9, "read_ahead_kb": 128},
+         "versions": {"python": "3.11.7", "numpy": "2.4.0"}, "timings": {"99_test": 1.5}}))
+    index = write_report(executed, out, results=results).read_text()
+    for fmt in [r["format"] for r in front.recommendations(_run())]:
+        assert f"<code>{fmt}</code>" in index
+    assert verdicts.COLOURS["does not hold"][0] in index
+    assert "abc1234" in index and "2 cores" in index and "read-ahead 128 KB" in index
+    assert "<strong>this</strong>" in index  # the question rendered, not raw Markdown
+    assert "href='99_test.html'" in index
+    page = (out / "99_test.html").read_text()
+    assert "secret_code_line" not in page and "a finding" in page
+    assert "href='index.html'" in page and "n=3" in page
+    assert (out / "99_test.ipynb").is_file()
+
+
+def test_plots_move_legends_off_the_data_and_label_bytes(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from packlab import plots
+
+    monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path))
+    fig, (left, right) = plt.subplots(1, 2)
+    for ax in (left, right):
+        ax.plot([1, 2, 3], [1e3, 1e6, 1e9], label="data")
+        ax.set_yscale("log")
+        ax.legend(loc="center")
+    plots.bytes_axis(right, "y")
+    bars = plots.log_bars(left, [0, 1], [0, 5e6], 0.4, label="bars")
+    assert len(bars) == 1  # the zero draws no bar
+    fig.tight_layout()
+    plots.legends_outside(fig)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in (left, right):
+        legend, box = ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer)
+        assert legend.x0 >= box.x1 - 1 or legend.y1 <= box.y0 + 1, "legend over the data"
+    assert "1 GB" in [t.get_text() for t in right.get_yticklabels()]
+    plots.save(fig, "99_test", show=False)
+    assert (tmp_path / "figures" / "99_test.png").is_file()
+    assert plots.pareto_front([1, 2, 3], [3, 1, 2]) == [1, 2]  # (1, 3) is beaten by (2, 1)
