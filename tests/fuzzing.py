@@ -1,11 +1,12 @@
 """Seeded mutations of real packlab outputs (:mod:`mutations`), and what each must survive.
 
 Mutation ``i`` of a format damages a copy of the reference, then runs the checks in a forked
-child: every shard opened on its own, every bin read (one by one and through ``iter_bins``),
-the shard validated, ``packlab inspect`` of it; then ``open_dataset`` of the output directory,
-every bin read (one by one and in one batch) and compared with the reference; then ``packlab
-validate`` (one line and exit 2 when it fails). The parent judges the child's report
-(:func:`judge`):
+child: every shard opened on its own with the reader's defaults (the read path most users
+take), every bin read (one by one and through ``iter_bins``), the shard validated, ``packlab
+inspect`` of it; then ``open_dataset`` of the output directory with ``verify=True`` where the
+format stores per-bin checksums, every bin read (one by one and in one batch) and compared
+with the reference; then ``packlab validate`` (one line and exit 2 when it fails). The parent
+judges the child's report (:func:`judge`):
 
 - a signal (segfault, bus error), no answer within the timeout, any exception that is not a
   :class:`~packlab.errors.PacklabError`, or a hostile pickle that ran (its marker file exists)
@@ -14,8 +15,9 @@ validate`` (one line and exit 2 when it fails). The parent judges the child's re
   *silent* difference: a failure, unless the mutation recomputed every checksum consistently
   (class ``forged``); so is a shard that serves other bins than any shard of the reference
   while its own ``validate`` (with checksums) passes, and a hostile pickle ``validate`` passes;
-- with ``strict`` (readers that verify per-bin checksums on read), a dataset that serves other
-  bins at all is a failure (``read-silent``), even when ``validate`` notices.
+- with ``strict`` (the dataset opened with ``verify=True`` and every shard of the reference
+  recording checksums to verify against), a dataset that serves other bins at all is a failure
+  (``read-silent``), even when ``validate`` notices.
 
 Run it long: ``PYTHONPATH=$PWD:$PWD/tests .venv/bin/python tests/fuzzing.py --per-format 3000``
 (or ``pytest tests/test_fuzz.py --fuzz-scale 15``).
@@ -83,7 +85,8 @@ def _command(*argv: object) -> tuple[int, str]:
 
 
 def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict[str, Any]:
-    """Everything a user does with an output directory, each step recorded (never raises)."""
+    """Everything a user does with an output directory, each step recorded (never raises):
+    shards read with the defaults, the dataset with ``read_options``."""
     from packlab import open_dataset
     from packlab.formats import open_shard
 
@@ -92,7 +95,7 @@ def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict
     for shard in sorted(p for p in out.iterdir() if p.name.startswith("shard_")
                         and not p.name.endswith(".json")):
         reader = _stage(report, f"open {shard.name}",
-                        lambda s=shard: open_shard(s, **read_options))
+                        lambda s=shard: open_shard(s))
         if reader is None:
             continue
         got = _stage(report, f"read {shard.name}", lambda r=reader: _digests(r))

@@ -41,14 +41,20 @@ def test_the_judge_calls_a_difference_validate_misses_silent(tmp_path: Path) -> 
                     reads_spool=False)
     served = {"stages": [("open_dataset", "ok", "", "")], "shards": {}, "validate": True}
 
-    def verdict(forged: bool = False, **report) -> str:
+    def verdict(forged: bool = False, strict: bool = False, **report) -> str:
         return judge(Mutation("memmap_v1", 0, "bitflip", forged=forged), ("ok", {**served, **report}),
-                     ref, tmp_path, strict=False).outcome
+                     ref, tmp_path, strict=strict).outcome
 
     assert verdict(dataset=["a", "b"]) == "harmless"
     assert verdict(dataset=["a", "c"]) == "silent"
     assert verdict(dataset=["a", "c"], forged=True) == "forged-served"
     assert verdict(dataset=["a", "c"], validate=False) == "read-caught-by-validate"
+    # reads verified against per-bin checksums: serving a changed bin is a failure by itself
+    assert verdict(dataset=["a", "c"], validate=False, strict=True) == "read-silent"
+    assert verdict(dataset=["a", "c"], validate=False, strict=True, forged=True) == \
+        "forged-validate-caught"
+    assert verdict(dataset=None, strict=True) == "refused"
+    assert verdict(dataset=["a", "b"], validate=False, strict=True) == "validate-caught"
     assert verdict(dataset=None) == "refused"
     assert verdict(shards={"shard_000000": (["x", "b"], True)}, dataset=None) == "silent"
     assert verdict(shards={"shard_000000": (["x", "b"], False)}, dataset=None) == "refused"
