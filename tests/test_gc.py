@@ -144,12 +144,6 @@ def test_gc_leaves_a_directory_a_running_job_holds(tmp_path, capsys) -> None:
     assert not stale.exists() and unnamed.exists()
 
 
-def test_gc_of_a_missing_directory_is_one_line(tmp_path, capsys) -> None:
-    code, _, err = run_cli(capsys, "gc", tmp_path / "nothing")
-    assert code == 2
-    one_error_line(err, tmp_path / "nothing", prefix="packlab gc: error:")
-
-
 def test_a_second_pack_into_a_directory_being_written_is_refused(spool, tmp_path,
                                                                   capsys) -> None:
     out = tmp_path / "out"

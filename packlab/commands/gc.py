@@ -42,6 +42,12 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.cloud.storage import is_remote
+    from packlab.errors import PacklabError
+
+    if is_remote(args.out):  # temporaries belong to writers on this machine
+        raise PacklabError(f"{args.out}: gc sweeps a local directory (the temporaries of "
+                           "writers that ran on this machine), not a URI")
     result = sweep(Path(args.out), dry_run=args.dry_run)
     if args.json:
         emit_json(result)
@@ -75,7 +81,8 @@ def sweep(root: Path, *, dry_run: bool = False) -> dict[str, Any]:
     from packlab.pipeline.manifest import writing_lock
 
     if not root.is_dir():
-        raise PacklabError(f"{root}: no such directory")
+        raise PacklabError(f"{root}: not a directory" if root.exists() or root.is_symlink()
+                           else f"{root}: no such directory")
     found: dict[Path, list[Path]] = {}
     for path in temporaries(root):
         found.setdefault(path.parent, []).append(path)
