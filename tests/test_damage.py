@@ -154,3 +154,32 @@ def test_a_spool_manifest_vocab_size_of_the_wrong_type(job, tmp_path) -> None:
     values = json.loads(manifest.read_text())
     manifest.write_text(json.dumps({**values, "vocab_size": [0, 2**63]}))
     refused(lambda: validate_path(out), "its spool is missing or changed", "vocab_size")
+
+
+def test_a_sequence_checksums_header_numpy_cannot_tokenize(job, tmp_path) -> None:
+    """packed_index's seq_checksums.npy (read by verify=True and validate) goes through the same
+    header parser as its index files, never numpy's."""
+    out = output(job, tmp_path, "packed_index")
+    sums = out / "shard_000001" / "seq_checksums.npy"
+    break_npy_header(sums)
+    with pytest.raises(tokenize.TokenError):
+        np.load(sums, allow_pickle=False)
+    refused(lambda: open_shard(sums.parent, verify=True).read_bin(0), sums)
+    refused(lambda: validate_path(out), "shard_000001")
+
+
+@pytest.mark.parametrize("start", [34.0, -8, True, "34"])
+def test_a_pbin_trailer_section_that_starts_nowhere(job, tmp_path, start) -> None:
+    """A footer whose section start is not a byte offset (the footer itself has no checksum)."""
+    from packlab.formats.pbin import TAIL
+
+    out = output(job, tmp_path, "pbin")
+    shard = out / "shard_000001.pbin"
+    raw = shard.read_bytes()
+    length, magic = TAIL.unpack(raw[-TAIL.size:])
+    footer = json.loads(raw[-TAIL.size - length:-TAIL.size])
+    footer["sections"]["loss_mask"][0] = start
+    text = json.dumps(footer, sort_keys=True).encode()
+    shard.write_bytes(raw[:-TAIL.size - length] + text + TAIL.pack(len(text), magic))
+    refused(lambda: open_shard(shard).read_bin(0), shard, "'loss_mask'")
+    refused(lambda: validate_path(out), shard)
