@@ -18,6 +18,7 @@ import hashlib
 from typing import NamedTuple
 
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
 from packlab.errors import PacklabError
 
@@ -75,6 +76,30 @@ def bin_digest(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.nd
     digest.update(b"|")
     digest.update(np.ascontiguousarray(seq_start_id, dtype="<i8").tobytes())
     return digest.hexdigest()
+
+
+#: The per-bin checksum every format that has room for one stores (its name in manifests).
+CHECKSUM = "xxh3_64"
+
+
+def bin_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.ndarray) -> int:
+    """The per-bin checksum shards store: xxh3_64 of the tokens' bytes *as stored* (their
+    storage dtype, little-endian), seeding the hash of the loss mask's bytes (uint8), seeding
+    the hash of the starts' bytes (int32). ~0.7 us for a 4096-token bin (zlib.crc32: ~10 us).
+
+    Each array must be C-contiguous in those dtypes (a bin's views and the writers' buffers
+    are); a uint64 (Python int) comes back.
+    """
+    return xxh3_64_intdigest(seq_start_id,
+                             xxh3_64_intdigest(loss_mask, xxh3_64_intdigest(input_ids)))
+
+
+def stored_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.ndarray,
+                    token_dtype: np.dtype | str) -> int:
+    """:func:`bin_checksum` of a bin as a writer stores it (tokens in ``token_dtype``)."""
+    return bin_checksum(np.ascontiguousarray(input_ids, dtype=token_dtype),
+                        np.ascontiguousarray(loss_mask, dtype="|u1"),
+                        np.ascontiguousarray(seq_start_id, dtype="<i4"))
 
 
 def bins_equal(a: PackedBin, b: PackedBin) -> bool:

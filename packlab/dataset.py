@@ -10,6 +10,12 @@ and serves bin ``i`` of the concatenation as what Megatron-Bridge's packed datas
 It is picklable and lazy: pickling keeps paths and counts only, and each process (DataLoader
 worker, forked or spawned) opens its own readers on first access, so no file handle or memory
 map is ever shared between processes.
+
+The read of a shard whose bins are slices of its memory-mapped files (its reader's
+``bin_table()``, :mod:`packlab.formats.bintable`) is one call: ``dataset[i]`` finds the shard
+and asks its table for the item, three views; the tables are dropped in a forked child
+(:func:`packlab.mapping.forget_after_fork`), so it costs no check per read. Other shards go
+through their reader's ``read_bin``.
 """
 
 from __future__ import annotations
@@ -26,7 +32,9 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import open_shard
+from packlab.formats.base import index_list
 from packlab.mapping import FORKS as _FORKS
+from packlab.mapping import forget_after_fork
 
 
 def item_from_bin(packed: PackedBin) -> dict[str, np.ndarray]:
@@ -68,6 +76,8 @@ class PackedDataset:
         self.formats: list[str] = [name for _, name in shards]
         self.reader_options = dict(reader_options or {})
         self._readers: list[Any] | None = None
+        self._tables: list[Any] | None = None  # each shard's BinTable (or None), per process
+        self._single = len(self.shards) == 1
         self._pid = os.getpid()
         self._fork = _FORKS[0]
         readers = self._open_readers()
@@ -92,13 +102,27 @@ class PackedDataset:
                 open_shard(path, format=name, **self.reader_options)
                 for path, name in zip(self.shards, self.formats, strict=True)
             ]
+            self._tables = None
             self._pid = os.getpid()
             self._fork = _FORKS[0]
         return self._readers
 
+    def _bin_tables(self) -> list[Any]:
+        """This process's table of each shard (None for a shard whose bins are not views)."""
+        readers = self._open_readers()
+        if self._tables is None:
+            self._tables = [reader.bin_table() for reader in readers]
+            forget_after_fork(self)
+        return self._tables
+
+    def forget_maps(self) -> None:
+        """In a forked child: the next read opens this process's own readers and maps."""
+        self._tables = None
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = None
+        state["_tables"] = None
         return state
 
     def close(self) -> None:
@@ -106,6 +130,7 @@ class PackedDataset:
             for reader in self._readers:
                 reader.close()
         self._readers = None
+        self._tables = None
 
     # -- map-style access -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -130,14 +155,41 @@ class PackedDataset:
         return self._open_readers()[shard].read_bin(local)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return item_from_bin(self.read_bin(index))
+        tables = self._tables
+        if tables is not None and type(index) is int and 0 <= index < self._length:
+            if self._single:  # the hot path: one shard, its table
+                table = tables[0]
+                if table is not None:
+                    return table.item(index)
+                return item_from_bin(self._open_readers()[0].read_bin(index))
+            shard = bisect_right(self._starts, index) - 1
+            table = tables[shard]
+            index -= self._starts[shard]
+            if table is not None:
+                return table.item(index)
+            return item_from_bin(self._open_readers()[shard].read_bin(index))
+        return self._item(index)
+
+    def _item(self, index: int) -> dict[str, np.ndarray]:
+        """Any index (negative, numpy), and the first read of this process."""
+        tables = self._bin_tables()
+        shard, local = self.locate(index)
+        if tables[shard] is not None:
+            return tables[shard].item(local)
+        return item_from_bin(self._open_readers()[shard].read_bin(local))
 
     def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
         """Many bins, in the order asked, read with one ``read_bins`` call per shard (grouped
         with one stable sort; the bins put back in order by one C-level gather)."""
         readers = self._open_readers()
-        if len(readers) == 1:  # its reader checks the range (and counts from the end)
-            return list(readers[0].read_bins(indices))
+        return self._per_shard(indices, lambda shard, local: readers[shard].read_bins(local))
+
+    def _per_shard(self, indices: Sequence[int] | np.ndarray,
+                   read: Any) -> list[Any]:
+        """``read(shard, local_indices)`` for each shard the batch touches, the results put
+        back in the order asked."""
+        if self._single:  # its reader (or table) checks the range (and counts from the end)
+            return list(read(0, indices))
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = self._length
         if idx.size and (idx.min() < -n or idx.max() >= n):
@@ -152,14 +204,30 @@ class PackedDataset:
         got: list[PackedBin] = []
         for run in np.split(order, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1):
             shard = int(shard_of[run[0]])
-            got.extend(readers[shard].read_bins(idx[run] - self.cumulative[shard]))
+            got.extend(read(shard, idx[run] - self.cumulative[shard]))
         back = np.empty_like(order)
         back[order] = np.arange(order.shape[0])
         return [got[0]] if len(got) == 1 else list(itemgetter(*back.tolist())(got))
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """Batch access (what ``torch.utils.data.DataLoader`` calls when it exists)."""
-        return [item_from_bin(b) for b in self.read_bins(indices)]
+        """Batch access (what ``torch.utils.data.DataLoader`` calls when it exists): a shard
+        with a table serves its part of the batch in one loop (:meth:`BinTable.items`)."""
+        tables = self._tables
+        if (tables is not None and self._single and tables[0] is not None
+                and type(indices) is list and indices
+                and min(indices) >= 0 and max(indices) < self._length):
+            return tables[0].items(indices)  # the hot path: a DataLoader's list of indices
+        tables = self._bin_tables()
+        readers = self._open_readers()
+
+        def read(shard: int, local: Any) -> list[dict[str, np.ndarray]]:
+            table = tables[shard]
+            if table is None:
+                return [item_from_bin(b) for b in readers[shard].read_bins(local)]
+            count, check = readers[shard].num_bins, readers[shard].check_index
+            return table.items([i if 0 <= i < count else check(i) for i in index_list(local)])
+
+        return self._per_shard(indices, read)
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         for reader in self._open_readers():

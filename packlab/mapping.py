@@ -15,19 +15,22 @@ reads at once, so a cold bin costs about one round trip, like a ``pread`` of the
 (notebook 05's probe: 336 us against 307 us for the ``pread``).
 
 Advice costs a system call (under a microsecond over cached pages, a tenth of a warm read),
-so a reader asks for it only when it pays (:class:`ReadAdvice`): it first checks, without
-waiting, whether the bin's first page is cached (``preadv2(RWF_NOWAIT)``); only a cold bin gets
-advice, for all of its ranges at once. And once reads keep finding the shard cached (64 in a
-row), it checks one read in 16 only, so 15 warm reads in 16 cost no system call. A wrong
-guess costs time, never data: a page nobody advised is read by its own fault.
+so a reader asks for it only when it pays (:class:`ReadAdvice`): after a cold read (and when
+it opens) it advises every read, all of a bin's ranges at once, for 64 reads; then it checks
+one read in 16 only, without waiting, whether the bin's first page is cached
+(``preadv2(RWF_NOWAIT)``), so 15 warm reads in 16 cost no system call, and a cold one puts it
+back to advising every read. A wrong guess costs time, never data: a page nobody advised is
+read by its own fault.
 
 Sequential passes (``iter_bins``, ``validate``) switch their maps to the kernel's sequential
 readahead while they last (:func:`sequential`, :func:`scan`): a ``MADV_RANDOM`` map has none.
 
-What it costs instead: a reader keeps its per-bin index (offsets, lengths: 8-20 bytes per bin)
-in RAM, loaded with :func:`load_array` on first read, so a cold read never waits for an index
-page before it knows where the bin is; and one descriptor per mapped file besides the one
-Python's ``mmap`` holds (closed with the reader).
+What it costs instead: a reader keeps its per-bin index (offsets, lengths, and every bin's
+sequence starts: :mod:`packlab.formats.bintable`) in RAM, loaded with :func:`load_array` on
+first read, so a cold read never waits for an index page before it knows where the bin is, and
+waits for two ranges (tokens, mask), not three; and one descriptor per mapped file besides the
+one Python's ``mmap`` holds (closed with the reader). A forked child (a DataLoader worker)
+maps its own: :func:`forget_after_fork`.
 
 Arrays are numpy views of the map; each holds the ``mmap`` through its ``base``, so arrays a
 reader returned stay valid after it is closed or collected (the mapping goes with the last
@@ -61,14 +64,14 @@ T = TypeVar("T")
 
 # Bumped in every forked child: a reader (or dataset) remembers the value it opened its maps
 # under and compares, so a DataLoader worker reopens its own without a getpid() system call
-# per read.
+# per read (see also :func:`forget_after_fork`).
 FORKS = [0]
-os.register_at_fork(after_in_child=lambda: FORKS.__setitem__(0, FORKS[0] + 1))
 
 
 class MappedFile:
     """One file mapped read-only (advised ``MADV_RANDOM`` unless ``random=False``), with a
-    descriptor for read advice (``posix_fadvise``: a quarter cheaper than ``madvise``).
+    descriptor for read advice (``posix_fadvise``: a quarter cheaper than ``madvise``) of its
+    own, advised ``POSIX_FADV_RANDOM``.
 
     ``view`` gives numpy views of the map. The descriptor is closed with :meth:`close` or when
     this object is collected; views keep the map (not this object) alive.
@@ -78,15 +81,22 @@ class MappedFile:
 
     def __init__(self, path: str | os.PathLike[str], *, random: bool = True) -> None:
         self.path = path
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
+        fd = self._open(path)
         try:
             self.size = os.fstat(fd).st_size
             if self.size == 0:
                 raise FormatError(f"{path}: empty file (truncated shard?)")
-            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            self.map = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)  # holds its own descriptor
+            if random:
+                # Advice and probes go through a descriptor of their own, advised random: a
+                # probe of a cold page (preadv2 RWF_NOWAIT) starts reading that page only, not a
+                # readahead window around it, and the map's own readahead (a sequential scan's)
+                # is left as it is.
+                self.map.madvise(RANDOM)
+                advice_fd = self._open(path)
+                os.posix_fadvise(advice_fd, 0, 0, os.POSIX_FADV_RANDOM)
+                os.close(fd)
+                fd = advice_fd
         except OSError as exc:
             os.close(fd)
             raise FormatError(f"{path}: cannot map: {exc.strerror}") from None
@@ -95,8 +105,13 @@ class MappedFile:
             raise
         self.fd = fd
         self._closer = weakref.finalize(self, os.close, fd)
-        if random:
-            self.map.madvise(RANDOM)
+
+    @staticmethod
+    def _open(path: str | os.PathLike[str]) -> int:
+        try:
+            return os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
 
     def view(self, dtype: Any, offset: int, count: int) -> np.ndarray:
         """``count`` values of ``dtype`` at byte ``offset``, as a read-only numpy view; a file
@@ -150,35 +165,82 @@ class ReadAdvice:
     """When one reader advises the kernel before a read: the policy of the module docstring.
 
     ``first(start, length)`` is called with the largest byte range of every bin about to be
-    returned (in the file of ``fd``). When due, it asks the kernel for the range's first byte
-    without waiting (``preadv2`` with ``RWF_NOWAIT``: fails at once when the page is not in the
-    page cache). Cold: it advises the range and returns True, and the caller :func:`advise` s
-    the bin's other ranges, so all of them are read at once. Due: for ``STAY`` reads after the
-    last cold one (and from the start), then every ``SAMPLE``-th read, to notice when reads
-    start finding cold bins (a page cache that stopped holding the shard).
+    returned (in the file of ``fd``); True means "advised: advise the bin's other ranges too"
+    (:func:`advise`), so all of them are read at once. Two states:
+
+    - *cold* (``credit > 0``: the reader just opened, or a read found its bin cold within the
+      last ``STAY`` reads): every read is advised at once, no question asked (two advice calls,
+      each under a microsecond over cached pages);
+    - *warm* (credit spent): every ``SAMPLE``-th read asks the kernel, without waiting, whether
+      its first byte is cached (``preadv2`` with ``RWF_NOWAIT`` fails at once when it is not;
+      the descriptor is advised random, so that read starts one page, not a window around it);
+      cold: the range is advised and the state is cold again.
+
+    ``due`` counts the reads until the next :meth:`probe` (below 0: now), so a hot path can
+    keep the count itself (``advice.due -= 1; if advice.due < 0: ...``) and make no call on
+    the other reads.
     """
 
-    __slots__ = ("fd", "credit", "tick", "_probe")
+    __slots__ = ("fd", "credit", "due", "_probe")
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.credit = STAY
-        self.tick = 0
+        self.due = 0
         self._probe = [bytearray(1)]
 
     def first(self, start: int, length: int) -> bool:
-        if self.credit <= 0:
-            self.tick += 1
-            if self.tick % SAMPLE:
-                return False
-        _fadvise(self.fd, start, length, WILLNEED)  # its missing pages: one request
+        self.due -= 1
+        if self.due >= 0:
+            return False
+        return self.probe(start, length)
+
+    def probe(self, start: int, length: int) -> bool:
+        """Advise ``[start, start + length)`` when it is (or is likely) cold; whether it did.
+        Sets ``due`` for the next call: the next read while cold, ``SAMPLE`` reads once warm."""
+        if self.credit > 0:  # cold lately: advise without asking (the next read too)
+            self.credit -= 1
+            self.due = 0
+            _fadvise(self.fd, start, length, WILLNEED)
+            return True
         try:
             _preadv(self.fd, self._probe, start, _NOWAIT)
-        except OSError:  # EAGAIN: was not cached, is being read (or no RWF_NOWAIT here)
+        except OSError:  # EAGAIN: not cached (or no RWF_NOWAIT here: advise anyway)
+            _fadvise(self.fd, start, length, WILLNEED)
             self.credit = STAY
+            self.due = 0
             return True
-        self.credit -= 1
+        self.due = SAMPLE - 1
         return False
+
+
+class NoAdvice:
+    """The advice of bins already in RAM: never due (a hot path counts ``due`` down from 2**62)."""
+
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
+        self.due = 1 << 62
+
+
+# -- forked children -----------------------------------------------------------------------------
+_FORGET: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def forget_after_fork(owner: Any) -> None:
+    """Call ``owner.forget_maps()`` in every forked child (a DataLoader worker), so the child
+    maps and opens its own files on its first read instead of sharing the parent's descriptors.
+    Costs nothing per read; ``owner`` is held weakly."""
+    _FORGET.add(owner)
+
+
+def _after_fork_in_child() -> None:
+    FORKS[0] += 1
+    for owner in list(_FORGET):
+        owner.forget_maps()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager

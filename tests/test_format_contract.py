@@ -235,6 +235,10 @@ def test_writer_memory_is_flat_as_the_shard_grows_unless_the_format_holds_everyt
         assert added < 16 * MiB + (large["raw"] - small["raw"]) / 20, (small, large)
         assert large["rss"] < large["raw"] / 2
         assert large["pool"] < small["pool"] + 8 * MiB
+        # and bounded by the bins it holds (one row group, one record batch, one bin: its
+        # facts say how many) times what its encoder needs, plus a constant
+        block = facts(name).BUFFERED_BINS * workload.pack_size * 5
+        assert large["rss"] < 48 * MiB + 10 * block, (large, block)
 
 
 # -- bins refused -----------------------------------------------------------------------------
@@ -405,6 +409,6 @@ def test_every_format_is_under_contract() -> None:
         module = get_format(name)
         assert module.Writer.FORMAT == module.Reader.FORMAT == name
         for fact in ("SUFFIX", "MANIFEST", "FILES", "NEEDS_SPOOL", "IN_RAM", "ZERO_COPY",
-                     "PADDED", "STREAMS", "READS_IN_PLACE", "SQL_READABLE"):
+                     "PADDED", "STREAMS", "READS_IN_PLACE", "SQL_READABLE", "BUFFERED_BINS"):
             assert getattr(module.Writer, fact) == getattr(module.Reader, fact), (name, fact)
 

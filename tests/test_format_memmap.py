@@ -12,11 +12,11 @@ from conftest import write_random_spool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab.bins import PackedBin, bins_equal
+from packlab.bins import PackedBin, bin_checksum, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import file_entry
 from packlab.formats import detect_format, open_shard
-from packlab.formats.memmap_v1 import FILES, MANIFEST, MANIFEST_FORMAT, Reader, Writer
+from packlab.formats.memmap_v1 import CHECKSUMS, FILES, MANIFEST, MANIFEST_FORMAT, Reader, Writer
 from packlab.materialize import iter_bins
 from packlab.measure.harness import run_job
 from packlab.measure.jobs import format_imports
@@ -77,7 +77,11 @@ def test_files_are_plain_npy_with_the_documented_layout(shard: tuple[Path, list[
     manifest = json.loads((path / MANIFEST).read_text())
     assert manifest["format"] == MANIFEST_FORMAT and manifest["num_bins"] == len(bins)
     assert manifest["dtypes"]["input_ids"] == "<i4" and manifest["dtypes"]["seq_starts"] == "<u4"
-    assert sorted(p.name for p in path.iterdir()) == sorted([*FILES.values(), MANIFEST])
+    assert sorted(p.name for p in path.iterdir()) == sorted([*FILES.values(), CHECKSUMS,
+                                                             MANIFEST])
+    assert manifest["bin_checksum"] == "xxh3_64"
+    checksums = np.load(path / CHECKSUMS, allow_pickle=False)
+    assert checksums.dtype == np.dtype("<u8") and checksums.shape == (len(bins),)
     ids = np.load(path / "input_ids.npy", mmap_mode="r", allow_pickle=False)
     lengths = np.load(path / "packed_len.npy", allow_pickle=False)
     offsets = np.load(path / "seq_offsets.npy", allow_pickle=False)
@@ -87,6 +91,9 @@ def test_files_are_plain_npy_with_the_documented_layout(shard: tuple[Path, list[
         np.testing.assert_array_equal(ids[i, : lengths[i]], b.input_ids)
         assert not ids[i, lengths[i]:].any()  # zero padding
         np.testing.assert_array_equal(starts[offsets[i]:offsets[i + 1]], b.seq_start_id)
+        assert int(checksums[i]) == bin_checksum(ids[i, : lengths[i]].copy(),
+                                                 np.ascontiguousarray(b.loss_mask),
+                                                 b.seq_start_id.astype("<i4"))
 
 
 def test_unknown_bin_count_gives_the_same_bytes(tmp_path: Path) -> None:

@@ -81,9 +81,10 @@ def test_repacking_rewrites_only_the_index(tmp_path: Path) -> None:
         packed_index.write_packed_index(shard, spool.path, assignment)
         reader = packed_index.Reader(shard)
         assert_reads_like(reader, spool, assignment)
-        # 8 bytes per sequence and per bin, plus a manifest: far below the tokens
+        # 8 bytes per sequence (and 8 more for its checksum) and per bin, plus a manifest:
+        # far below the tokens
         index_bytes = reader.bytes_on_disk()
-        assert index_bytes < 8 * (400 + assignment.num_bins + 1) + 4096
+        assert index_bytes < 8 * (2 * 400 + assignment.num_bins + 1) + 4096
         assert reader.info()["spool_bytes"] > 20 * index_bytes
     assert {p.name: sha256_file(p) for p in spool.path.iterdir()} == spool_hashes
 

@@ -33,11 +33,50 @@ def bins(tmp_path: Path) -> list[PackedBin]:
     return reference_bins(tmp_path, num_sequences=300)
 
 
-@pytest.fixture
-def shard(tmp_path: Path, bins: list[PackedBin]) -> Path:
+@pytest.fixture(params=["default", "smallest", "dictionary"])
+def shard(request: pytest.FixtureRequest, tmp_path: Path, bins: list[PackedBin]) -> Path:
+    """A shard in the writer's default layout (compact), and in the other named ones: every
+    reader below reads each unchanged."""
     path = tmp_path / "shard.parquet"
-    write_shard(path, bins, 1024, row_group_size=16)
+    options = {} if request.param == "default" else {"layout": request.param}
+    write_shard(path, bins, 1024, row_group_size=16, **options)
     return path
+
+
+def _encodings(path: Path) -> dict[str, tuple[set[str], str, int | None]]:
+    """Each column's encodings and codec, from the footer (first row group)."""
+    meta = pq.read_metadata(path).row_group(0)
+    out = {}
+    for c in range(meta.num_columns):
+        chunk = meta.column(c)
+        out[chunk.path_in_schema.split(".")[0]] = (set(chunk.encodings), chunk.compression)
+    return out
+
+
+def test_the_default_layout_is_compact_and_the_old_one_is_one_option_away(
+        tmp_path: Path, bins: list[PackedBin]) -> None:
+    """Default: zstd-9, PLAIN tokens, DELTA_BINARY_PACKED starts (standard encodings), 16 MiB
+    pages; layout="dictionary" writes what Nemotron writes (dictionary everywhere, zstd)."""
+    write_shard(tmp_path / "compact.parquet", bins, 1024)
+    write_shard(tmp_path / "dictionary.parquet", bins, 1024, layout="dictionary")
+    compact, dictionary = (_encodings(tmp_path / f"{n}.parquet") for n in ("compact", "dictionary"))
+    assert "PLAIN" in compact["input_ids"][0] and "RLE_DICTIONARY" not in compact["input_ids"][0]
+    assert "DELTA_BINARY_PACKED" in compact["seq_start_id"][0]
+    assert "RLE_DICTIONARY" in compact["loss_mask"][0]
+    assert all("RLE_DICTIONARY" in encodings for encodings, _ in dictionary.values())
+    assert {codec for _, codec in compact.values()} == {"ZSTD"} == {
+        codec for _, codec in dictionary.values()}
+    footer = Reader(tmp_path / "compact.parquet").packlab
+    assert (footer["compression_level"], footer["layout"]) == (
+        9, "zstd-9 plain starts-delta page-16384K")
+    assert Reader(tmp_path / "dictionary.parquet").packlab["layout"] == "zstd"
+    assert (tmp_path / "compact.parquet").stat().st_size != (
+        tmp_path / "dictionary.parquet").stat().st_size
+    for name in ("compact", "dictionary"):
+        reader = Reader(tmp_path / f"{name}.parquet")
+        assert all(bins_equal(reader.read_bin(i), b) for i, b in enumerate(bins))
+    with pytest.raises(PacklabError, match="unknown Parquet layout 'tiny'"):
+        write_shard(tmp_path / "x.parquet", bins, 1024, layout="tiny")
 
 
 # -- round trips ------------------------------------------------------------------------------
@@ -277,10 +316,21 @@ def test_bit_flip_in_a_data_page_is_caught_by_the_page_checksum(
     assert bins_equal(reader.read_bin(0), bins[0])  # other row groups still read
     with pytest.raises(FormatError, match="flip.parquet: row group 2.*CRC"):
         reader.read_bin(40)
-    # without verification the flip would have gone through silently
+    # without page verification a flipped token goes through silently; a flipped mask value
+    # (4 or 5) is caught by the invariants every decoded row group is checked against
     unverified = Reader(path, verify_checksums=False)
-    got = unverified.read_bins(range(32, 48))
+    if column == 1:
+        with pytest.raises(InvariantError, match=r"flip.parquet: bin (3[2-9]|4[0-7]): loss_mask"):
+            unverified.read_bins(range(32, 48))
+        return
+    try:
+        got = unverified.read_bins(range(32, 48))
+    except InvariantError as exc:  # a start moved past its neighbour: structure broken
+        assert column == 2 and "flip.parquet: bin" in str(exc)
+        return
     assert not all(bins_equal(g, bins[32 + k]) for k, g in enumerate(got))
+    with pytest.raises(FormatError, match="flip.parquet: row group 2.*CRC"):
+        Reader(path, verify_checksums=False, verify=True).read_bin(40)
 
 
 def test_random_bit_flips_never_give_silently_wrong_bins(tmp_path: Path,

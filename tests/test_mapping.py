@@ -111,12 +111,13 @@ def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(
     mapped = MappedFile(path)
     advice = ReadAdvice(mapped.fd)
     assert drop_until_cold([path]) == 0
-    assert advice.first(3 * PAGE + 100, 5 * PAGE) is True  # cold: advised, I/O started
+    assert advice.first(3 * PAGE + 100, 5 * PAGE) is True  # just opened: advised, I/O started
     time.sleep(0.2)
     assert 5 <= resident_pages(path)[0] <= 7  # the range, not a read-around window
-    for _ in range(mapping.STAY):
-        assert advice.first(3 * PAGE + 100, 5 * PAGE) is False  # warm
-    assert advice.credit <= 0
+    for _ in range(mapping.STAY - 1):  # cold lately: every read advised, no question asked
+        assert advice.first(3 * PAGE + 100, 5 * PAGE) is True
+    assert advice.credit == 0
+    assert advice.first(3 * PAGE + 100, 5 * PAGE) is False  # asked: warm
     assert drop_until_cold([path]) == 0
     far = 1000 * PAGE
     for _ in range(mapping.SAMPLE - 1):  # warm for long: most reads are not checked at all
@@ -124,6 +125,8 @@ def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(
     assert resident_pages(path)[0] == 0
     assert advice.first(far, 4 * PAGE) is True  # the sampled read notices
     assert advice.credit == mapping.STAY
+    time.sleep(0.2)
+    assert 4 <= resident_pages(path)[0] <= 6  # the probe started one page, the advice the rest
 
 
 # -- the readers ------------------------------------------------------------------------------

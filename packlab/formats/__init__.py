@@ -5,7 +5,8 @@ Each module under ``packlab/formats/`` defines ``FORMAT`` (its name), ``Writer``
 :class:`~packlab.formats.base.ShardReader`). What the format *is* lives on those two classes,
 as the attributes of :class:`~packlab.formats.base.FormatFacts` they share (``SUFFIX``,
 ``MANIFEST``, ``MANIFEST_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``ZERO_COPY``,
-``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``detect``); everything else in packlab reads them
+``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``BUFFERED_BINS``, ``detect``);
+everything else in packlab reads them
 through this registry and never tests a format's name.
 
 Adding a format (the whole checklist):

@@ -10,15 +10,20 @@ Where the metadata lives (IPC writes the schema first, so the schema cannot hold
 - schema metadata ``b"packlab"``, written at open: the static facts::
 
       {"format": "arrow_ipc", "version": "packlab_arrow_ipc_v1", "packlab_version": "0.1.0",
-       "pack_size": 4096, "batch_size": 1000, "compression": "none", "metadata": {}}
+       "pack_size": 4096, "batch_size": 1000, "compression": "none", "metadata": {},
+       "bin_checksum": "xxh3_64"}
 
-- each record batch's custom metadata ``b"packlab"``: where it sits and a checksum::
+- each record batch's custom metadata ``b"packlab"``: where it sits and its checksums::
 
       {"first_bin": 1000, "num_bins": 1000, "num_tokens": 3951020, "num_seqs": 5203,
-       "total_bins": 2000, "total_tokens": 7900312, "total_seqs": 10411, "crc32": 291047811}
+       "total_bins": 2000, "total_tokens": 7900312, "total_seqs": 10411, "crc32": 291047811,
+       "bin_checksums": "kX3...Q=="}
 
   so the last batch carries the shard's final counts (the reader reads it at open), and
-  ``validate`` proves every batch whole (Arrow IPC itself has no checksums).
+  ``validate`` proves every batch whole (Arrow IPC itself has no checksums). ``bin_checksums``
+  is base64 of each bin's xxh3_64 (:func:`packlab.bins.bin_checksum`, little-endian uint64),
+  what ``verify=True`` checks a bin against as it is read; files written before it have
+  none (and no ``bin_checksum`` in the schema metadata) and ``verify=True`` refuses them.
 
 The IPC footer, written at close, is what makes the file openable: a truncated file or one
 from a killed writer (which never reaches the final name anyway) does not open.
@@ -28,21 +33,23 @@ so a cold bin reads its own pages; pyarrow's ``memory_map`` takes no advice) and
 ``pa.ipc.open_file`` as a buffer, still zero-copy. Arrays returned by the reader are read-only
 views into the map; they keep the mapped buffer alive through their ``.base``, so they stay
 valid after the reader is closed and collected. On the first read an uncompressed packlab file
-decodes every record batch's list offsets into RAM (16 bytes per bin), so a read needs no
-decoding and a cold read waits for the bin's own bytes only.
+decodes every record batch's list offsets into RAM and indexes the whole mapped file as flat
+columns (:mod:`packlab.formats.bintable`, the read path every memory-mapped format shares), so a
+read needs no decoding and a cold read waits for the bin's tokens and mask only.
 """
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from packlab.bins import PackedBin
+from packlab.bins import CHECKSUM, PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import fsync_file
 from packlab.formats.arrow_lists import (
@@ -58,8 +65,17 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list, starts_with
-from packlab.mapping import FORKS, MappedFile, ReadAdvice, advise, sequential
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, starts_with
+from packlab.formats.bintable import (
+    BinTable,
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    ram_table,
+    refuse_unverifiable,
+)
+from packlab.mapping import MappedFile, sequential
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"
@@ -68,20 +84,6 @@ DEFAULT_BATCH_SIZE = 1000
 DEFAULT_CACHE_BATCHES = 8
 CODECS = ("none", "lz4", "zstd")
 _MAGIC = b"ARROW1"
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
-
-
-class _BatchViews(NamedTuple):
-    """One record batch of a zero-copy file: values as views of the map, offsets in RAM."""
-
-    input_ids: np.ndarray
-    loss_mask: np.ndarray
-    seq_start_id: np.ndarray
-    token_offsets: memoryview  # int64, from 0: a Python int per lookup
-    seq_offsets: memoryview
-    ids_at: int  # byte offset of each values buffer in the file (for read advice)
-    mask_at: int
-    starts_at: int
 
 
 def detect(path: Path) -> bool:
@@ -96,6 +98,7 @@ class ArrowIpcFacts(FormatFacts):
     SUFFIX = SUFFIX
     READ_BY = ("HF datasets",)
     ZERO_COPY = True
+    BUFFERED_BINS = DEFAULT_BATCH_SIZE
     detect = staticmethod(detect)
 
 
@@ -137,12 +140,13 @@ class Writer(ArrowIpcFacts, ShardWriter):
         if self.batch_size * self.pack_size > 2**31 - 1:
             raise PacklabError(f"{self.path}: batch_size {self.batch_size} x pack_size "
                                f"{self.pack_size} overflows int32 list offsets; use smaller batches")
-        self._buffer = ListBuffer(self.batch_size, source=str(self.path))
+        self._buffer = ListBuffer(self.batch_size, source=str(self.path),
+                                  capacity=self.batch_size * self.pack_size)
         self._bins_flushed = self._tokens_flushed = self._seqs_flushed = 0
         static = {"format": FORMAT, "version": VERSION, "pack_size": self.pack_size,
                   "batch_size": self.batch_size, "compression": self.compression,
                   "packlab_version": self.base_manifest()["packlab_version"],
-                  "metadata": self.metadata}
+                  "metadata": self.metadata, "bin_checksum": CHECKSUM}
         self._schema = schema_with_metadata({METADATA_KEY: dump_metadata(static)})
         options = pa.ipc.IpcWriteOptions(
             compression=None if self.compression == "none" else self.compression)
@@ -170,7 +174,9 @@ class Writer(ArrowIpcFacts, ShardWriter):
         info = {"first_bin": first, "num_bins": buffer.rows, "num_tokens": buffer.tokens,
                 "num_seqs": buffer.seqs, "total_bins": first + buffer.rows,
                 "total_tokens": self._tokens_flushed + buffer.tokens,
-                "total_seqs": self._seqs_flushed + buffer.seqs, "crc32": buffer.crc32()}
+                "total_seqs": self._seqs_flushed + buffer.seqs, "crc32": buffer.crc32(),
+                "bin_checksums": base64.b64encode(
+                    buffer.bin_checksums().astype("<u8").tobytes()).decode()}
         try:
             self._writer.write_batch(buffer.record_batch(self._schema),
                                      custom_metadata={METADATA_KEY: dump_metadata(info)})
@@ -204,13 +210,15 @@ class Writer(ArrowIpcFacts, ShardWriter):
                     pass
 
 
-class Reader(ArrowIpcFacts, ShardReader):
+class Reader(ArrowIpcFacts, TableReads, ShardReader):
     """Memory-mapped Arrow IPC reader; bins are zero-copy numpy views (read-only).
 
     Options: ``pack_size`` (for files without packlab metadata; otherwise must agree),
     ``cache_batches`` (decompressed batches kept when the file is compressed),
     ``verify_checksums`` (check each batch's CRC when it is first decoded; default: when
-    the file is compressed. Zero-copy reads are proven by :meth:`validate` instead).
+    the file is compressed; zero-copy: every batch on the first read),
+    ``verify`` (each bin read checked against its checksum; a compressed file's batches are
+    checked as they are decoded).
     """
 
     @property
@@ -225,17 +233,18 @@ class Reader(ArrowIpcFacts, ShardReader):
         pack_size: int | None = None,
         cache_batches: int = DEFAULT_CACHE_BATCHES,
         verify_checksums: bool | None = None,
+        verify: bool = False,
     ) -> None:
         super().__init__(path)
         if self.path.is_dir():
             raise FormatError(f"{self.path}: is a directory, not an Arrow IPC file")
         self.cache_batches = int(cache_batches)
+        self.verify = bool(verify)
         self._source: MappedFile | None = None
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         self._cache: LRUCache[int, BinColumns] | None = None
-        self._views: list[_BatchViews] | None = None
+        self._table = None
         self._pid = -1
-        self._fork = -1
         self._copied = False
         reader = self._file()
         check_schema(reader.schema, str(self.path))
@@ -247,7 +256,10 @@ class Reader(ArrowIpcFacts, ShardReader):
         # Decompressing a batch costs more than its CRC, so compressed shards are verified on
         # every decode; zero-copy reads are not (that would read a whole batch per bin).
         self.verify_checksums = (self.compression != "none" if verify_checksums is None
-                                 else verify_checksums) and self.packlab is not None
+                                 else verify_checksums or self.verify
+                                 ) and self.packlab is not None
+        self.has_checksums = (self.packlab or {}).get("bin_checksum") == CHECKSUM
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         if self.packlab is not None:
             self._index_from_metadata(pack_size)
         else:
@@ -257,23 +269,21 @@ class Reader(ArrowIpcFacts, ShardReader):
     def _file(self) -> pa.ipc.RecordBatchFileReader:
         """The open map and IPC reader, reopened after pickling or in a forked worker."""
         if self._reader is None or self._pid != os.getpid():
-            self._cache = self._views = None  # views of a map this process did not open
+            self._cache = self._table = None  # views of a map this process did not open
             try:
                 # Python's mmap, advised for random access (pyarrow's memory_map takes no
                 # advice): a cold bin then reads its own pages, not 8 MB around them.
                 self._source = MappedFile(self.path)
-                self._advice = ReadAdvice(self._source.fd)
                 self._base = pa.py_buffer(self._source.map)
                 self._reader = pa.ipc.open_file(pa.BufferReader(self._base))
             except ARROW_ERRORS as exc:
                 raise FormatError(f"{self.path}: not a readable Arrow IPC file (truncated or "
                                   f"corrupted?): {parse_error(exc)}") from None
             self._pid = os.getpid()
-            self._fork = FORKS[0]
         return self._reader
 
     def _handles(self) -> Sequence[str]:
-        return ("_source", "_reader", "_cache", "_views", "_base", "_advice")
+        return ("_source", "_reader", "_cache", "_table", "_base")
 
     def _index_from_metadata(self, pack_size: int | None) -> None:
         info = self.packlab
@@ -345,7 +355,11 @@ class Reader(ArrowIpcFacts, ShardReader):
         return info
 
     def _load(self, k: int, first_bin: int | None = None) -> BinColumns:
-        batch, info = self._read_batch(k)
+        return self._checked(k, *self._read_batch(k), first_bin)
+
+    def _checked(self, k: int, batch: pa.RecordBatch, info: dict[str, Any],
+                 first_bin: int | None = None) -> BinColumns:
+        """Record batch ``k`` decoded, its CRC checked when ``verify_checksums``."""
         first = int(self.batch_offsets[k]) if first_bin is None else first_bin
         if first_bin is None and batch.num_rows != int(self.batch_offsets[k + 1]) - first:
             raise FormatError(f"{self.path}: record batch {k} has {batch.num_rows} bins, "
@@ -376,51 +390,51 @@ class Reader(ArrowIpcFacts, ShardReader):
             return np.asarray(index) // self.batch_size
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
-    # -- the zero-copy hot path ----------------------------------------------------------------
-    def _zero_copy(self) -> list[_BatchViews] | None:
-        """Every record batch as views and offsets in RAM, when the file allows zero-copy reads
-        (packlab's uncompressed files); decoded once per process, on the first read."""
-        self._file()  # reopens in a forked worker (dropping the parent's views)
-        if self._views is None:
-            if self.packlab is None or self.compression != "none" or self._copied:
+    # -- the zero-copy reads: a table over the mapped file ----------------------------------------
+    def _layout(self) -> Layout | None:
+        """Every record batch's columns located in the mapped file, when the file allows
+        zero-copy reads (packlab's uncompressed files): values are whole-file columns, each
+        bin's runs where its batch's buffers are. None otherwise (decoded into the cache)."""
+        if self._copied or self.packlab is None or self.compression != "none":
+            return None
+        self._file()  # reopens in a forked worker
+        assert self._source is not None
+        base, size = self._base.address, self._source.size
+        parts: list[list[np.ndarray]] = [[] for _ in range(6)]
+        for k in range(self.num_batches):
+            batch, info = self._read_batch(k)
+            cols = self._checked(k, batch, info)
+            at = [a.__array_interface__["data"][0] - base for a in cols[:3]]
+            if not all(0 <= x < size for x in at) or at[0] % 4 or at[2] % 4:
+                self._copied = True  # decoded into memory (foreign types): no views
                 return None
-            base = self._base.address
-            views = []
-            for k in range(self.num_batches):
-                cols = self._batch(k)
-                at = [a.__array_interface__["data"][0] - base
-                      for a in (cols.input_ids, cols.loss_mask, cols.seq_start_id)]
-                if not all(0 <= x < self._source.size for x in at):  # type: ignore[union-attr]
-                    self._copied = True  # decoded into memory (foreign types): no views
-                    return None
-                views.append(_BatchViews(cols.input_ids, cols.loss_mask, cols.seq_start_id,
-                                         memoryview(cols.token_offsets),
-                                         memoryview(cols.seq_offsets), *at))
-            self._views = views
-        return self._views
+            tok, seq = cols.token_offsets, cols.seq_offsets
+            runs = (at[0] // 4 + tok[:-1], at[1] + tok[:-1], np.diff(tok), at[2] // 4 + seq[:-1],
+                    np.diff(seq))
+            for part, values in zip(parts, runs, strict=False):
+                part.append(values)
+            if self.verify and self.has_checksums:
+                parts[5].append(_bin_checksums(info, cols.rows, f"{self.path}: record batch {k}"))
+        p = self.path
+        token_start, mask_start, lengths, seq_start, counts = (np.concatenate(x)
+                                                               for x in parts[:5])
+        return Layout(Column(p, np.dtype("<i4"), 0, size // 4), Column(p, np.dtype("|u1"), 0, size),
+                      Column(p, np.dtype("<i4"), 0, size // 4), token_start, mask_start, lengths,
+                      seq_start, counts, self.pack_size, str(p),
+                      np.concatenate(parts[5]) if parts[5] else None)
 
-    # -- reading ------------------------------------------------------------------------------
-    def read_bin(self, index: int) -> PackedBin:
-        views = self._views
-        if views is None or self._fork != FORKS[0]:  # first read, or a forked worker
-            views = self._zero_copy()
-        if not 0 <= index < self.num_bins:  # the common case skips the general check
-            index = self.check_index(index)
-        if views is None:
-            return self._slow_bin(index)
-        k, j = divmod(index, self.batch_size)  # type: ignore[operator]
-        ids, mask, starts, tok, seq, ids_at, mask_at, starts_at = views[k]
-        t0 = tok[j]
-        t1 = tok[j + 1]
-        s0 = seq[j]
-        s1 = seq[j + 1]
-        if self._advice.first(ids_at + 4 * t0, 4 * (t1 - t0)):  # cold: the rest at once too
-            fd = self._source.fd  # type: ignore[union-attr]
-            advise(fd, mask_at + t0, t1 - t0)
-            advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
-        return _new(PackedBin, (ids[t0:t1], mask[t0:t1], starts[s0:s1]))
+    def _mapped(self) -> dict[Path, MappedFile] | None:
+        return {self.path: self._source} if self._source is not None else None
 
-    def _slow_bin(self, index: int) -> PackedBin:
+    def checksums(self) -> np.ndarray | None:
+        """Every bin's recorded checksum (uint64), or None for a file without them."""
+        if not self.has_checksums:
+            return None
+        return np.concatenate([_bin_checksums(self._read_batch(k)[1], int(n),
+                                              f"{self.path}: record batch {k}")
+                               for k, n in enumerate(np.diff(self.batch_offsets))])
+
+    def _untabled_bin(self, index: int) -> PackedBin:
         """A bin through the batch cache (compressed files, files written elsewhere)."""
         if self.batch_size is not None:
             k, j = divmod(index, self.batch_size)
@@ -429,37 +443,9 @@ class Reader(ArrowIpcFacts, ShardReader):
             j = index - int(self.batch_offsets[k])
         return self._batch(k).bin(j, copy=False)
 
-    def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
-        """Many bins: zero-copy files as :meth:`read_bin` without its per-call overhead; the
-        others decode each record batch involved at most once per call."""
-        views = self._views
-        if views is None or self._fork != FORKS[0]:
-            views = self._zero_copy()
-        if views is None:
-            wanted = np.asarray(indices, dtype=np.int64).reshape(-1)
-            if wanted.size and (wanted.min() < -self.num_bins or wanted.max() >= self.num_bins):
-                bad = wanted[(wanted < -self.num_bins) | (wanted >= self.num_bins)][0]
-                raise IndexError(f"{self.path}: bin {int(bad)} out of range "
-                                 f"[0, {self.num_bins})")
-            return self._slow_bins(wanted % self.num_bins)
-        fd, advice, size, count = self._source.fd, self._advice, self.batch_size, self.num_bins
-        out = []
-        for index in index_list(indices):
-            if not 0 <= index < count:
-                index = self.check_index(index)
-            k, j = divmod(index, size)  # type: ignore[operator]
-            ids, mask, starts, tok, seq, ids_at, mask_at, starts_at = views[k]
-            t0 = tok[j]
-            t1 = tok[j + 1]
-            s0 = seq[j]
-            s1 = seq[j + 1]
-            if advice.first(ids_at + 4 * t0, 4 * (t1 - t0)):
-                advise(fd, mask_at + t0, t1 - t0)
-                advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
-            out.append(_new(PackedBin, (ids[t0:t1], mask[t0:t1], starts[s0:s1])))
-        return out
-
-    def _slow_bins(self, wanted: np.ndarray) -> list[PackedBin]:
+    def _untabled_bins(self, indices: list[int]) -> list[PackedBin]:
+        """Many bins, each record batch involved decoded at most once per call."""
+        wanted = np.asarray(indices, dtype=np.int64)
         batches = np.asarray(self.batch_of(wanted), dtype=np.int64)
         local = (wanted - self.batch_offsets[batches]).tolist()
         out: list[PackedBin | None] = [None] * wanted.shape[0]
@@ -474,8 +460,7 @@ class Reader(ArrowIpcFacts, ShardReader):
                 out[k] = cols.bin(local[k], copy=False)
         return out  # type: ignore[return-value]
 
-    def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts."""
+    def _untabled_iter(self) -> Iterator[PackedBin]:
         self._file()
         with sequential(self._source.map):  # type: ignore[union-attr]
             for k in range(self.num_batches):
@@ -483,7 +468,7 @@ class Reader(ArrowIpcFacts, ShardReader):
                 for j in range(cols.rows):
                     yield cols.bin(j, copy=False)
 
-    def packed_lengths(self) -> np.ndarray:
+    def _untabled_lengths(self) -> np.ndarray:
         return np.concatenate([self._batch(k).packed_lengths() for k in range(self.num_batches)])
 
     def validate(self) -> dict[str, Any]:
@@ -505,7 +490,20 @@ class Reader(ArrowIpcFacts, ShardReader):
             raise FormatError(f"{self.path}: {first} bins, {tokens} tokens and {seqs} sequences "
                               f"found, the metadata says {self.num_bins}, {self.num_tokens} and "
                               f"{self.num_seqs}")
-        return {**self.info(), "packlab_metadata": self.packlab is not None}
+        if self.has_checksums:
+            check_checksums(self._decoded_table(), self.checksums())  # type: ignore[arg-type]
+        return {**self.info(), "packlab_metadata": self.packlab is not None,
+                "bin_checksums": self.has_checksums}
+
+    def _decoded_table(self) -> BinTable:
+        """Every bin as a table over decoded columns (validate's per-bin checksums, whatever
+        the compression)."""
+        parts = [self._load(k) for k in range(self.num_batches)]
+        return ram_table(*(np.concatenate([getattr(p, c) for p in parts])
+                           for c in ("input_ids", "loss_mask", "seq_start_id")),
+                         _joined([p.token_offsets for p in parts]),
+                         _joined([p.seq_offsets for p in parts]), pack_size=self.pack_size,
+                         source=str(self.path))
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "num_seqs": self.num_seqs, "num_batches": self.num_batches,
@@ -535,6 +533,26 @@ class Reader(ArrowIpcFacts, ShardReader):
         super().close()
         if source is not None:
             source.close()  # the descriptor; the map goes with the last view of it
+
+
+def _bin_checksums(info: dict[str, Any], rows: int, where: str) -> np.ndarray:
+    """A record batch's per-bin checksums from its metadata (base64 of uint64 LE)."""
+    try:
+        values = np.frombuffer(base64.b64decode(info["bin_checksums"], validate=True), "<u8")
+    except (KeyError, TypeError, ValueError):
+        raise FormatError(f"{where}: missing or unreadable bin_checksums (corrupted)") from None
+    if values.shape[0] != rows:
+        raise FormatError(f"{where}: {values.shape[0]} bin checksums for {rows} bins (corrupted)")
+    return values
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """Per-batch offsets (each from 0) as one offsets array over every bin."""
+    out, base = [np.zeros(1, dtype=np.int64)], 0
+    for offsets in parts:
+        out.append(offsets[1:] + base)
+        base += int(offsets[-1])
+    return np.concatenate(out)
 
 
 def _schema_metadata(schema: pa.Schema, path: Path) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.invariants import check_csr
 
@@ -77,17 +77,19 @@ def check_schema(schema: pa.Schema, source: str) -> None:
 class ListBuffer:
     """Flat, growable numpy buffers for one row group (or record batch) of bins.
 
-    Bins are copied in (they may be views into a materializer's scratch buffers); capacity
-    grows by doubling and is reused across row groups, so memory is bounded by the largest
-    row group, never by the shard.
+    Bins are copied in (they may be views into a materializer's scratch buffers). ``capacity``
+    (tokens): the buffers are allocated that large once (pages the row group never fills are
+    never touched, so they cost no memory) and grow by doubling past it; reused across row
+    groups, so memory is bounded by the largest row group, never by the shard.
     """
 
-    def __init__(self, max_rows: int, *, source: str) -> None:
+    def __init__(self, max_rows: int, *, source: str, capacity: int = 1 << 16) -> None:
         self.source = source
         self.max_rows = max_rows
-        self.ids = np.empty(1 << 16, dtype=np.int32)
-        self.mask = np.empty(1 << 16, dtype=np.uint8)
-        self.starts = np.empty(1 << 10, dtype=np.int32)
+        capacity = max(1, min(int(capacity), MAX_LIST_VALUES))
+        self.ids = np.empty(capacity, dtype=np.int32)
+        self.mask = np.empty(capacity, dtype=np.uint8)
+        self.starts = np.empty(max(1 << 10, capacity // 64), dtype=np.int32)
         self.token_offsets = np.zeros(max_rows + 1, dtype=np.int32)
         self.seq_offsets = np.zeros(max_rows + 1, dtype=np.int32)
         self.rows = 0
@@ -142,6 +144,15 @@ class ListBuffer:
             pa.ListArray.from_arrays(seq, from_numpy(a["seq_start_id"])),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def bin_checksums(self) -> np.ndarray:
+        """Each buffered bin's :func:`~packlab.bins.bin_checksum` (uint64)."""
+        a = self.arrays()
+        ids, mask, starts = a["input_ids"], a["loss_mask"], a["seq_start_id"]
+        tok, seq = a["token_offsets"].tolist(), a["seq_offsets"].tolist()
+        return np.array([bin_checksum(ids[tok[b]:tok[b + 1]], mask[tok[b]:tok[b + 1]],
+                                      starts[seq[b]:seq[b + 1]]) for b in range(self.rows)],
+                        dtype=np.uint64)
 
     def crc32(self) -> int:
         a = self.arrays()

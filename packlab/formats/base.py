@@ -95,6 +95,10 @@ class FormatFacts:
     #: the other stacks that read this format's shards as packlab writes them (names from
     #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
     READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: bins the writer holds before it writes them out, at its defaults (a row group, a record
+    #: batch; 1 for a writer that writes each bin as it comes): its memory is bounded by that
+    #: many bins' bytes (times what its encoder needs) plus a constant, never by the shard
+    BUFFERED_BINS: ClassVar[int] = 1
 
     @classmethod
     def is_directory(cls) -> bool:
@@ -392,6 +396,11 @@ class ShardReader(FormatFacts, ABC):
     def iter_bins(self) -> Iterator[PackedBin]:
         for i in range(self.num_bins):
             yield self.read_bin(i)
+
+    def bin_table(self) -> Any:
+        """This process's :class:`~packlab.formats.bintable.BinTable` when the shard's bins are
+        slices of its memory-mapped files (the datasets' one-call read path), else None."""
+        return None
 
     def packed_lengths(self) -> np.ndarray:
         """Packed length of every bin (int64), from the index/metadata where possible."""

@@ -6,7 +6,10 @@ A shard is a directory, published atomically::
     data.idx         Megatron-LM MMIDIDX version 1: one "sequence" (and one document) per bin
     loss_mask.bin    header + uint8 loss mask per token (bin i at the token offset of data.bin)
     seq_starts.bin   header + CSR of the bins' seq_start_id: offsets int64, starts int32
-    manifest.json    written last: counts, token dtype, pack_size, every file's bytes and sha256
+    checksums.bin    header + each bin's xxh3_64 (packlab.bins.bin_checksum over its tokens as
+                     stored, its mask and its starts): 32 bytes, then uint64[num_bins]
+    manifest.json    written last: counts, token dtype, pack_size, "bin_checksum": "xxh3_64",
+                     every file's bytes and sha256
 
 ``data.bin`` + ``data.idx`` are byte-compatible with megatron-core, so
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
@@ -27,8 +30,13 @@ Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every 
 int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
 fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 
-The reader memory-maps the data files (:mod:`packlab.mapping`: advised for random access, a
-cold bin reads its own pages) and keeps the index in RAM (24 bytes per bin). It returns views
+``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 1, ``<Q`` num_bins,
+``8s`` the algorithm (``b"xxh3_64\\x00"``), then ``<u8`` per bin. megatron-core never opens it.
+Shards written before it have none (and no ``bin_checksum`` in the manifest): they read as
+before, and ``verify=True`` refuses them.
+
+The reader memory-maps the data files and keeps the index in RAM, every bin's starts
+included (:mod:`packlab.formats.bintable`: a cold bin reads its tokens and mask). It returns views
 that stay valid after the reader is closed or collected: each view holds a reference to its
 map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
 closes its mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
@@ -41,23 +49,29 @@ import os
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, file_entry, verify_files
+from packlab.files import HashedFile, sha256_file, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
-    index_list,
     read_directory_manifest,
     starts_with,
 )
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
+from packlab.mapping import MappedFile, load_array, sequential
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -67,13 +81,13 @@ DATA = "data.bin"
 INDEX = "data.idx"
 LOSS = "loss_mask.bin"
 SEQS = "seq_starts.bin"
+SUMS = "checksums.bin"
 PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 
 # megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
 DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
 CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
 _CHECK_CHUNK = 1 << 16  # bins per vectorized validation step
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 class _IdxHeader:
@@ -103,6 +117,15 @@ class _SeqHeader:
     SIZE = STRUCT.size  # 48
 
 
+class _SumsHeader:
+    """``checksums.bin`` header: 32 bytes, then uint64 per bin."""
+
+    MAGIC = b"PLKSUMS\x00"
+    VERSION = 1
+    STRUCT = struct.Struct("<8sQQ8s")  # magic, version, num_bins, algorithm
+    SIZE = STRUCT.size  # 32
+
+
 def detect(path: Path) -> bool:
     """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
     return path.is_dir() and starts_with(path / INDEX, _IdxHeader.MAGIC)
@@ -116,7 +139,7 @@ class BinidxFacts(FormatFacts):
     READ_BY = ("Megatron-core",)
     MANIFEST = MANIFEST
     MANIFEST_FORMAT = FORMAT
-    FILES = (DATA, INDEX, LOSS, SEQS)
+    FILES = (DATA, INDEX, LOSS, SEQS, SUMS)
     ZERO_COPY = True
     detect = staticmethod(detect)
 
@@ -157,7 +180,7 @@ class ScratchArray:
     def finish(self) -> None:
         self._file.close()
 
-    def chunks(self, step: int = 1 << 20) -> Iterator[np.ndarray]:
+    def chunks(self, step: int = 1 << 17) -> Iterator[np.ndarray]:
         """The values back, ``step`` at a time, read with ``fromfile`` (a map held over the
         whole loop would keep every page it touched counted in the writer's memory)."""
         with open(self.path, "rb") as f:
@@ -196,6 +219,8 @@ class Writer(BinidxFacts, ShardWriter):
         self._data = HashedFile(self.tmp_path / DATA)
         self._loss = open(self.tmp_path / LOSS, "wb")  # noqa: SIM115 - closed in _close
         self._loss.write(bytes(_LossHeader.SIZE))  # placeholder, the header is written last
+        self._sums = open(self.tmp_path / SUMS, "wb")  # noqa: SIM115 - closed in _close
+        self._sums.write(bytes(_SumsHeader.SIZE))  # placeholder, the header is written last
         self._lengths = ScratchArray(self.tmp_path / ".lengths.scratch", "<i4")
         self._nseqs = ScratchArray(self.tmp_path / ".nseqs.scratch", "<i8")
         self._starts = ScratchArray(self.tmp_path / ".starts.scratch", "<i4")
@@ -211,7 +236,10 @@ class Writer(BinidxFacts, ShardWriter):
                 )
             tokens = tokens.astype(self.token_dtype)
         self._data.write(tokens)
-        self._loss.write(np.ascontiguousarray(packed.loss_mask, dtype=np.uint8).tobytes())
+        mask = np.ascontiguousarray(packed.loss_mask, dtype=np.uint8)
+        self._loss.write(mask.tobytes())
+        self._sums.write(stored_checksum(tokens, mask, packed.seq_start_id,
+                                         self.token_dtype).to_bytes(8, "little"))
         self._lengths.append(np.array([tokens.shape[0]]))
         self._nseqs.append(np.array([packed.seq_start_id.shape[0]]))
         self._starts.append(packed.seq_start_id)
@@ -223,6 +251,7 @@ class Writer(BinidxFacts, ShardWriter):
         files[INDEX] = self._write_index()
         files[LOSS] = self._finish_loss()
         files[SEQS] = self._write_seq_starts()
+        files[SUMS] = self._finish_sums()
         for scratch in (self._lengths, self._nseqs, self._starts):
             scratch.discard()
         manifest.update(
@@ -230,6 +259,7 @@ class Writer(BinidxFacts, ShardWriter):
             token_dtype=self.token_dtype.str,
             vocab_size=self.vocab_size,
             megatron_prefix=PREFIX,
+            bin_checksum=CHECKSUM,
             files=files,
         )
         (self.tmp_path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -252,8 +282,8 @@ class Writer(BinidxFacts, ShardWriter):
             ends = np.cumsum(lengths, dtype=np.int64) * self.token_dtype.itemsize + pointer
             idx.write(np.concatenate(([pointer], ends[:-1])).astype("<i8"))
             pointer = int(ends[-1])
-        for lo in range(0, n + 1, 1 << 20):  # document indices: int64[n + 1], 0..n
-            idx.write(np.arange(lo, min(lo + (1 << 20), n + 1), dtype="<i8"))
+        for lo in range(0, n + 1, 1 << 17):  # document indices: int64[n + 1], 0..n
+            idx.write(np.arange(lo, min(lo + (1 << 17), n + 1), dtype="<i8"))
         return idx.close()
 
     def _finish_loss(self) -> dict[str, Any]:
@@ -267,7 +297,20 @@ class Writer(BinidxFacts, ShardWriter):
         self._loss.flush()
         os.fsync(self._loss.fileno())
         self._loss.close()
-        return file_entry(self.tmp_path / LOSS)
+        return _entry(self.tmp_path / LOSS)
+
+    def _finish_sums(self) -> dict[str, Any]:
+        self._sums.seek(0)
+        self._sums.write(_SumsHeader.STRUCT.pack(
+            _SumsHeader.MAGIC,  # magic
+            _SumsHeader.VERSION,  # version 1
+            self.bins_written,  # num_bins: uint64 checksums that follow
+            CHECKSUM.encode(),  # algorithm, NUL-padded to 8 bytes
+        ))
+        self._sums.flush()
+        os.fsync(self._sums.fileno())
+        self._sums.close()
+        return _entry(self.tmp_path / SUMS)
 
     def _write_seq_starts(self) -> dict[str, Any]:
         seqs = HashedFile(self.tmp_path / SEQS)
@@ -294,26 +337,10 @@ class Writer(BinidxFacts, ShardWriter):
             handle = getattr(self, name, None)
             if handle is not None:
                 handle.discard()
-        loss = getattr(self, "_loss", None)
-        if loss is not None and not loss.closed:
-            loss.close()
-
-
-class _Mapped(NamedTuple):
-    """One process's view of a shard: the data files mapped, the index in RAM (24 bytes/bin)."""
-
-    tokens: np.ndarray  # data.bin, every token
-    loss: np.ndarray  # loss_mask.bin's values
-    starts: np.ndarray  # seq_starts.bin's starts (int32)
-    first: memoryview  # token where each bin starts (int64; a Python int per lookup)
-    stop: memoryview  # token where it stops
-    seq_offsets: memoryview  # CSR into starts (int64, num_bins + 1)
-    fds: tuple[int, int, int]  # data.bin, loss_mask.bin, seq_starts.bin: for read advice
-    advice: ReadAdvice  # when to advise data.bin before a read
-    first_array: np.ndarray  # the same three as arrays, for batches
-    stop_array: np.ndarray
-    seq_offsets_array: np.ndarray
-    files: tuple[MappedFile, MappedFile, MappedFile]
+        for name in ("_loss", "_sums"):
+            handle = getattr(self, name, None)
+            if handle is not None and not handle.closed:
+                handle.close()
 
 
 def _starts_offset(num_bins: int) -> int:
@@ -321,12 +348,13 @@ def _starts_offset(num_bins: int) -> int:
     return _SeqHeader.SIZE + 8 * (num_bins + 1)
 
 
-class Reader(BinidxFacts, ShardReader):
+class Reader(BinidxFacts, TableReads, ShardReader):
     """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1).
 
     On first read (in each process) the data files are mapped for random access and the index
-    (where each bin's tokens and starts are) is read into RAM and checked, so a cold read
-    waits for the bin's own bytes only (see :mod:`packlab.mapping`).
+    (where each bin's tokens are, and its starts) is read into RAM and checked
+    (:mod:`packlab.formats.bintable`), so a cold read waits for the bin's tokens and mask.
+    ``verify=True``: each bin read is checked against its checksum.
     """
 
     @property
@@ -334,7 +362,7 @@ class Reader(BinidxFacts, ShardReader):
         found = self.manifest.get("metadata")
         return found if isinstance(found, dict) else {}
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         super().__init__(path)
         self.manifest = read_manifest(self.path)
         self.pack_size = _int_field(self.manifest, "pack_size", self.path)
@@ -342,12 +370,18 @@ class Reader(BinidxFacts, ShardReader):
         self.num_tokens = _int_field(self.manifest, "num_tokens", self.path)
         self.num_seqs = _int_field(self.manifest, "num_seqs", self.path)
         self.vocab_size: int | None = self.manifest.get("vocab_size")
+        self.has_checksums = "bin_checksum" in self.manifest
+        if self.manifest.get("bin_checksum", CHECKSUM) != CHECKSUM:
+            raise FormatError(f"{self.path / MANIFEST}: per-bin checksum "
+                              f"{self.manifest['bin_checksum']!r}, this packlab knows {CHECKSUM!r}")
+        self.verify = bool(verify)
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         self.token_dtype = self._read_headers()
         self._check_sizes()
-        self._maps: _Mapped | None = None
+        self._table = None
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_maps",)
+        return ("_table",)
 
     # -- opening ------------------------------------------------------------------------------
     def _read_headers(self) -> np.dtype:
@@ -390,6 +424,7 @@ class Reader(BinidxFacts, ShardReader):
             INDEX: _IdxHeader.SIZE + 4 * n + 8 * n + 8 * (n + 1),
             LOSS: _LossHeader.SIZE + self.num_tokens,
             SEQS: _SeqHeader.SIZE + 8 * (n + 1) + 4 * self.num_seqs,
+            **({SUMS: _SumsHeader.SIZE + 8 * n} if self.has_checksums else {}),
         }
 
     def _check_sizes(self) -> None:
@@ -402,31 +437,37 @@ class Reader(BinidxFacts, ShardReader):
                 raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
                                   "(truncated or corrupted)")
 
-    def _map(self) -> _Mapped:
-        """Map the data files and load the index into RAM, checked (once per process)."""
-        if self._maps is None:
-            n, p = self.num_bins, self.path
-            lengths, pointers, seq_offsets = self._load_index()
-            first, rem = np.divmod(pointers, self.token_dtype.itemsize)
-            stop = first + lengths
-            bad = ((rem != 0) | (lengths <= 0) | (first < 0) | (stop > self.num_tokens)
-                   | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
-                   | (seq_offsets[1:] > self.num_seqs))
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise FormatError(
-                    f"{self.path}: bin {i}: index entry points outside the data (pointer "
-                    f"{int(pointers[i])}, length {int(lengths[i])}, starts "
-                    f"{int(seq_offsets[i])}:{int(seq_offsets[i + 1])}; corrupted)")
-            files = (MappedFile(p / DATA), MappedFile(p / LOSS), MappedFile(p / SEQS))
-            self._maps = _Mapped(
-                files[0].view(self.token_dtype, 0, self.num_tokens),
-                files[1].view("|u1", _LossHeader.SIZE, self.num_tokens),
-                files[2].view("<i4", _starts_offset(n), self.num_seqs),
-                memoryview(first), memoryview(stop), memoryview(seq_offsets),
-                tuple(f.fd for f in files), ReadAdvice(files[0].fd),  # type: ignore[arg-type]
-                first, stop, seq_offsets, files)
-        return self._maps
+    def _layout(self) -> Layout:
+        """Where the bins are: the index read into RAM and checked against the data."""
+        n, p = self.num_bins, self.path
+        lengths, pointers, seq_offsets = self._load_index()
+        first, rem = np.divmod(pointers, self.token_dtype.itemsize)
+        bad = ((rem != 0) | (lengths <= 0) | (first < 0) | (first + lengths > self.num_tokens)
+               | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
+               | (seq_offsets[1:] > self.num_seqs))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise FormatError(
+                f"{self.path}: bin {i}: index entry points outside the data (pointer "
+                f"{int(pointers[i])}, length {int(lengths[i])}, starts "
+                f"{int(seq_offsets[i])}:{int(seq_offsets[i + 1])}; corrupted)")
+        return Layout(Column(p / DATA, self.token_dtype, 0, self.num_tokens),
+                      Column(p / LOSS, np.dtype("|u1"), _LossHeader.SIZE, self.num_tokens),
+                      Column(p / SEQS, np.dtype("<i4"), _starts_offset(n), self.num_seqs),
+                      first, first, lengths, seq_offsets[:-1], np.diff(seq_offsets),
+                      self.pack_size, str(self.path), self.checksums() if self.verify else None)
+
+    def checksums(self) -> np.ndarray | None:
+        """Every bin's recorded checksum (uint64), or None for a shard without them."""
+        if not self.has_checksums:
+            return None
+        magic, version, nbins, algorithm = _unpack(self.path / SUMS, _SumsHeader)
+        if (magic, version, nbins) != (_SumsHeader.MAGIC, _SumsHeader.VERSION, self.num_bins) \
+                or algorithm.rstrip(b"\x00") != CHECKSUM.encode():
+            raise FormatError(f"{self.path / SUMS}: header ({magic!r}, version {version}, "
+                              f"{nbins} bins, {algorithm!r}) does not match the shard's "
+                              f"{self.num_bins} {CHECKSUM} checksums (corrupted)")
+        return load_array(self.path / SUMS, "<u8", _SumsHeader.SIZE, self.num_bins)
 
     def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``data.idx``'s lengths and byte pointers, and the bins' sequence offsets (int64)."""
@@ -435,58 +476,6 @@ class Reader(BinidxFacts, ShardReader):
         pointers = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
         seq_offsets = load_array(self.path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
         return lengths, pointers, seq_offsets
-
-    # -- reading ------------------------------------------------------------------------------
-    def read_bin(self, index: int) -> PackedBin:
-        """Views into the memory maps (read-only, valid after close); tokens in the stored dtype."""
-        m = self._maps if self._maps is not None else self._map()
-        if not 0 <= index < self.num_bins:  # the common case skips the general check
-            index = self.check_index(index)
-        tokens, loss, starts, first, stop, seq_offsets, fds, advice = m[:8]
-        t0 = first[index]
-        t1 = stop[index]
-        s0 = seq_offsets[index]
-        s1 = seq_offsets[index + 1]
-        width = self.token_dtype.itemsize
-        if advice.first(width * t0, width * (t1 - t0)):  # cold: fetch the rest at once too
-            advise(fds[1], _LossHeader.SIZE + t0, t1 - t0)
-            advise(fds[2], _starts_offset(self.num_bins) + 4 * s0, 4 * (s1 - s0))
-        return _new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1]))
-
-    def read_bins(self, indices: Any) -> list[PackedBin]:
-        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
-        m = self._maps if self._maps is not None else self._map()
-        tokens, loss, starts, first, stop, seq_offsets, fds, advice = m[:8]
-        width, starts_at, count = self.token_dtype.itemsize, _starts_offset(self.num_bins), \
-            self.num_bins
-        out = []
-        for index in index_list(indices):
-            if not 0 <= index < count:
-                index = self.check_index(index)
-            t0 = first[index]
-            t1 = stop[index]
-            s0 = seq_offsets[index]
-            s1 = seq_offsets[index + 1]
-            if advice.first(width * t0, width * (t1 - t0)):
-                advise(fds[1], _LossHeader.SIZE + t0, t1 - t0)
-                advise(fds[2], starts_at + 4 * s0, 4 * (s1 - s0))
-            out.append(_new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1])))
-        return out
-
-    def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts."""
-        m = self._map()
-        return scan(self._view_bin, self.num_bins, tuple(f.map for f in m.files))
-
-    def _view_bin(self, index: int) -> PackedBin:
-        m = self._map()
-        t0, t1 = m.first[index], m.stop[index]
-        s0, s1 = m.seq_offsets[index], m.seq_offsets[index + 1]
-        return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
-
-    def packed_lengths(self) -> np.ndarray:
-        m = self._map()
-        return m.stop_array - m.first_array
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "token_dtype": self.token_dtype.name, "num_seqs": self.num_seqs}
@@ -515,19 +504,27 @@ class Reader(BinidxFacts, ShardReader):
         if token_offsets[-1] != self.num_tokens:
             raise FormatError(f"{self.path / INDEX}: bins cover {int(token_offsets[-1])} tokens, "
                               f"data.bin holds {self.num_tokens}")
-        m = self._map()
-        with sequential(*(f.map for f in m.files)):
+        layout = self._layout()  # every index entry inside the data
+        maps = [MappedFile(column.path) for column in layout[:3]]
+        tokens, loss, starts = (f.view(c.dtype, c.offset, c.count)
+                                for f, c in zip(maps, layout[:3], strict=True))
+        with sequential(*(f.map for f in maps)):
             for lo in range(0, n, _CHECK_CHUNK):
                 hi = min(lo + _CHECK_CHUNK, n)
                 t0, t1 = int(token_offsets[lo]), int(token_offsets[hi])
                 so = seq_offsets[lo : hi + 1]
-                check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], m.starts[so[0] : so[-1]],
-                          m.loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
+                check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], starts[so[0] : so[-1]],
+                          loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
                           first_bin=lo)
-                self._check_token_range(m.tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
+                self._check_token_range(tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
+            if self.has_checksums:
+                table = self.bin_table()
+                assert table is not None
+                check_checksums(table, self.checksums())
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
-                "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk()}
+                "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk(),
+                "bin_checksums": self.has_checksums}
 
     def _check_token_range(self, tokens: np.ndarray, first_bin: int, offsets: np.ndarray) -> None:
         if tokens.size == 0:
@@ -545,6 +542,11 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
     return read_directory_manifest(path, MANIFEST, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": LAYOUT})
+
+
+def _entry(path: Path) -> dict[str, Any]:
+    """A file's manifest entry, hashed through a 1 MiB buffer (the writer's memory stays flat)."""
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path, chunk=1 << 20)}
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:

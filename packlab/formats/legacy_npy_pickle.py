@@ -15,9 +15,12 @@ first access (that is the format) and returns numpy arrays: int32 ``input_ids``,
 ``loss_mask``, int32 ``seq_start_id``. The format has no manifest, no checksum and no
 ``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin, and for a file
 Megatron-Bridge's packer wrote, ``convention="megatron_bridge"`` (its pack size counts
-``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). ``validate``
-can therefore only catch damage that breaks the pickle or an invariant; a flipped token digit
-passes unseen (one more reason to move off this format).
+``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). There is no place for a
+checksum (Megatron-Bridge unpickles the file as it is), so ``validate`` and ``verify=True``
+can only catch damage that breaks the pickle or an invariant: every bin read is checked
+against every invariant (:func:`~packlab.invariants.check_bin`, a few percent of a read that
+converts Python lists), whatever ``verify`` says; a flipped token digit passes unseen (one more
+reason to move off this format).
 """
 
 from __future__ import annotations
@@ -105,8 +108,9 @@ class Reader(LegacyFacts, ShardReader):
     """Loads the whole pickled file on first access, safely; bins come back as numpy arrays."""
 
     def __init__(self, path: str | os.PathLike[str], *, pack_size: int | None = None,
-                 convention: str = "packlab") -> None:
+                 convention: str = "packlab", verify: bool = False) -> None:
         super().__init__(path)
+        self.verify = bool(verify)  # nothing more to verify than the invariants, always checked
         self.convention = check_convention(convention)
         if not self.path.is_file():
             raise FormatError(f"{self.path}: not a file (a legacy packed shard is one .npy file)")
@@ -123,10 +127,10 @@ class Reader(LegacyFacts, ShardReader):
     # pack_size and num_tokens are not stored in the format: they need the whole file.
     @property  # type: ignore[override]
     def pack_size(self) -> int:
-        if self._pack_size_given is not None:
-            return int(self._pack_size_given)
-        lengths = self.packed_lengths()
-        return int(lengths.max()) if lengths.size else 0
+        if self._pack_size_given is None:  # the longest bin, found once
+            lengths = self.packed_lengths()
+            self._pack_size_given = int(lengths.max()) if lengths.size else 0
+        return int(self._pack_size_given)
 
     @pack_size.setter
     def pack_size(self, value: int) -> None:  # the base class sets a placeholder
@@ -159,7 +163,14 @@ class Reader(LegacyFacts, ShardReader):
         return entry
 
     def read_bin(self, index: int) -> PackedBin:
+        """Bin ``index``, checked against every invariant (the format has no checksum)."""
         index = self.check_index(index)
+        packed = self._bin(index)
+        check_bin(*packed, pack_size=self.pack_size, source=str(self.path), bin_id=index,
+                  convention=self.convention)
+        return packed
+
+    def _bin(self, index: int) -> PackedBin:
         entry = self._entry(self._load(), index)
         where = f"{self.path}: bin {index}"
         return PackedBin(*(_as_array(entry[k], k, where) for k in KEYS))
@@ -185,7 +196,7 @@ class Reader(LegacyFacts, ShardReader):
         pack_size = self.pack_size
         num_tokens = num_seqs = 0
         for i in range(self.num_bins):
-            ids, mask, starts = self.read_bin(i)
+            ids, mask, starts = self._bin(i)
             check_bin(ids, mask, starts, pack_size=pack_size, source=str(self.path), bin_id=i,
                       convention=self.convention)
             num_tokens += ids.shape[0]

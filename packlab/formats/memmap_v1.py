@@ -7,8 +7,13 @@ One shard is one directory (manifest ``format`` is ``memmap_padded_v1``, as in t
     packed_len.npy   <u4 [num_bins]              tokens in each bin
     seq_offsets.npy  <u4 [num_bins + 1]          CSR pointers into seq_starts
     seq_starts.npy   <u4 [num_seqs]              seq_start_id of every bin, concatenated
+    checksums.npy    <u8 [num_bins]              each bin's xxh3_64 (packlab.bins.bin_checksum:
+                                                 its packed_len tokens as int32, mask, starts)
     manifest.json    written last: format, version, num_bins, pack_size, dtypes (with byte
-                     order), and for every file its bytes and sha256
+                     order), "bin_checksum": "xxh3_64", and for every file its bytes and sha256
+
+Shards written before per-bin checksums have no ``checksums.npy`` (and no ``bin_checksum``):
+they open and read as before; ``verify=True`` refuses them (``validate`` checks their files).
 
 Writer: rows go to the files through ordinary buffered writes (no memory map, so the
 process's RSS does not grow with the pages it wrote) and are hashed as they are written. The
@@ -18,10 +23,11 @@ file hashed once more. The directory is built under a temporary name and publish
 rename (the design's five renames can leave a mix after a crash).
 
 Reader: the manifest at construction; in each process, on first read, the data files mapped
-(advised for random access, see :mod:`packlab.mapping`) and the index (``packed_len``,
-``seq_offsets``) read into RAM and checked, so the reader pickles without them and a cold read
-waits for the bin's own bytes only. Bins are read-only views of the maps, valid after the
-reader is closed; ``read_bins`` gathers the index of a whole batch at once.
+and the index (``packed_len``, ``seq_offsets``, the starts) read into RAM and checked, through
+:mod:`packlab.formats.bintable` (the read path of every memory-mapped format), so the reader
+pickles without them and a cold read waits for the bin's tokens and mask only. Bins are
+read-only views of the maps, valid after the reader is closed. ``verify=True`` checks each
+bin's checksum and mask as it is read.
 """
 
 from __future__ import annotations
@@ -30,25 +36,30 @@ import hashlib
 import io
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from numpy.lib import format as npy_format
 
-from packlab.bins import PackedBin
+from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
-    index_list,
     read_directory_manifest,
 )
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
+from packlab.mapping import MappedFile, load_array, sequential
 from packlab.safe_pickle import read_npy_header
 
 FORMAT = "memmap_v1"
@@ -64,10 +75,11 @@ DTYPES: dict[str, np.dtype] = {
     "seq_starts": np.dtype("<u4"),
 }
 FILES = {name: f"{name}.npy" for name in DTYPES}
+CHECKSUMS = "checksums.npy"  # <u8 per bin (absent in shards written before per-bin checksums)
+CHECKSUM_DTYPE = np.dtype("<u8")
 _UINT32_MAX = 2**32 - 1
 _INT32_MAX = 2**31 - 1
 _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 def detect(path: Path) -> bool:
@@ -88,7 +100,7 @@ class MemmapFacts(FormatFacts):
     SUFFIX = SUFFIX
     MANIFEST = MANIFEST
     MANIFEST_FORMAT = MANIFEST_FORMAT
-    FILES = tuple(FILES.values())
+    FILES = (*FILES.values(), CHECKSUMS)
     ZERO_COPY = True
     PADDED = True
     detect = staticmethod(detect)
@@ -165,7 +177,9 @@ class Writer(MemmapFacts, ShardWriter):
                                      (), None if n is None else n + 1),
             "seq_starts": NpyStream(self.tmp_path / FILES["seq_starts"], DTYPES["seq_starts"],
                                     (), None),
+            "checksums": NpyStream(self.tmp_path / CHECKSUMS, CHECKSUM_DTYPE, (), n),
         }
+        self._checksum = np.zeros(1, dtype=CHECKSUM_DTYPE)
         self._ids_row = np.zeros(p, dtype=DTYPES["input_ids"])
         self._mask_row = np.zeros(p, dtype=DTYPES["loss_mask"])
         self._len = np.zeros(1, dtype=DTYPES["packed_len"])
@@ -201,9 +215,11 @@ class Writer(MemmapFacts, ShardWriter):
         self._streams["packed_len"].write(self._len)
         self._streams["seq_starts"].write(starts.astype(DTYPES["seq_starts"], copy=False))
         self._streams["seq_offsets"].write(self._offset)
+        self._checksum[0] = stored_checksum(self._ids_row[:n], self._mask_row[:n], starts, "<i4")
+        self._streams["checksums"].write(self._checksum)
 
     def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        files = {FILES[name]: stream.close() for name, stream in self._streams.items()}
+        files = {stream.path.name: stream.close() for stream in self._streams.values()}
         manifest = {
             **manifest,
             "format": MANIFEST_FORMAT,
@@ -215,6 +231,7 @@ class Writer(MemmapFacts, ShardWriter):
             "loss_mask_dtype": "<u1",
             "index_dtype": DTYPES["packed_len"].str,
             "bins_written": self.bins_written,
+            "bin_checksum": CHECKSUM,
             "files": files,
         }
         manifest_path = self.tmp_path / MANIFEST
@@ -244,34 +261,23 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise FormatError(f"{manifest_path}: dtypes {dtypes}, this packlab reads "
                           f"{ {name: dt.str for name, dt in DTYPES.items()} }")
     files = manifest.get("files")
-    if not isinstance(files, dict) or set(files) != set(FILES.values()):
-        raise FormatError(f"{manifest_path}: 'files' must list {sorted(FILES.values())}")
+    expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in manifest else set())
+    if not isinstance(files, dict) or set(files) != expected:
+        raise FormatError(f"{manifest_path}: 'files' must list {sorted(expected)}")
+    if manifest.get("bin_checksum", CHECKSUM) != CHECKSUM:
+        raise FormatError(f"{manifest_path}: per-bin checksum {manifest['bin_checksum']!r}, "
+                          f"this packlab knows {CHECKSUM!r}")
     return manifest
 
 
-class _Mapped(NamedTuple):
-    """One process's view of a shard: the data mapped (views), the index in RAM."""
-
-    ids: np.ndarray  # int32[num_bins * pack_size]: input_ids.npy's rows, flattened
-    mask: np.ndarray  # uint8, the same shape
-    starts: np.ndarray  # int32 view of seq_starts.npy (every start is below pack_size)
-    lengths: np.ndarray  # uint32[num_bins], in RAM
-    offsets: np.ndarray  # uint32[num_bins + 1], in RAM
-    length_of: memoryview  # the same two as memoryviews: indexing one gives a Python int
-    offset_of: memoryview
-    files: tuple[MappedFile, MappedFile, MappedFile]  # input_ids, loss_mask, seq_starts
-    fds: tuple[int, int, int]  # their descriptors, for read advice
-    bases: tuple[int, int, int]  # where each file's data starts (after its .npy header)
-    advice: ReadAdvice  # when to advise input_ids.npy before a read
-
-
-class Reader(MemmapFacts, ShardReader):
+class Reader(MemmapFacts, TableReads, ShardReader):
     """Lazy, picklable reader; O(1) access to any bin through the memory maps.
 
     Bins are read-only views of the maps (valid after the reader is closed: each keeps its
-    map alive). The index (``packed_len``, ``seq_offsets``: 8 bytes per bin) is read into RAM
-    and checked on first use, so a cold read waits for the bin's bytes only; see
-    :mod:`packlab.mapping` for how those are fetched.
+    map alive). The index (``packed_len``, ``seq_offsets`` and every bin's starts: about 30
+    bytes per bin) is read into RAM and checked on first use (:mod:`packlab.formats.bintable`),
+    so a cold read waits for the bin's tokens and mask only. ``verify=True``: each bin read is
+    checked against its checksum (:meth:`~packlab.formats.bintable.BinTable.check`).
     """
 
     @property
@@ -279,18 +285,21 @@ class Reader(MemmapFacts, ShardReader):
         found = self.manifest.get("metadata")
         return found if isinstance(found, dict) else {}
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         super().__init__(path)
         self.manifest = read_manifest(self.path)
         self.num_bins = int(self.manifest["num_bins"])
         self.pack_size = int(self.manifest["pack_size"])
         self.num_tokens = int(self.manifest["num_tokens"])
         self.num_seqs = int(self.manifest["num_seqs"])
+        self.has_checksums = "bin_checksum" in self.manifest
+        self.verify = bool(verify)
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
         verify_files(self.path, self.manifest["files"], checksums=False)  # sizes: a few stats
-        self._arrays: _Mapped | None = None
+        self._table = None
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_arrays",)
+        return ("_table",)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """The shape each file must have, from the manifest."""
@@ -298,26 +307,36 @@ class Reader(MemmapFacts, ShardReader):
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
 
-    def _maps(self) -> _Mapped:
-        """Map the data and load the index (once per process)."""
-        if self._arrays is None:
-            at = self._check_headers()
-            p, size = self.path, self.num_bins * self.pack_size
-            files = tuple(MappedFile(p / FILES[name])
-                          for name in ("input_ids", "loss_mask", "seq_starts"))
-            ids = files[0].view("<i4", at["input_ids"], size)
-            mask = files[1].view("|u1", at["loss_mask"], size)
-            starts = files[2].view("<i4", at["seq_starts"], self.num_seqs)
-            lengths = load_array(p / FILES["packed_len"], "<u4", at["packed_len"], self.num_bins)
-            offsets = load_array(p / FILES["seq_offsets"], "<u4", at["seq_offsets"],
-                                 self.num_bins + 1)
-            self._check_index(lengths, offsets)
-            self._arrays = _Mapped(ids, mask, starts, lengths, offsets, memoryview(lengths),
-                                   memoryview(offsets), files,  # type: ignore[arg-type]
-                                   tuple(f.fd for f in files),  # type: ignore[arg-type]
-                                   (at["input_ids"], at["loss_mask"], at["seq_starts"]),
-                                   ReadAdvice(files[0].fd))
-        return self._arrays
+    def _layout(self) -> Layout:
+        """Where the bins are (headers checked, the index read into RAM and checked)."""
+        at = self._check_headers()
+        p, n = self.path, self.num_bins
+        lengths = load_array(p / FILES["packed_len"], "<u4", at["packed_len"], n)
+        offsets = load_array(p / FILES["seq_offsets"], "<u4", at["seq_offsets"], n + 1)
+        self._check_index(lengths, offsets)
+        size = n * self.pack_size
+        first = np.arange(n, dtype=np.int64) * self.pack_size
+        offsets = offsets.astype(np.int64)
+
+        def column(name: str, count: int) -> Column:
+            return Column(p / FILES[name], DTYPES[name], at[name], count)
+
+        return Layout(column("input_ids", size), column("loss_mask", size),
+                      column("seq_starts", self.num_seqs), first, first, lengths, offsets[:-1],
+                      np.diff(offsets), self.pack_size, str(self.path),
+                      self.checksums() if self.verify else None)
+
+    def checksums(self) -> np.ndarray | None:
+        """Every bin's recorded checksum (uint64), or None for a shard without them."""
+        if not self.has_checksums:
+            return None
+        file = self.path / CHECKSUMS
+        with open(file, "rb") as fp:
+            header = read_npy_header(fp, source=str(file))
+        if header.dtype != CHECKSUM_DTYPE or header.shape != (self.num_bins,):
+            raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
+                              f"expected {CHECKSUM_DTYPE.str}[{self.num_bins}]")
+        return load_array(file, CHECKSUM_DTYPE, header.data_offset, self.num_bins)
 
     def _check_index(self, lengths: np.ndarray, offsets: np.ndarray) -> None:
         """Every packed_len in (0, pack_size], every bin's starts inside seq_starts."""
@@ -334,62 +353,16 @@ class Reader(MemmapFacts, ShardReader):
     def _corrupt(self, index: int, what: str) -> FormatError:
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
 
-    def read_bin(self, index: int) -> PackedBin:
-        m = self._arrays if self._arrays is not None else self._maps()
-        if not 0 <= index < self.num_bins:  # the common case skips the general check
-            index = self.check_index(index)
-        ids, mask, starts, _, _, length_of, offset_of, _, fds, bases, advice = m
-        n = length_of[index]
-        lo = offset_of[index]
-        hi = offset_of[index + 1]
-        at = index * self.pack_size
-        if advice.first(bases[0] + 4 * at, 4 * n):  # cold: fetch the rest at once too
-            advise(fds[1], bases[1] + at, n)
-            advise(fds[2], bases[2] + 4 * lo, 4 * (hi - lo))
-        return _new(PackedBin, (ids[at:at + n], mask[at:at + n], starts[lo:hi]))
-
-    def read_bins(self, indices: Any) -> list[PackedBin]:
-        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
-        m = self._arrays if self._arrays is not None else self._maps()
-        ids, mask, starts, _, _, length_of, offset_of, _, fds, bases, advice = m
-        p, count = self.pack_size, self.num_bins
-        out = []
-        for index in index_list(indices):
-            if not 0 <= index < count:
-                index = self.check_index(index)
-            n = length_of[index]
-            lo = offset_of[index]
-            hi = offset_of[index + 1]
-            at = index * p
-            if advice.first(bases[0] + 4 * at, 4 * n):
-                advise(fds[1], bases[1] + at, n)
-                advise(fds[2], bases[2] + 4 * lo, 4 * (hi - lo))
-            out.append(_new(PackedBin, (ids[at:at + n], mask[at:at + n], starts[lo:hi])))
-        return out
-
-    def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts."""
-        m = self._maps()  # a damaged shard fails here, not at the first next()
-        return scan(self._row, self.num_bins, tuple(f.map for f in m.files))
-
-    def _row(self, index: int) -> PackedBin:
-        m = self._maps()
-        n, lo, hi = m.length_of[index], m.offset_of[index], m.offset_of[index + 1]
-        at = index * self.pack_size
-        return _new(PackedBin, (m.ids[at:at + n], m.mask[at:at + n], m.starts[lo:hi]))
-
-    def packed_lengths(self) -> np.ndarray:
-        return self._maps().lengths.astype(np.int64)
-
     def info(self) -> dict[str, Any]:
         return {**super().info(), "num_seqs": self.num_seqs}
 
     def validate(self) -> dict[str, Any]:
-        """Sizes and checksums, headers, every invariant (vectorized), zero padding."""
+        """Sizes and checksums, headers, every invariant (vectorized), zero padding, and every
+        bin's checksum."""
         verify_files(self.path, self.manifest["files"], checksums=True)
-        m = self._maps()  # checks the headers and the index
-        lengths = m.lengths.astype(np.int64)
-        offsets = m.offsets.astype(np.int64)
+        layout = self._layout()  # checks the headers and the index
+        lengths = np.asarray(layout.packed_len, dtype=np.int64)
+        offsets = np.concatenate((layout.seq_start, [self.num_seqs]))
         source = str(self.path)
         steps = np.diff(offsets)
         if offsets[0] != 0 or offsets[-1] != self.num_seqs or (steps <= 0).any():
@@ -400,15 +373,24 @@ class Reader(MemmapFacts, ShardReader):
             raise FormatError(f"{self.path / FILES['packed_len']}: {int(lengths.sum())} tokens, "
                               f"the manifest says {self.num_tokens}")
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * self.pack_size))
-        with sequential(*(f.map for f in m.files)):
+        maps = [MappedFile(column.path) for column in layout[:3]]
+        ids, mask, starts = (f.view(c.dtype, c.offset, c.count)
+                             for f, c in zip(maps, layout[:3], strict=True))
+        with sequential(*(f.map for f in maps)):
             for a in range(0, self.num_bins, step):
-                self._validate_chunk(m, lengths, offsets, a, min(a + step, self.num_bins), source)
+                self._validate_chunk(ids, mask, starts, lengths, offsets, a,
+                                     min(a + step, self.num_bins), source)
+            if self.has_checksums:
+                table = self.bin_table()
+                assert table is not None
+                check_checksums(table, self.checksums())
         return {"format": FORMAT, "path": source, "num_bins": self.num_bins,
                 "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
-                "pack_size": self.pack_size, "checksums": True}
+                "pack_size": self.pack_size, "checksums": True,
+                "bin_checksums": self.has_checksums}
 
     def _check_headers(self) -> dict[str, int]:
-        """Every file's .npy header against the manifest; where each file's data starts."""
+        """Every data file's .npy header against the manifest; where each file's data starts."""
         data_at = {}
         for name, shape in self.shapes().items():
             file = self.path / FILES[name]
@@ -424,8 +406,9 @@ class Reader(MemmapFacts, ShardReader):
             data_at[name] = header.data_offset
         return data_at
 
-    def _validate_chunk(self, m: _Mapped, lengths: np.ndarray,
-                        offsets: np.ndarray, a: int, b: int, source: str) -> None:
+    def _validate_chunk(self, all_ids: np.ndarray, all_mask: np.ndarray, all_starts: np.ndarray,
+                        lengths: np.ndarray, offsets: np.ndarray, a: int, b: int,
+                        source: str) -> None:
         """Bins a..b: check_csr on the unpadded masks, tokens non-negative, padding zero."""
         n = lengths[a:b]
         bad = (n <= 0) | (n > self.pack_size)
@@ -435,12 +418,12 @@ class Reader(MemmapFacts, ShardReader):
                               f"(0, {self.pack_size}] (corrupted)")
         valid = np.arange(self.pack_size) < n[:, None]
         p = self.pack_size
-        ids = m.ids[a * p:b * p].reshape(b - a, p)
-        mask = m.mask[a * p:b * p].reshape(b - a, p)
+        ids = all_ids[a * p:b * p].reshape(b - a, p)
+        mask = all_mask[a * p:b * p].reshape(b - a, p)
         token_offsets = np.zeros(b - a + 1, dtype=np.int64)
         np.cumsum(n, out=token_offsets[1:])
         check_csr(token_offsets, offsets[a:b + 1] - offsets[a],
-                  m.starts[offsets[a]:offsets[b]], mask[valid],
+                  all_starts[offsets[a]:offsets[b]].astype(np.int64), mask[valid],
                   pack_size=self.pack_size, source=source, first_bin=a)
         negative = (ids < 0).any(axis=1)
         if negative.any():
@@ -450,3 +433,4 @@ class Reader(MemmapFacts, ShardReader):
         if padded.any():
             raise FormatError(f"{source}: bin {a + int(np.argmax(padded))}: non-zero padding "
                               "beyond packed_len (corrupted)")
+

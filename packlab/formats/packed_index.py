@@ -15,7 +15,11 @@ A shard is a directory, published atomically::
 
     bin_offsets.npy   int64[num_bins + 1]   bin b holds seq_indices[bin_offsets[b]:bin_offsets[b+1]]
     seq_indices.npy   int64[num_assigned]   spool sequence indices, in layout order
-    manifest.json     written last: pack_size, overlong policy, counts, the files' sha256, and
+    seq_checksums.npy uint64[num_assigned]  each of those sequences' xxh3_64 as the bin uses it:
+                                            its kept tokens' bytes (int32) seeding its masks'
+                                            (uint8), read from the spool at pack time
+    manifest.json     written last: pack_size, overlong policy, counts, the files' sha256,
+                      "seq_checksum": "xxh3_64", and
 
     "spool": {"path": "/abs/spool", "relative": "../spool", "manifest_sha256": "...",
               "num_sequences": 1000000, "num_tokens": 123456789, "vocab_size": 131072,
@@ -38,7 +42,12 @@ The writer needs the spool and the assignment (``NEEDS_SPOOL`` tells the pipelin
 ``write_bin`` are compared with the bins gathered from the spool (``verify=True``; with
 ``verify=False`` only their lengths and starts), so what the reader returns is what was written.
 :meth:`Writer.write_assignment` (used by :func:`write_packed_index`) takes every bin at once
-without gathering a token.
+without gathering a token, but hashing each sequence it indexes for ``seq_checksums.npy``
+(the spool read once: about 3.7 us per sequence of ~1000 tokens; ``checksums=False`` skips it,
+for a repack that reads no token at all, and then ``verify=True`` is refused). A reader opened
+with ``verify=True`` hashes each sequence as it gathers it: a spool changed in place (a flipped
+token or mask byte the manifest's sizes cannot see) is a FormatError naming the shard and the
+bin, never silently different bins.
 """
 
 from __future__ import annotations
@@ -46,11 +55,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
+from xxhash import xxh3_64_intdigest
 
-from packlab.bins import PackedBin
+from packlab.bins import CHECKSUM, PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry, sha256_file, verify_files
 from packlab.formats.base import (
@@ -60,8 +70,14 @@ from packlab.formats.base import (
     index_list,
     read_directory_manifest,
 )
+from packlab.formats.spool_gather import (
+    SUMS,
+    Gather,
+    build_gather,
+    gather_bin,
+    sequence_checksums,
+)
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.spool import FILES as SPOOL_FILES
@@ -75,7 +91,6 @@ MANIFEST = "manifest.json"
 OFFSETS = "bin_offsets.npy"
 INDICES = "seq_indices.npy"
 NEEDS_SPOOL = True
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
 
 
 def detect(path: Path) -> bool:
@@ -90,7 +105,7 @@ class PackedIndexFacts(FormatFacts):
     SUFFIX = SUFFIX
     MANIFEST = MANIFEST
     MANIFEST_FORMAT = FORMAT
-    FILES = (OFFSETS, INDICES)
+    FILES = (OFFSETS, INDICES, SUMS)
     NEEDS_SPOOL = True
     detect = staticmethod(detect)
 
@@ -153,9 +168,11 @@ class Writer(PackedIndexFacts, ShardWriter):
         first_bin: int = 0,
         verify: bool = True,
         spool_files: dict[str, Any] | None = None,
+        checksums: bool = True,
         **options: Any,
     ) -> None:
         where = Path(path)
+        self.checksums = bool(checksums)
         self.spool = _as_spool(spool, where)
         if spool_files is not None:
             _check_given_files(self.spool, spool_files, where)
@@ -223,6 +240,10 @@ class Writer(PackedIndexFacts, ShardWriter):
             OFFSETS: _save_npy(self.tmp_path / OFFSETS, part.bin_offsets),
             INDICES: _save_npy(self.tmp_path / INDICES, part.seq_indices),
         }
+        if self.checksums:
+            files[SUMS] = _save_npy(self.tmp_path / SUMS, sequence_checksums(
+                self.spool, part.seq_indices, part.pack_size), dtype="<u8")
+            manifest["seq_checksum"] = CHECKSUM
         spool_abs = self.spool.path.resolve()
         manifest.update(
             layout=LAYOUT,
@@ -266,9 +287,15 @@ class Reader(PackedIndexFacts, ShardReader):
         return found if isinstance(found, dict) else {}
 
     def __init__(self, path: str | os.PathLike[str], *,
-                 spool: str | os.PathLike[str] | None = None) -> None:
+                 spool: str | os.PathLike[str] | None = None, verify: bool = False) -> None:
         super().__init__(path)
         self.manifest = read_manifest(self.path)
+        self.verify = bool(verify)
+        self.has_checksums = self.manifest.get("seq_checksum") == CHECKSUM
+        if self.verify and not self.has_checksums:
+            raise FormatError(f"{self.path}: records no sequence checksums (written with "
+                              "checksums=False, or before packlab stored them): verify=True "
+                              "cannot check its bins; `packlab validate` re-hashes its spool")
         m = self.manifest
         self.pack_size = int(m["pack_size"])
         self.num_bins = int(m["num_bins"])
@@ -280,7 +307,7 @@ class Reader(PackedIndexFacts, ShardReader):
         self._assignment: BinAssignment | None = None
         self._spool: SpoolReader | None = None
         self._materializer: BinMaterializer | None = None
-        self._gather: _Gather | None = None
+        self._gather: Gather | None = None
 
     @classmethod
     def spool_reference(cls, shard: Path) -> dict[str, str]:
@@ -350,25 +377,46 @@ class Reader(PackedIndexFacts, ShardReader):
         assert self._assignment is not None
         return self._assignment
 
-    def _gatherer(self) -> _Gather:
+    def _gatherer(self) -> Gather:
         """The spool mapped for random access and, in RAM, where every sequence of every bin
-        is (16 bytes per sequence): built once per process, on the first read."""
+        is (16 bytes per sequence; 24 with ``verify``): built once per process, on the first
+        read."""
         if self._gather is None:
-            self._gather = _build_gather(self, self._open_index())
+            sums = _load_npy(self.path / SUMS, "<u8") if self.verify else None
+            self._gather = build_gather(self.path, self._open_index(), sums)
         return self._gather
 
     def read_bin(self, index: int) -> PackedBin:
-        """A freshly gathered bin (its own arrays: int32 tokens, uint8 loss mask, int32 starts)."""
+        """A freshly gathered bin (its own arrays: int32 tokens, uint8 loss mask, int32 starts);
+        with ``verify``, each of its sequences checked against its checksum."""
         g = self._gather if self._gather is not None else self._gatherer()
         if not 0 <= index < self.num_bins:
             index = self.check_index(index)
-        return _gather_bin(g, index)
+        return gather_bin(g, index) if g.sums is None else self._verified(g, index)
 
     def read_bins(self, indices: Any) -> list[PackedBin]:
         g = self._gather if self._gather is not None else self._gatherer()
         count = self.num_bins
-        return [_gather_bin(g, i if 0 <= i < count else self.check_index(i))
+        gather = gather_bin if g.sums is None else self._verified
+        return [gather(g, i if 0 <= i < count else self.check_index(i))
                 for i in index_list(indices)]
+
+    def _verified(self, g: Gather, b: int) -> PackedBin:
+        """Bin ``b``, each sequence's tokens and mask in the spool hashed against the shard's
+        record first (and the mask values checked: 0 or 1)."""
+        tokens, masks = g.token_bytes, g.mask_bytes
+        for k in range(g.bin_of[b], g.bin_of[b + 1]):
+            s, c = g.start_of[k], g.kept_of[k]
+            if xxh3_64_intdigest(masks[s:s + c],
+                                 xxh3_64_intdigest(tokens[4 * s:4 * (s + c)])) != g.sums[k]:
+                raise FormatError(f"{self.path}: bin {b}: its sequence {k - g.bin_of[b]} "
+                                  f"differs from the spool {self.spool_path} it was packed "
+                                  "from (changed in place; corrupted)")
+        packed = gather_bin(g, b)
+        if packed.loss_mask.shape[0] and int(packed.loss_mask.max()) > 1:
+            raise FormatError(f"{self.path}: bin {b}: loss_mask value "
+                              f"{int(packed.loss_mask.max())} from the spool (must be 0 or 1)")
+        return packed
 
     def packed_lengths(self) -> np.ndarray:
         materializer = self._open_index()
@@ -394,6 +442,8 @@ class Reader(PackedIndexFacts, ShardReader):
             self._spool.verify()  # structure; and the hashes its manifest records, if any
         lengths = self.assignment.bin_lengths(self._spool.lengths)
         _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))
+        if self.has_checksums:
+            self._check_sequences()
         if int(lengths.sum()) != self.num_tokens:
             raise FormatError(f"{self.path}: bins hold {int(lengths.sum())} tokens, the manifest "
                               f"says {self.num_tokens}")
@@ -402,76 +452,20 @@ class Reader(PackedIndexFacts, ShardReader):
                 "spool": str(self.spool_path), "bytes_on_disk": self.bytes_on_disk()}
 
 
-class _Gather(NamedTuple):
-    """What a read gathers from: the spool's data mapped, the bins' sequences in RAM."""
-
-    tokens: np.ndarray  # the spool's tokens.bin (int32), mapped
-    masks: np.ndarray  # its masks.bin (uint8, unshifted)
-    bin_of: memoryview  # int64[num_bins + 1]: bin b holds sequences bin_of[b]:bin_of[b + 1]
-    start_of: memoryview  # int64 per sequence (layout order): its first token in the spool
-    kept_of: memoryview  # int64 per sequence: its tokens in the bin (truncated to pack_size)
-    packed_of: memoryview  # int64[num_bins]: each bin's packed length
-    token_fd: int
-    mask_fd: int
-    advice: ReadAdvice  # when to advise a bin's sequences before a read
-    files: tuple[MappedFile, MappedFile]
-
-
-def _build_gather(reader: Reader, materializer: BinMaterializer) -> _Gather:
-    """Gather tables from the assignment and the spool, checked as the materializer checks."""
-    spool, part = materializer.spool, materializer.assignment
-    offsets = np.array(part.bin_offsets, dtype=np.int64)
-    indices = np.asarray(part.seq_indices)
-    lengths = spool.lengths[indices].astype(np.int64)
-    long = lengths > part.pack_size
-    if part.overlong != "truncate" and long.any():
-        b = int(np.searchsorted(offsets, int(np.argmax(long)), side="right") - 1)
-        raise FormatError(f"{reader.path}: bin {b}: a sequence longer than pack_size "
-                          f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
-    kept = np.minimum(lengths, part.pack_size)
-    starts = spool.offsets[indices].astype(np.int64)
-    ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
-    np.cumsum(kept, out=ends[1:])
-    packed = ends[offsets[1:]] - ends[offsets[:-1]]
-    bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
-    if bad.any() or (starts + kept > spool.num_tokens).any():
-        b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
-            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
-        raise FormatError(f"{reader.path}: bin {b} does not fit its spool {spool.path} "
-                          "(empty, over pack_size or past the spool's tokens; run validate)")
-    files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
-             MappedFile(spool.path / SPOOL_FILES["masks"]))
-    return _Gather(files[0].view("<i4", 0, spool.num_tokens),
-                   files[1].view("|u1", 0, spool.num_tokens), memoryview(offsets),
-                   memoryview(starts), memoryview(kept), memoryview(packed), files[0].fd,
-                   files[1].fd, ReadAdvice(files[0].fd), files)
-
-
-def _gather_bin(g: _Gather, b: int) -> PackedBin:
-    """Bin ``b`` copied out of the spool, its loss mask aligned per sub-sequence as it goes
-    (``loss[j] = mask[j + 1]`` inside a sequence, 0 at its last token)."""
-    tokens, masks, bin_of, start_of, kept_of, packed_of = g[:6]
-    lo = bin_of[b]
-    hi = bin_of[b + 1]
-    if g.advice.first(4 * start_of[lo], 4 * kept_of[lo]):  # cold: every sequence at once
-        for k in range(lo, hi):
-            advise(g.token_fd, 4 * start_of[k], 4 * kept_of[k])
-            advise(g.mask_fd, start_of[k], kept_of[k])
-    n = packed_of[b]
-    ids = np.empty(n, dtype=np.int32)
-    loss = np.empty(n, dtype=np.uint8)
-    starts = []
-    pos = 0
-    for k in range(lo, hi):
-        s = start_of[k]
-        c = kept_of[k]
-        end = pos + c
-        ids[pos:end] = tokens[s:s + c]
-        loss[pos:end - 1] = masks[s + 1:s + c]
-        loss[end - 1] = 0
-        starts.append(pos)
-        pos = end
-    return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
+    def _check_sequences(self) -> None:
+        """Every indexed sequence of the spool against the checksum the shard recorded."""
+        assert self._spool is not None
+        recorded = _load_npy(self.path / SUMS, "<u8")
+        part = self.assignment
+        found = sequence_checksums(self._spool, part.seq_indices, part.pack_size)
+        if recorded.shape != found.shape:
+            raise FormatError(f"{self.path / SUMS}: {recorded.shape[0]} checksums for "
+                              f"{found.shape[0]} sequences (corrupted)")
+        wrong = recorded != found
+        if wrong.any():
+            b = int(np.searchsorted(part.bin_offsets, int(np.argmax(wrong)), side="right") - 1)
+            raise FormatError(f"{self.path}: bin {b}: a sequence differs from the spool "
+                              f"{self.spool_path} it was packed from (changed in place)")
 
 
 def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarray, *,
@@ -506,23 +500,24 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
     check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)
 
 
-def _save_npy(path: Path, values: np.ndarray) -> dict[str, Any]:
-    """``np.save`` an int64 array (8 bytes per sequence: small) and return its manifest entry."""
+def _save_npy(path: Path, values: np.ndarray, dtype: str = "<i8") -> dict[str, Any]:
+    """``np.save`` an index array (8 bytes per sequence: small) and return its manifest entry."""
     with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(values, dtype="<i8"), allow_pickle=False)
+        np.save(f, np.ascontiguousarray(values, dtype=dtype), allow_pickle=False)
         f.flush()
         os.fsync(f.fileno())
     return file_entry(path)
 
 
-def _load_npy(path: Path) -> np.ndarray:
-    """A 1-D int64 .npy, memory-mapped, never unpickled; a FormatError naming the file."""
+def _load_npy(path: Path, dtype: str = "<i8") -> np.ndarray:
+    """A 1-D .npy of ``dtype``, memory-mapped, never unpickled; a FormatError naming the file."""
     try:
         values = np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError, EOFError) as exc:
         raise FormatError(f"{path}: not a readable .npy index: {exc}") from None
-    if values.ndim != 1 or values.dtype != np.dtype("<i8"):
-        raise FormatError(f"{path}: expected 1-D int64, found {values.dtype} {values.shape}")
+    if values.ndim != 1 or values.dtype != np.dtype(dtype):
+        raise FormatError(f"{path}: expected 1-D {np.dtype(dtype)}, found {values.dtype} "
+                          f"{values.shape}")
     return values
 
 

@@ -6,20 +6,33 @@ Schema (what Nemotron writes and Megatron-Bridge reads)::
     loss_mask     list<uint8>   next-token loss mask (0/1)
     seq_start_id  list<int32>   sub-sequence starts [0, s1, ...]
 
-Written with zstd by default, ``row_group_size`` bins per row group, CRC-32 page checksums,
-and the packlab metadata as JSON under the footer key ``b"packlab"``, added at close (the
-footer is written last, so the counts there are final)::
+Written in the ``"compact"`` layout by default (:mod:`packlab.formats.parquet_layout`: zstd
+level 9, PLAIN tokens, DELTA_BINARY_PACKED starts, 16 MiB pages; ``layout="dictionary"``
+writes what Nemotron writes, zstd level 1 with dictionary encoding everywhere), standard
+encodings only,
+``row_group_size`` bins per row group, CRC-32 page checksums, and the packlab metadata as JSON
+under the footer key ``b"packlab"``, added at close (the footer is written last, so the counts
+there are final)::
 
     {"format": "parquet", "version": "packlab_parquet_v1", "packlab_version": "0.1.0",
      "pack_size": 4096, "num_bins": 2000, "num_tokens": 7900312, "num_seqs": 10411,
-     "row_group_size": 1000, "compression": "zstd", "compression_level": null, "metadata": {}}
+     "row_group_size": 1000, "compression": "zstd", "compression_level": 9,
+     "layout": "zstd-9 plain starts-delta page-16384K", "metadata": {}}
 
-The writer buffers one row group as flat numpy arrays + offsets and hands it to
-``pq.ParquetWriter`` (on a temporary name, published by rename), so its memory is one row group.
+The writer buffers one row group as flat numpy arrays + offsets (allocated for a full row
+group once, filled in place) and hands it to ``pq.ParquetWriter`` (on a temporary name,
+published by rename) as one row group; after each it gives the Arrow pool's freed memory back,
+so its memory is one row group (plus what pyarrow needs to encode it) whatever the shard's
+size.
 
 The reader parses only the footer at open; row groups are decoded on demand into numpy
 (offsets + values buffers) and kept in a small LRU cache (``cache_row_groups``). Page
-checksums are verified on every read, so a flipped bit is an error, never a wrong token.
+checksums are verified on every read, so a flipped bit is an error, never a wrong token: they
+are Parquet's own per-page CRC-32 (a page holds about 50 bins of 4096 tokens), stored where
+every reader expects them and ignored by those that do not check, so Parquet needs no per-bin
+checksum of packlab's. Every decoded row group's bins are checked against every invariant
+(structure and mask values: :meth:`BinColumns.check`, vectorized, a few percent of the
+decode); ``verify=True`` forces the page checksums on if ``verify_checksums`` turned them off.
 Files without packlab metadata (Nemotron's today) are read too: counts come from the footer's
 column statistics and ``pack_size`` from the keyword or the longest bin.
 
@@ -64,6 +77,13 @@ from packlab.formats.base import (
     is_remote,
     starts_with,
 )
+from packlab.formats.parquet_layout import (
+    DEFAULT_LAYOUT,
+    LAYOUTS,
+    ParquetEncoding,
+    layout_named,
+    with_options,
+)
 
 FORMAT = "parquet"
 SUFFIX = ".parquet"
@@ -90,6 +110,7 @@ class ParquetFacts(FormatFacts):
     STREAMS = True
     READS_IN_PLACE = True
     SQL_READABLE = True
+    BUFFERED_BINS = DEFAULT_ROW_GROUP_SIZE
     detect = staticmethod(detect)
 
 
@@ -103,44 +124,56 @@ def normalize_codec(compression: str | None) -> str:
 class Writer(ParquetFacts, ShardWriter):
     """Streaming Parquet writer; memory bounded by one row group.
 
-    Keyword options: ``row_group_size`` (bins per row group), ``compression`` (zstd, snappy,
-    gzip, brotli, lz4, none), ``compression_level``, ``use_dictionary`` (pyarrow's default,
-    as Nemotron writes).
+    Keyword options: ``layout`` (``"compact"``, the default; ``"smallest"``; or
+    ``"dictionary"``, the old default and Nemotron's: :data:`~packlab.formats.parquet_layout.LAYOUTS`; or a
+    :class:`~packlab.formats.parquet_layout.ParquetEncoding`), ``row_group_size`` (bins per
+    row group), and, over the layout's choice, ``compression`` (zstd, snappy, gzip, brotli,
+    lz4, none), ``compression_level``, ``use_dictionary`` (True: every column
+    dictionary-encoded; False: none).
 
-    Memory is flat in the shard's size but several times one row group's raw bytes: pyarrow
-    holds a column chunk's encoded pages until the chunk closes. Measured (chat profile, pack
-    4096, ~20 MB raw per 1000-bin row group): Arrow pool peak 87 MiB, 14 MiB at 100 bins.
+    Memory: the row group's numpy buffers (5 bytes per token), what pyarrow holds while it
+    encodes one (its levels and pages, about 2-3x the row group's bytes) and a constant; freed
+    memory goes back after each row group (``MemoryPool.release_unused``), so nothing grows with
+    the number of row groups (the writer-memory contract test, notebook 04).
     """
+
+    LAYOUT_NAMES: ClassVar[tuple[str, ...]] = (DEFAULT_LAYOUT,
+                                               *(n for n in LAYOUTS if n != DEFAULT_LAYOUT))
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         pack_size: int,
+        layout: str | ParquetEncoding = DEFAULT_LAYOUT,
         row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
-        compression: str | None = "zstd",
+        compression: str | None = None,
         compression_level: int | None = None,
-        use_dictionary: bool = True,
+        use_dictionary: bool | None = None,
         **options: Any,
     ) -> None:
         if isinstance(row_group_size, bool) or int(row_group_size) < 1:
             raise PacklabError(f"{path}: row_group_size must be a positive number of bins, "
                                f"got {row_group_size!r}")
+        if compression is not None:
+            normalize_codec(compression)
+        self.encoding = with_options(layout_named(layout), row_group_size=row_group_size,
+                                     compression=compression,
+                                     compression_level=compression_level,
+                                     use_dictionary=use_dictionary)
         self.row_group_size = int(row_group_size)
-        self.compression = normalize_codec(compression)
-        self.compression_level = compression_level
-        self.use_dictionary = use_dictionary
+        self.compression = normalize_codec(self.encoding.codec)
+        self.compression_level = self.encoding.level
         self.num_row_groups = 0
         super().__init__(path, pack_size=pack_size, **options)
 
     def _open(self) -> None:
-        self._buffer = ListBuffer(self.row_group_size, source=str(self.path))
+        self._buffer = ListBuffer(self.row_group_size, source=str(self.path),
+                                  capacity=self.row_group_size * self.pack_size)
+        self._pool = pa.default_memory_pool()
         try:
             self._writer: pq.ParquetWriter | None = pq.ParquetWriter(
-                self._sink(), SCHEMA, compression=self.compression,
-                compression_level=self.compression_level, use_dictionary=self.use_dictionary,
-                write_page_checksum=True,
-            )
+                self._sink(), SCHEMA, **self.encoding.writer_options())
         except ARROW_ERRORS as exc:
             self._remove_temporary()
             raise PacklabError(f"{self.path}: cannot write Parquet: {parse_error(exc)}") from None
@@ -162,15 +195,17 @@ class Writer(ParquetFacts, ShardWriter):
         except ARROW_ERRORS as exc:
             raise PacklabError(f"{self.path}: writing row group {self.num_row_groups} failed: "
                                f"{parse_error(exc)}") from None
+        del table
         self.num_row_groups += 1
         self._buffer.clear()
+        self._pool.release_unused()  # what encoding the row group took goes back now
 
     def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
         self._flush()
         assert self._writer is not None
         manifest.update(
             version=VERSION, row_group_size=self.row_group_size, compression=self.compression,
-            compression_level=self.compression_level,
+            compression_level=self.compression_level, layout=self.encoding.name,
         )
         self._writer.add_key_value_metadata({METADATA_KEY: dump_metadata(manifest)})
         self._writer.close()
@@ -194,7 +229,8 @@ class Reader(ParquetFacts, ShardReader):
     ``convention`` (what that pack size counts, for files without packlab metadata:
     ``"megatron_bridge"`` for Megatron-Bridge's packer, see :data:`packlab.bins.CONVENTIONS`),
     ``cache_row_groups`` (decoded row groups kept, default 4), ``memory_map``,
-    ``verify_checksums`` (page CRCs on every read, default on), ``use_threads``,
+    ``verify_checksums`` (page CRCs on every read, default on), ``verify`` (page CRCs on,
+    whatever ``verify_checksums`` says), ``use_threads``,
     ``one_row_group_cache`` (the Megatron-Bridge baseline instead, see below).
     """
 
@@ -222,6 +258,7 @@ class Reader(ParquetFacts, ShardReader):
         use_threads: bool = False,
         one_row_group_cache: bool = False,
         tail_bytes: int = TAIL_BYTES,
+        verify: bool = False,
     ) -> None:
         super().__init__(path)
         self.remote = is_remote(path)
@@ -234,7 +271,8 @@ class Reader(ParquetFacts, ShardReader):
         self.size = 0
         self.cache_row_groups = int(cache_row_groups)
         self.memory_map = memory_map
-        self.verify_checksums = verify_checksums
+        self.verify = bool(verify)
+        self.verify_checksums = verify_checksums or self.verify
         self.use_threads = use_threads
         self._pf: pq.ParquetFile | None = None
         self._pid = -1
@@ -382,8 +420,13 @@ class Reader(ParquetFacts, ShardReader):
         return table
 
     def _load(self, group: int) -> BinColumns:
-        table = self._decode(self._file(), group)
-        return decode(table, source=str(self.path), first_bin=int(self.row_group_offsets[group]))
+        """Row group ``group`` decoded, every bin's invariants checked (a few percent of the
+        decode: notebook 05)."""
+        first = int(self.row_group_offsets[group])
+        cols = decode(self._decode(self._file(), group), source=str(self.path), first_bin=first)
+        cols.check(pack_size=self.pack_size, source=str(self.path), first_bin=first,
+                   convention=self.convention)
+        return cols
 
     def _group(self, group: int) -> BinColumns:
         if self._cache is None:

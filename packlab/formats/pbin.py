@@ -13,8 +13,10 @@ and no bins of its own), two uses:
        token_offsets  int64[num_bins + 1]    bin b = tokens[token_offsets[b]:token_offsets[b+1]]
        seq_offsets    int64[num_bins + 1]    CSR of the bins' seq_start_id
        seq_starts     int32[num_seqs]
+       checksums      uint64[num_bins]       each bin's xxh3_64 (packlab.bins.bin_checksum)
        footer         JSON: counts, pack_size, token width, section offsets, sha256 of
-                      bytes [12, footer) (the header is patched last, so it is checked by field)
+                      bytes [12, footer) (the header is patched last, so it is checked by field),
+                      "bin_checksum": "xxh3_64"
        <Q             footer length
        magic          b"PLKPBIN1"
 
@@ -23,15 +25,19 @@ and no bins of its own), two uses:
    ``[8, 9]``, in 2-byte tokens (keys sorted, one line in the file; here the index starts at
    byte 22, so the loss mask at 56)::
 
-       {"format": "pbin", "layout": "pbin_packlab_v1", "metadata": {}, "num_bins": 2,
-        "num_seqs": 3, "num_tokens": 5, "pack_size": 4, "packlab_version": "0.1.0",
-        "sections": {"index": [0, 28], "loss_mask": [34, 5], "seq_offsets": [66, 24],
-                     "seq_starts": [90, 12], "token_offsets": [42, 24]},
+       {"bin_checksum": "xxh3_64", "format": "pbin", "layout": "pbin_packlab_v1",
+        "metadata": {}, "num_bins": 2, "num_seqs": 3, "num_tokens": 5, "pack_size": 4,
+        "packlab_version": "0.1.0",
+        "sections": {"checksums": [104, 16], "index": [0, 28], "loss_mask": [34, 5],
+                     "seq_offsets": [66, 24], "seq_starts": [90, 12], "token_offsets": [42, 24]},
         "sha256": "e6379d69...b3a87b35", "sha256_of": "bytes from 12 to the footer",
         "token_width": 2, "vocab_size": 1000}
 
-   The reader uses the trailer's arrays (opening reads the header and footer only); it never
-   needs the pickle. ``validate`` unpickles the index (restricted) and checks it agrees.
+   Files written before per-bin checksums have no ``checksums`` section (and no
+   ``bin_checksum``): they read as before and ``verify=True`` refuses them. The reader uses the
+   trailer's arrays (opening reads the header and footer only;
+   :mod:`packlab.formats.bintable` maps the file on the first read); it never needs the
+   pickle. ``validate`` unpickles the index (restricted) and checks it agrees.
 2. A plain Modalities file (:func:`packlab.formats.modalities.write_pbin` exports a spool as
    one; Modalities packs at train time) is *lossy* as a packlab shard: ``Reader(path,
    lossy=True)`` serves each document as one bin learning every next token (``loss_mask`` 1
@@ -51,11 +57,18 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import temporary_sibling
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, index_list
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
 from packlab.formats.binidx import ScratchArray
+from packlab.formats.bintable import (
+    Column,
+    Layout,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
 from packlab.formats.modalities import (
     COPY_CHUNK,
     HEADER_SIZE,
@@ -68,14 +81,14 @@ from packlab.formats.modalities import (
     open_output,
 )
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, advise, load_array, scan, sequential
+from packlab.mapping import MappedFile, ReadAdvice, load_array, scan, sequential
 
 FORMAT = "pbin"
 LAYOUT = "pbin_packlab_v1"
 TRAILER_MAGIC = b"PLKPBIN1"
 TAIL = struct.Struct("<Q8s")  # footer JSON length, magic
 _CHECK_CHUNK = 1 << 16
-_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
+_COPY_VALUES = 1 << 20  # values moved per step from the scratch files into the trailer
 
 
 def detect(path: Path) -> bool:
@@ -177,6 +190,7 @@ class Writer(PbinFacts, ShardWriter):
             "nseqs": ScratchArray(Path(f"{scratch}.nseqs"), "<i8"),
             "starts": ScratchArray(Path(f"{scratch}.starts"), "<i4"),
             "loss": ScratchArray(Path(f"{scratch}.loss"), "|u1"),
+            "sums": ScratchArray(Path(f"{scratch}.sums"), "<u8"),
         }
 
     def _write(self, packed: PackedBin) -> None:
@@ -186,7 +200,10 @@ class Writer(PbinFacts, ShardWriter):
             raise PacklabError(f"{self.path}: bin {self.bins_written}: token ids {lo}..{hi} do "
                                f"not fit {self.token_width}-byte tokens (vocab_size "
                                f"{self.vocab_size}); pass token_width=4")
-        self._out.write(tokens.astype(self.token_dtype, copy=False))
+        tokens = np.ascontiguousarray(tokens, dtype=self.token_dtype)
+        self._out.write(tokens)
+        self._scratch["sums"].append(np.array([stored_checksum(
+            tokens, packed.loss_mask, packed.seq_start_id, self.token_dtype)], dtype=np.uint64))
         self._scratch["lengths"].append(np.array([tokens.shape[0]]))
         self._scratch["nseqs"].append(np.array([packed.seq_start_id.shape[0]]))
         self._scratch["starts"].append(packed.seq_start_id)
@@ -204,10 +221,11 @@ class Writer(PbinFacts, ShardWriter):
         index.close()
         sections = {"index": [0, out.bytes - index_offset]}
         for name, chunks in (
-            ("loss_mask", self._scratch["loss"].chunks(COPY_CHUNK)),  # uint8[num_tokens]
+            ("loss_mask", self._scratch["loss"].chunks(_COPY_VALUES)),  # uint8[num_tokens]
             ("token_offsets", _running_offsets(self._scratch["lengths"])),  # int64[num_bins + 1]
             ("seq_offsets", _running_offsets(self._scratch["nseqs"])),  # int64[num_bins + 1]
-            ("seq_starts", self._scratch["starts"].chunks(COPY_CHUNK)),  # int32[num_seqs]
+            ("seq_starts", self._scratch["starts"].chunks(_COPY_VALUES)),  # int32[num_seqs]
+            ("checksums", self._scratch["sums"].chunks(_COPY_VALUES)),  # uint64[num_bins]
         ):
             out.align()
             start = out.bytes
@@ -215,7 +233,7 @@ class Writer(PbinFacts, ShardWriter):
                 out.write(chunk)
             sections[name] = [start - index_offset, out.bytes - start]
         manifest.update(layout=LAYOUT, token_width=self.token_width, vocab_size=self.vocab_size,
-                        sections=sections, sha256=out.hexdigest(),
+                        bin_checksum=CHECKSUM, sections=sections, sha256=out.hexdigest(),
                         sha256_of="bytes from 12 to the footer")
         footer = json.dumps(manifest, sort_keys=True).encode()
         out.write(footer + TAIL.pack(len(footer), TRAILER_MAGIC), hashed=False)
@@ -236,36 +254,29 @@ def _running_offsets(counts: ScratchArray) -> Iterator[np.ndarray]:
     """``int64[n + 1]``: 0 then the running sum of the counts, chunk by chunk."""
     total = 0
     yield np.zeros(1, dtype="<i8")
-    for chunk in counts.chunks():
+    for chunk in counts.chunks(_COPY_VALUES):
         ends = np.cumsum(chunk, dtype=np.int64) + total
         total = int(ends[-1])
         yield ends
 
 
-class _Mapped(NamedTuple):
-    """One process's view of a pbin: the file mapped, the bins' offsets in RAM (16 bytes/bin)."""
+class _Documents(NamedTuple):
+    """A plain pbin's documents, mapped: each one bin learning every next token."""
 
     tokens: np.ndarray
-    loss: np.ndarray | None  # None: a plain pbin (no trailer)
-    starts: np.ndarray | None
-    token_offsets: memoryview  # int64[num_bins + 1]: a Python int per lookup
-    seq_offsets: memoryview | None
-    fd: int  # for read advice
-    advice: ReadAdvice  # when to advise a bin's tokens before a read
-    token_offsets_array: np.ndarray
-    seq_offsets_array: np.ndarray | None
-    doc_starts: np.ndarray | None  # a plain pbin's documents: where each starts (tokens)
-    loss_at: int  # byte offsets of the trailer's loss mask and starts in the file
-    starts_at: int
+    token_offsets: np.ndarray  # int64[num_docs + 1], running sum of the lengths
+    doc_starts: np.ndarray  # where each document starts (tokens)
+    advice: ReadAdvice
     file: MappedFile
 
 
-class Reader(PbinFacts, ShardReader):
+class Reader(PbinFacts, TableReads, ShardReader):
     """Bins of a packlab pbin from its trailer (views, valid after close).
 
     On first read (in each process) the file is mapped for random access and the trailer's
-    offsets are read into RAM and checked, so a cold read waits for the bin's own bytes only
-    (see :mod:`packlab.mapping`).
+    offsets and starts are read into RAM and checked (:mod:`packlab.formats.bintable`), so a
+    cold read waits for the bin's tokens and mask only. ``verify=True``: each bin read is
+    checked against its checksum.
 
     A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
@@ -277,13 +288,16 @@ class Reader(PbinFacts, ShardReader):
         return found if isinstance(found, dict) else {}
 
     def __init__(self, path: str | os.PathLike[str], *, lossy: bool = False,
-                 pack_size: int | None = None) -> None:
+                 pack_size: int | None = None, verify: bool = False) -> None:
         super().__init__(path)
         self.file = PbinFile(self.path)
         self.footer = self.file.footer
         self.lossy = self.footer is None
         self.token_dtype = self.file.token_dtype
-        self._maps: _Mapped | None = None
+        self.verify = bool(verify)
+        self.has_checksums = False
+        self._table = None
+        self._docs: _Documents | None = None
         if self.footer is None:
             if not lossy:
                 raise FormatError(
@@ -297,6 +311,7 @@ class Reader(PbinFacts, ShardReader):
             self.vocab_size: int | None = None
         else:
             self._read_footer_fields()
+        refuse_unverifiable(self.path, self.verify, self.has_checksums)
 
     def _read_footer_fields(self) -> None:
         footer = self.footer
@@ -317,6 +332,12 @@ class Reader(PbinFacts, ShardReader):
                               f"{footer['token_width']} (corrupted)")
         expected = {"loss_mask": self.num_tokens, "token_offsets": 8 * (self.num_bins + 1),
                     "seq_offsets": 8 * (self.num_bins + 1), "seq_starts": 4 * self.num_seqs}
+        self.has_checksums = "bin_checksum" in footer
+        if self.has_checksums:
+            if footer["bin_checksum"] != CHECKSUM:
+                raise FormatError(f"{self.path}: per-bin checksum {footer['bin_checksum']!r}, "
+                                  f"this packlab knows {CHECKSUM!r}")
+            expected["checksums"] = 8 * self.num_bins
         sections = footer.get("sections", {})
         base = self.file.index_offset
         for name, nbytes in expected.items():
@@ -327,146 +348,126 @@ class Reader(PbinFacts, ShardReader):
                                   "of the wrong size or past the footer (corrupted)")
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_maps",)
+        return ("_table", "_docs")
 
-    def _map(self) -> _Mapped:
-        """Map the file, load the bins' offsets into RAM and check them (once per process)."""
-        if self._maps is None:
+    def _at(self) -> dict[str, int]:
+        """Byte offset of each trailer section in the file."""
+        assert self.footer is not None
+        base = self.file.index_offset
+        return {name: base + where[0] for name, where in self.footer["sections"].items()}
+
+    def _layout(self) -> Layout | None:
+        """Where a packlab pbin's bins are: the trailer's offsets read into RAM and checked
+        (None for a plain pbin: its documents are served one by one)."""
+        if self.footer is None:
+            return None
+        at = self._at()
+        token_offsets = load_array(self.path, "<i8", at["token_offsets"], self.num_bins + 1)
+        seq_offsets = load_array(self.path, "<i8", at["seq_offsets"], self.num_bins + 1)
+        bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
+               | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
+               | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"
+                              f"{int(token_offsets[i + 1])} / {int(seq_offsets[i])}:"
+                              f"{int(seq_offsets[i + 1])} fall outside the data (corrupted)")
+        first = token_offsets[:-1]
+        return Layout(Column(self.path, self.token_dtype, HEADER_SIZE, self.num_tokens),
+                      Column(self.path, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
+                      Column(self.path, np.dtype("<i4"), at["seq_starts"], self.num_seqs),
+                      first, first, np.diff(token_offsets), seq_offsets[:-1],
+                      np.diff(seq_offsets), self.pack_size, str(self.path),
+                      self.checksums() if self.verify else None)
+
+    def checksums(self) -> np.ndarray | None:
+        """Every bin's recorded checksum (uint64), or None for a file without them."""
+        if not self.has_checksums:
+            return None
+        return load_array(self.path, "<u8", self._at()["checksums"], self.num_bins)
+
+    def _documents(self) -> _Documents:
+        """A plain pbin's documents, mapped (once per process)."""
+        if self._docs is None:
             mapped = MappedFile(self.path)
-            tokens = mapped.view(self.token_dtype, HEADER_SIZE, self.num_tokens)
-            if self.footer is None:  # a plain pbin: one document per bin, tokens only
-                index = self.file.index() // self.file.token_width
-                token_offsets = np.concatenate(([0], np.cumsum(index[:, 1])))
-                self._maps = _Mapped(tokens, None, None, memoryview(token_offsets), None,
-                                     mapped.fd, ReadAdvice(mapped.fd), token_offsets, None,
-                                     index[:, 0].copy(), 0, 0, mapped)
-                return self._maps
-            base = self.file.index_offset
-            at = {name: base + where[0] for name, where in self.footer["sections"].items()}
-            token_offsets = load_array(self.path, "<i8", at["token_offsets"], self.num_bins + 1)
-            seq_offsets = load_array(self.path, "<i8", at["seq_offsets"], self.num_bins + 1)
-            bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
-                   | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
-                   | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"
-                                  f"{int(token_offsets[i + 1])} / {int(seq_offsets[i])}:"
-                                  f"{int(seq_offsets[i + 1])} fall outside the data (corrupted)")
-            self._maps = _Mapped(
-                tokens, mapped.view("|u1", at["loss_mask"], self.num_tokens),
-                mapped.view("<i4", at["seq_starts"], self.num_seqs), memoryview(token_offsets),
-                memoryview(seq_offsets), mapped.fd, ReadAdvice(mapped.fd), token_offsets,
-                seq_offsets, None,
-                at["loss_mask"], at["seq_starts"], mapped)
-        return self._maps
+            index = self.file.index() // self.file.token_width
+            self._docs = _Documents(mapped.view(self.token_dtype, HEADER_SIZE, self.num_tokens),
+                                    np.concatenate(([0], np.cumsum(index[:, 1]))),
+                                    index[:, 0].copy(), ReadAdvice(mapped.fd), mapped)
+        return self._docs
 
-    def read_bin(self, index: int) -> PackedBin:
-        m = self._maps if self._maps is not None else self._map()
-        if not 0 <= index < self.num_bins:  # the common case skips the general check
-            index = self.check_index(index)
-        if m.loss is None:
-            return self._document(m, index)
-        tokens, loss, starts, token_offsets, seq_offsets, fd, advice = m[:7]
-        t0 = token_offsets[index]
-        t1 = token_offsets[index + 1]
-        s0 = seq_offsets[index]
-        s1 = seq_offsets[index + 1]
-        width = self.file.token_width
-        if advice.first(HEADER_SIZE + width * t0, width * (t1 - t0)):  # cold: the rest too
-            advise(fd, m.loss_at + t0, t1 - t0)
-            advise(fd, m.starts_at + 4 * s0, 4 * (s1 - s0))
-        return _new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1]))
-
-    def _document(self, m: _Mapped, i: int) -> PackedBin:
+    def _untabled_bin(self, i: int) -> PackedBin:
         """Document ``i`` of a plain pbin as a bin learning every next token."""
-        start = int(m.doc_starts[i])
-        n = m.token_offsets[i + 1] - m.token_offsets[i]
+        docs = self._documents()
+        start = int(docs.doc_starts[i])
+        n = int(docs.token_offsets[i + 1] - docs.token_offsets[i])
         if n == 0:
             raise FormatError(f"{self.path}: document {i} is empty: not a bin")
-        m.advice.first(HEADER_SIZE + self.file.token_width * start, self.file.token_width * n)
+        docs.advice.first(HEADER_SIZE + self.file.token_width * start, self.file.token_width * n)
         loss = np.ones(n, dtype=np.uint8)
         loss[-1:] = 0
-        return PackedBin(m.tokens[start : start + n], loss, np.zeros(1, dtype=np.int32))
+        return PackedBin(docs.tokens[start : start + n], loss, np.zeros(1, dtype=np.int32))
 
-    def read_bins(self, indices: Any) -> list[PackedBin]:
-        """A batch: :meth:`read_bin` without its per-call overhead (one loop, no dispatch)."""
-        m = self._maps if self._maps is not None else self._map()
-        if m.loss is None:
-            return [self._document(m, self.check_index(i)) for i in index_list(indices)]
-        tokens, loss, starts, token_offsets, seq_offsets, fd, advice = m[:7]
-        width, loss_at, starts_at, count = (self.file.token_width, m.loss_at, m.starts_at,
-                                            self.num_bins)
-        out = []
-        for index in index_list(indices):
-            if not 0 <= index < count:
-                index = self.check_index(index)
-            t0 = token_offsets[index]
-            t1 = token_offsets[index + 1]
-            s0 = seq_offsets[index]
-            s1 = seq_offsets[index + 1]
-            if advice.first(HEADER_SIZE + width * t0, width * (t1 - t0)):
-                advise(fd, loss_at + t0, t1 - t0)
-                advise(fd, starts_at + 4 * s0, 4 * (s1 - s0))
-            out.append(_new(PackedBin, (tokens[t0:t1], loss[t0:t1], starts[s0:s1])))
-        return out
+    def _untabled_iter(self) -> Iterator[PackedBin]:
+        return scan(self._untabled_bin, self.num_bins, (self._documents().file.map,))
 
-    def iter_bins(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts."""
-        m = self._map()
-        read = (lambda i: self._document(m, i)) if m.loss is None else self._view_bin
-        return scan(read, self.num_bins, (m.file.map,))
-
-    def _view_bin(self, i: int) -> PackedBin:
-        m = self._map()
-        t0, t1 = m.token_offsets[i], m.token_offsets[i + 1]
-        s0, s1 = m.seq_offsets[i], m.seq_offsets[i + 1]
-        return _new(PackedBin, (m.tokens[t0:t1], m.loss[t0:t1], m.starts[s0:s1]))
-
-    def packed_lengths(self) -> np.ndarray:
-        return np.diff(self._map().token_offsets_array)
+    def _untabled_lengths(self) -> np.ndarray:
+        return np.diff(self._documents().token_offsets)
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "token_width": self.file.token_width, "lossy": self.lossy}
 
     def validate(self) -> dict[str, Any]:
-        """Checksum, the pickled index against the trailer, token range, every bin invariant."""
+        """Checksum, the pickled index against the trailer, token range, every bin invariant,
+        every bin's checksum."""
         index = self.file.index()
-        if self.footer is not None:
-            self._verify_checksum()
-        m = self._map()
-        offsets = m.token_offsets_array
-        if self.footer is not None:
-            width = self.file.token_width
-            expected = np.stack([offsets[:-1] * width, np.diff(offsets) * width], axis=1)
-            if index.shape != expected.shape or not np.array_equal(index, expected):
-                raise FormatError(f"{self.path}: the pickled index disagrees with the packlab "
-                                  "trailer (corrupted)")
-        elif offsets[-1] != self.num_tokens:
-            raise FormatError(f"{self.path}: documents cover {offsets[-1]} tokens, not all "
-                              f"{self.num_tokens}")
-        with sequential(m.file.map):
+        if self.footer is None:
+            offsets = self._documents().token_offsets
+            if offsets[-1] != self.num_tokens:
+                raise FormatError(f"{self.path}: documents cover {offsets[-1]} tokens, not all "
+                                  f"{self.num_tokens}")
             for lo in range(0, self.num_bins, _CHECK_CHUNK):
                 hi = min(lo + _CHECK_CHUNK, self.num_bins)
-                self._check_chunk(lo, hi, offsets)
+                tok = offsets[lo : hi + 1] - offsets[lo]
+                check_csr(tok, np.arange(hi - lo + 1, dtype=np.int64),
+                          np.zeros(hi - lo, dtype=np.int64), None, pack_size=self.pack_size,
+                          source=str(self.path), first_bin=lo)
+            return self._summary()
+        self._verify_checksum()
+        layout = self._layout()
+        offsets = np.concatenate((layout.token_start, [self.num_tokens]))
+        width = self.file.token_width
+        expected = np.stack([offsets[:-1] * width, np.diff(offsets) * width], axis=1)
+        if index.shape != expected.shape or not np.array_equal(index, expected):
+            raise FormatError(f"{self.path}: the pickled index disagrees with the packlab "
+                              "trailer (corrupted)")
+        mapped = MappedFile(self.path)
+        tokens, loss, starts = (mapped.view(c.dtype, c.offset, c.count) for c in layout[:3])
+        seq_offsets = np.concatenate((layout.seq_start, [self.num_seqs]))
+        with sequential(mapped.map):
+            for lo in range(0, self.num_bins, _CHECK_CHUNK):
+                hi = min(lo + _CHECK_CHUNK, self.num_bins)
+                self._check_chunk(lo, hi, offsets, seq_offsets, tokens, loss, starts)
+            if self.has_checksums:
+                table = self.bin_table()
+                check_checksums(table, self.checksums())  # type: ignore[arg-type]
+        return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "pack_size": self.pack_size, "token_width": self.file.token_width,
-                "lossy": self.lossy, "bytes_on_disk": self.bytes_on_disk()}
+                "lossy": self.lossy, "bytes_on_disk": self.bytes_on_disk(),
+                "bin_checksums": self.has_checksums}
 
-    def _check_chunk(self, lo: int, hi: int, offsets: np.ndarray) -> None:
-        m = self._map()
+    def _check_chunk(self, lo: int, hi: int, offsets: np.ndarray, seq_offsets: np.ndarray,
+                     tokens: np.ndarray, loss: np.ndarray, starts: np.ndarray) -> None:
         tok = offsets[lo : hi + 1] - offsets[lo]
-        if self.footer is None:
-            ones = np.arange(hi - lo + 1, dtype=np.int64)
-            check_csr(tok, ones, np.zeros(hi - lo, dtype=np.int64), None,
-                      pack_size=self.pack_size, source=str(self.path), first_bin=lo)
-            return
-        so = m.seq_offsets_array[lo : hi + 1]
+        so = seq_offsets[lo : hi + 1]
         t0, t1 = int(offsets[lo]), int(offsets[hi])
-        check_csr(tok, so - so[0], m.starts[so[0] : so[-1]], m.loss[t0:t1],
+        check_csr(tok, so - so[0], starts[so[0] : so[-1]], loss[t0:t1],
                   pack_size=self.pack_size, source=str(self.path), first_bin=lo)
-        if self.vocab_size and t1 > t0 and int(m.tokens[t0:t1].max()) >= self.vocab_size:
-            pos = int(np.argmax(m.tokens[t0:t1] >= self.vocab_size))
+        if self.vocab_size and t1 > t0 and int(tokens[t0:t1].max()) >= self.vocab_size:
+            pos = int(np.argmax(tokens[t0:t1] >= self.vocab_size))
             b = lo + int(np.searchsorted(tok, pos, side="right") - 1)
             raise FormatError(f"{self.path}: bin {b}: token id outside the vocabulary "
                               f"[0, {self.vocab_size})")

@@ -1,12 +1,11 @@
 """How small can packed bins be and still read fast: Parquet encodings measured side by side.
 
-A :class:`ParquetEncoding` is one recipe for writing the same bins as Parquet: codec and
-level, the token column's Arrow type (int32 or uint16) and encoding (dictionary, plain,
-BYTE_STREAM_SPLIT, DELTA_BINARY_PACKED), and the encodings of the loss mask and sequence
-starts; its ``name`` (``zstd-19 bss uint16``) labels it in the sweep's rows (``layout``). The
-RFC's recipe, what Nemotron writes today and packlab's ``parquet`` writer default, is
-:data:`RFC_ENCODING`: zstd at pyarrow's default level (1), dictionary encoding everywhere,
-int32 tokens.
+A :class:`~packlab.formats.parquet_layout.ParquetEncoding` is one recipe for writing the same
+bins as Parquet (codec and level, column encodings and types, page size); the ``parquet``
+writer takes the same recipes (its ``layout=``), so what wins here is what the format writes.
+The RFC's recipe, what Nemotron writes today and packlab's ``parquet`` writer wrote before its
+``"compact"`` default, is :data:`RFC_ENCODING`: zstd at pyarrow's default level (1),
+dictionary encoding everywhere, int32 tokens.
 
 :func:`sweep` writes the bins in each encoding from memory (:class:`BinColumns`, the CSR
 arrays the Parquet reader decodes into), times the write and a full decode of every row group
@@ -14,11 +13,6 @@ to numpy (what packlab's reader does on a cache miss, page checksums verified), 
 column sizes from the footer. The files carry packlab's footer metadata, so
 ``packlab.formats.open_shard`` reads them as ordinary ``parquet`` shards: an encoding that wins
 here is one the format can adopt without a reader change.
-
-Two pyarrow traps this module steps around (both fail silently): ``column_encoding`` and
-``use_dictionary`` name the *leaf* path of a list column (``input_ids.list.element``); the
-top-level name is ignored without a word. And Parquet has no 16-bit physical type: a uint16
-column is stored as INT32 with a logical annotation, so uint16 alone saves nothing on disk.
 
 The reference line is the order-0 entropy of the tokens
 (:func:`packlab.measure.size.token_entropy_bits`); the per-format sizes and the padding study
@@ -29,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,83 +45,26 @@ from packlab.formats.arrow_lists import (
     from_numpy,
     parse_error,
 )
+from packlab.formats.parquet_layout import (  # noqa: F401 - the recipes, re-exported
+    CODECS,
+    DEFAULT_LAYOUT,
+    LAYOUTS,
+    MASK_ENCODINGS,
+    RFC_ENCODING,
+    START_ENCODINGS,
+    TOKEN_ENCODINGS,
+    TOKEN_TYPES,
+    ParquetEncoding,
+)
 from packlab.measure.size import RAW_BYTES_PER_SEQ, RAW_BYTES_PER_TOKEN
 from packlab.measure.verdicts import holds, ratio_verdict, speed_word, words_agree
 from packlab.version import __version__
 
-TOKEN_TYPES = {"int32": np.dtype("<i4"), "uint16": np.dtype("<u2")}
-TOKEN_ENCODINGS = {"dictionary": None, "plain": "PLAIN", "byte_stream_split": "BYTE_STREAM_SPLIT",
-                   "delta": "DELTA_BINARY_PACKED"}
-START_ENCODINGS = {"dictionary": None, "plain": "PLAIN", "delta": "DELTA_BINARY_PACKED"}
-MASK_ENCODINGS = {"dictionary": None, "plain": "PLAIN"}
-CODECS = ("none", "snappy", "lz4", "gzip", "zstd", "brotli")
 # The codec sweep the issue asks for: (codec, level); None is pyarrow's default level.
 CODEC_LEVELS: tuple[tuple[str, int | None], ...] = (
     ("none", None), ("snappy", None), ("lz4", None), ("gzip", None),
     ("zstd", 1), ("zstd", 3), ("zstd", 9), ("zstd", 19),
 )
-
-
-@dataclass(frozen=True)
-class ParquetEncoding:
-    """One way of writing bins as Parquet (same schema names, same bins, same reader)."""
-
-    codec: str = "zstd"
-    level: int | None = None
-    token_type: str = "int32"
-    tokens: str = "dictionary"
-    mask: str = "dictionary"
-    starts: str = "dictionary"
-    row_group_size: int = 1000
-
-    def __post_init__(self) -> None:
-        for value, allowed, what in (
-            (self.codec, CODECS, "codec"), (self.token_type, TOKEN_TYPES, "token_type"),
-            (self.tokens, TOKEN_ENCODINGS, "tokens encoding"),
-            (self.mask, MASK_ENCODINGS, "mask encoding"),
-            (self.starts, START_ENCODINGS, "starts encoding"),
-        ):
-            if value not in allowed:
-                raise PacklabError(f"unknown {what} {value!r}; choose from {', '.join(allowed)}")
-        if isinstance(self.row_group_size, bool) or int(self.row_group_size) < 1:
-            raise PacklabError(f"row_group_size must be positive, got {self.row_group_size!r}")
-
-    @property
-    def name(self) -> str:
-        """Short label: ``zstd-19 bss uint16``; defaults (dictionary, int32) are left out."""
-        parts = [self.codec if self.level is None else f"{self.codec}-{self.level}"]
-        short = {"dictionary": "dict", "plain": "plain", "byte_stream_split": "bss",
-                 "delta": "delta"}
-        if self.tokens != "dictionary":
-            parts.append(short[self.tokens])
-        if self.token_type != "int32":
-            parts.append(self.token_type)
-        if self.mask != "dictionary":
-            parts.append(f"mask-{short[self.mask]}")
-        if self.starts != "dictionary":
-            parts.append(f"starts-{short[self.starts]}")
-        return " ".join(parts)
-
-    def schema(self) -> pa.Schema:
-        return pa.schema([
-            ("input_ids", pa.list_(pa.from_numpy_dtype(TOKEN_TYPES[self.token_type]))),
-            ("loss_mask", pa.list_(pa.uint8())),
-            ("seq_start_id", pa.list_(pa.int32())),
-        ])
-
-    def writer_options(self) -> dict[str, Any]:
-        """``pq.ParquetWriter`` keywords: leaf paths, dictionary only where no encoding is set."""
-        choices = {"input_ids": TOKEN_ENCODINGS[self.tokens], "loss_mask": MASK_ENCODINGS[self.mask],
-                   "seq_start_id": START_ENCODINGS[self.starts]}
-        leaf = {name: f"{name}.list.element" for name in COLUMNS}
-        dictionary = [leaf[n] for n, enc in choices.items() if enc is None]
-        encodings = {leaf[n]: enc for n, enc in choices.items() if enc is not None}
-        return {"compression": self.codec, "compression_level": self.level,
-                "use_dictionary": dictionary, "column_encoding": encodings or None,
-                "write_page_checksum": True}
-
-
-RFC_ENCODING = ParquetEncoding()
 
 
 def codec_encodings(base: ParquetEncoding = RFC_ENCODING) -> list[ParquetEncoding]:
@@ -161,11 +98,23 @@ def candidate_encodings() -> list[ParquetEncoding]:
     return out
 
 
+def page_encodings() -> list[ParquetEncoding]:
+    """Larger data pages (4 and 16 MiB against pyarrow's 1 MiB): zstd compresses each page on
+    its own, so a larger page lets it find repeats farther apart."""
+    out = []
+    for tokens, level in (("plain", 9), ("plain", 15), ("byte_stream_split", 9)):
+        for page in (4 << 20, 16 << 20):
+            out.append(ParquetEncoding(level=level, tokens=tokens, starts="delta",
+                                       page_size=page))
+    return out
+
+
 def study_encodings(*, uint16: bool) -> list[ParquetEncoding]:
-    """The RFC's encoding first, then the codec sweep, the encodings, the candidates; each once."""
+    """The RFC's encoding first, then the codec sweep, the encodings, the candidates, the page
+    sizes and the ``parquet`` writer's named layouts; each once."""
     out: dict[str, ParquetEncoding] = {}
     for encoding in (RFC_ENCODING, *codec_encodings(), *column_encodings(uint16=uint16),
-                     *candidate_encodings()):
+                     *candidate_encodings(), *page_encodings(), *LAYOUTS.values()):
         out.setdefault(encoding.name, encoding)
     return list(out.values())
 

@@ -1,5 +1,10 @@
 """The floors a read is judged against, measured in the same run as the read.
 
+- the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
+  (where its format's :class:`~packlab.formats.bintable.Layout` says they are) with plain numpy
+  memory maps and the index in RAM, all three columns copied into preallocated buffers as a
+  read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
+  in it: what the bytes cost through numpy, whatever the API;
 - the **Python floor**: the same access path (``PackedDataset.__getitem__`` / ``__getitems__``,
   or a reader's ``read_bin``) over the same bins already in RAM as numpy CSR arrays
   (:class:`RamShard`, :class:`RamDataset`): what any format costs at the least through that
@@ -7,7 +12,9 @@
 - **memcpy** of the bytes a read returned, and a **raw pread** of as many bytes at the bin's
   relative position in the largest data file (readahead off; cold: the file evicted first):
   :func:`byte_floors`, a second pass over the indices the format read, after it, so the
-  format's readahead does not slow them;
+  format's readahead does not slow them (a cold pread is timed right after each cold read
+  instead, :class:`Pread`: the device's load, shared with other jobs, changes faster than a
+  pass);
 - the cold floors of a **memory map** (:func:`mmap_floors`): one cold read four ways, and the
   pages each really read.
 """
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_right
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,9 +33,10 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.dataset import PackedDataset
 from packlab.errors import PacklabError
+from packlab.formats.bintable import BinTable, Layout, index_view, ram_table
 from packlab.measure.delivery import Sink, percentiles
 from packlab.measure.pagecache import drop_until_cold, resident_pages
-from packlab.measure.reading import is_dataset, open_source, reads
+from packlab.measure.reading import is_dataset, open_source, readers_of, reads
 
 MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
 
@@ -62,14 +71,18 @@ class RamShard:
         self.seq_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
         np.cumsum([s.shape[0] for s in starts], out=self.seq_offsets[1:])
         self.seq_start_id = np.concatenate(starts)
+        self._table: BinTable | None = None
 
     def __len__(self) -> int:
         return self.num_bins
 
-    def read_bin(self, index: int) -> PackedBin:
+    def check_index(self, index: int) -> int:
         if not -self.num_bins <= index < self.num_bins:
             raise IndexError(f"{self.path} (in RAM): bin {index} out of range [0, {self.num_bins})")
-        i = index % self.num_bins
+        return index % self.num_bins
+
+    def read_bin(self, index: int) -> PackedBin:
+        i = self.check_index(index)
         t0, t1 = self.token_offsets[i], self.token_offsets[i + 1]
         s0, s1 = self.seq_offsets[i], self.seq_offsets[i + 1]
         return PackedBin(self.input_ids[t0:t1], self.loss_mask[t0:t1], self.seq_start_id[s0:s1])
@@ -82,6 +95,14 @@ class RamShard:
 
     def packed_lengths(self) -> np.ndarray:
         return np.diff(self.token_offsets)
+
+    def bin_table(self) -> BinTable:
+        """The bins as a table in RAM: the dataset reads them as it reads a mapped shard's."""
+        if self._table is None:
+            self._table = ram_table(self.input_ids, self.loss_mask, self.seq_start_id,
+                                    self.token_offsets, self.seq_offsets,
+                                    pack_size=self.pack_size, source=f"{self.path} (in RAM)")
+        return self._table
 
     def close(self) -> None:
         pass
@@ -130,7 +151,121 @@ def checked_floor(path: object, source: Any, floor: Any | None) -> Any:
     return floor
 
 
+# -- the raw CSR floor --------------------------------------------------------------------------
+class RawCsr:
+    """Bins gathered straight from a shard's files: plain numpy memory maps (``np.memmap``
+    viewed as ``ndarray``, default advice), positions in RAM as memoryviews, each read copying
+    tokens (into int64), mask and boundaries (starts, then the packed length, as
+    :class:`~packlab.measure.delivery.Sink` delivers an item or a bin) into preallocated
+    buffers. ``read(i)`` is
+    the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
+    describe their :class:`~packlab.formats.bintable.Layout` (the memory-mapped formats);
+    :func:`raw_floor` gives None for the others.
+    """
+
+    def __init__(self, layouts: list[Layout]) -> None:
+        self.layouts = layouts
+        longest = max(int(np.max(layout.packed_len)) for layout in layouts)
+        most = max(int(np.max(layout.num_seqs)) for layout in layouts)
+        self.ids = np.empty(longest, dtype=np.int64)
+        self.mask = np.empty(longest, dtype=np.uint8)
+        self.bounds = np.empty(most + 1, dtype=np.int32)
+        self._shard_reads = [self._reader_of(layout) for layout in layouts]
+        counts = [int(layout.packed_len.shape[0]) for layout in layouts]
+        self._firsts = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self.read = self._shard_reads[0] if len(layouts) == 1 else self._read_any
+
+    def _read_any(self, i: int) -> None:
+        shard = bisect_right(self._firsts, i) - 1
+        self._shard_reads[shard](i - self._firsts[shard])
+
+    def read_batch(self, indices: Sequence[int]) -> None:
+        read = self.read
+        for i in indices:
+            read(i)
+
+    def _reader_of(self, layout: Layout) -> Any:
+        """The read of one shard: a closure over its maps, positions and the buffers."""
+        def column(c: Any) -> np.ndarray:
+            mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))
+            return mapped.view(np.ndarray)
+
+        ids, mask, starts = column(layout.tokens), column(layout.mask), column(layout.starts)
+        first = np.asarray(layout.token_start, dtype=np.int64)
+        t0s, t1s = index_view(first), index_view(first + layout.packed_len)
+        s0s = index_view(layout.seq_start)
+        s1s = index_view(np.asarray(layout.seq_start) + layout.num_seqs)
+        out_ids, out_mask, out_bounds = self.ids, self.mask, self.bounds
+        if layout.mask_start is not layout.token_start:  # the mask indexed apart (arrow_ipc)
+            m0s = index_view(layout.mask_start)
+
+            def read_apart(i: int) -> None:
+                t0 = t0s[i]
+                n = t1s[i] - t0
+                s0 = s0s[i]
+                k = s1s[i] - s0
+                m0 = m0s[i]
+                out_ids[:n] = ids[t0:t0 + n]
+                out_mask[:n] = mask[m0:m0 + n]
+                out_bounds[:k] = starts[s0:s0 + k]
+                out_bounds[k] = n
+
+            return read_apart
+
+        def read(i: int) -> None:
+            t0 = t0s[i]
+            t1 = t1s[i]
+            s0 = s0s[i]
+            s1 = s1s[i]
+            k = s1 - s0
+            out_ids[:t1 - t0] = ids[t0:t1]
+            out_mask[:t1 - t0] = mask[t0:t1]
+            out_bounds[:k] = starts[s0:s1]
+            out_bounds[k] = t1 - t0
+
+        return read
+
+
+def raw_floor(source: Any) -> RawCsr | None:
+    """The raw CSR floor of an open source, or None when a shard's bins are not slices of its
+    files (decoded, gathered from a spool or loaded whole: no raw layout to compare with)."""
+    layouts = []
+    for reader in readers_of(source):
+        describe = getattr(reader, "layout", None)
+        layout = describe() if describe is not None else None
+        if layout is None:
+            return None
+        layouts.append(layout)
+    return RawCsr(layouts)
+
+
 # -- memcpy and pread of the same bytes ----------------------------------------------------------
+class Pread:
+    """The raw ``pread`` floor: ``nbytes`` read with one system call at a bin's relative
+    position in ``big`` (the shard's largest data file; ``POSIX_FADV_RANDOM``: no readahead;
+    cold: ``big`` evicted until ``mincore`` finds no page first). ``worst``: the most pages found
+    resident before a cold pread."""
+
+    def __init__(self, big: Path, num_bins: int) -> None:
+        self.span = big.stat().st_size
+        self.big = big
+        self.num_bins = num_bins
+        self.worst = 0
+        self.fd = os.open(big, os.O_RDONLY)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead
+
+    def time(self, index: int, nbytes: int, *, cold: bool) -> int:
+        offset = index * max(self.span - nbytes, 0) // max(self.num_bins - 1, 1)
+        if cold:
+            self.worst = max(self.worst, drop_until_cold([self.big]))
+        began = time.perf_counter_ns()
+        os.pread(self.fd, nbytes, offset)
+        return time.perf_counter_ns() - began
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 def byte_floors(
     floor: Any,
     big: Path,
@@ -140,41 +275,43 @@ def byte_floors(
     num_bins: int,
     cold: bool,
     sink: Sink,
+    pread_ns: np.ndarray | None = None,
+    python_ns: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """The floors' pass over the batches a format read and the bytes it returned, per bin:
     the Python floor reading the same batch (delivered), a memcpy of the same bytes
-    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them at the first
-    bin's relative position in ``big`` (``POSIX_FADV_RANDOM``: no readahead; cold: ``big``
-    evicted until ``mincore`` finds no page first). Returns nanoseconds per bin, shape
-    ``(3, len(sizes))``, and the most pages found resident before a cold pread."""
+    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`).
+    ``python_ns`` / ``pread_ns``: timed already, beside the format's reads (then not here).
+    Returns nanoseconds per bin, shape ``(3, len(sizes))``, and the most pages found resident
+    before a cold pread."""
     batch_size = batches.shape[1]
     one, many = reads(floor)
     src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
     dst = np.ones_like(src)
-    span = big.stat().st_size
     ns = np.zeros((3, sizes.shape[0]), dtype=np.int64)
-    worst = 0
-    fd = os.open(big, os.O_RDONLY)
-    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead on the floor's reads
+    pread = Pread(big, num_bins) if pread_ns is None else None
     try:
         for k, nbytes in enumerate(sizes.tolist()):
             batch = batches[k]
-            if batch_size == 1:
+            if python_ns is not None:
+                pass
+            elif batch_size == 1:
                 ns[0, k] = sink.timed(one, int(batch[0]))[0]
             else:
                 ns[0, k] = sink.timed(many, batch.tolist(), batch=True)[0]
             began = time.perf_counter_ns()
             np.copyto(dst[:nbytes], src[:nbytes])
             ns[1, k] = time.perf_counter_ns() - began
-            offset = int(batch[0]) * max(span - nbytes, 0) // max(num_bins - 1, 1)
-            if cold:
-                worst = max(worst, drop_until_cold([big]))
-            began = time.perf_counter_ns()
-            os.pread(fd, nbytes, offset)
-            ns[2, k] = time.perf_counter_ns() - began
+            if pread is not None:
+                ns[2, k] = pread.time(int(batch[0]), nbytes, cold=cold)
     finally:
-        os.close(fd)
-    return ns // batch_size, worst
+        if pread is not None:
+            pread.close()
+    if pread_ns is not None:
+        ns[2] = pread_ns
+    if python_ns is not None:
+        ns[0] = python_ns
+    return ns // batch_size, 0 if pread is None else pread.worst
 
 
 # -- the cold floors of a memory map ----------------------------------------------------------

@@ -7,10 +7,16 @@ pass over every data file. Cold: before each read the source is reopened away fr
 (:func:`packlab.measure.reading.forget`: no decoded row group of it is kept) and every data
 file is evicted until ``mincore`` finds no page (the pages left are reported, never assumed).
 
-Then, in a second pass over the same indices and byte counts (after the format's, so its
-readahead does not slow them: :func:`packlab.measure.floors.byte_floors`), the floors: the
-Python floor (the same access path over the bins in RAM), a memcpy and a raw pread of the same
-bytes. Readers keep whatever readahead they get: on a machine with a large ``read_ahead_kb`` a
+In the same loop, each step alternating which goes first, each on a bin a third of the index
+list away from the others (the same seeded indices, never a bin another just pulled into the
+CPU's caches): warm, the **raw CSR floor** (:class:`packlab.measure.floors.RawCsr`: the same
+bins gathered from the same files by plain numpy, all three columns into preallocated
+buffers), and the **Python floor** (the same access path over the bins in RAM). Then, in a
+second pass over the same indices and byte counts (after the format's, so its readahead does
+not slow them: :func:`packlab.measure.floors.byte_floors`): a memcpy and, warm, a raw pread of
+the same bytes. Cold, the raw pread of the same bytes is timed right after each cold read,
+its file evicted again first: the device is shared with other jobs, and its load changes
+faster than a pass. Readers keep whatever readahead they get: on a machine with a large ``read_ahead_kb`` a
 cold memory-mapped read can cost far more than the bytes it returns, and the ratio shows it.
 Report the median and the tail, never one run.
 
@@ -28,7 +34,7 @@ import numpy as np
 
 from packlab.errors import PacklabError
 from packlab.measure.delivery import Budget, Sink, percentiles
-from packlab.measure.floors import byte_floors, checked_floor
+from packlab.measure.floors import Pread, byte_floors, checked_floor, raw_floor
 from packlab.measure.pagecache import drop_until_cold
 from packlab.measure.reading import (
     CACHES,
@@ -67,7 +73,9 @@ def random_access(
 
     Keys: ``p50_us``, ``p90_us``, ``p99_us``, ``mean_us`` and the same ``python_floor_``,
     ``memcpy_``, ``pread_`` prefixed; ``ratio_to_python_floor``, ``ratio_to_memcpy``,
-    ``ratio_to_pread`` (p50 over p50); ``bytes_per_bin``; cold: ``cold_checked`` (reads whose
+    ``ratio_to_pread`` (p50 over p50); ``bytes_per_bin``; warm, for the memory-mapped formats:
+    ``raw_csr_`` prefixed and ``ratio_to_raw_csr`` (None where there is no raw layout, and
+    cold); cold: ``cold_checked`` (reads whose
     eviction ``mincore`` checked), ``cold_max_resident_pages``, ``cold_verified`` (no page
     left, ever) and ``faster_than_cold_pread`` (the reader served from its own memory, not
     the disk: the figure is then not a cold read).
@@ -89,12 +97,32 @@ def random_access(
     sink = Sink(source.pack_size)
     warm(source, files, sink)
     one, many = reads(source)
+    raw = None if cold else raw_floor(source)
+    if raw is not None:  # its maps' pages mapped in, as the format's were by warm()
+        raw.read_batch(range(n))
     ns = np.zeros(samples, dtype=np.int64)
+    raw_ns = np.zeros(samples, dtype=np.int64)
+    floor_ns = np.zeros(samples, dtype=np.int64)
+    pread_ns = np.zeros(samples, dtype=np.int64)
+    pread = Pread(big, n) if cold else None
+    floor_one, floor_many = reads(floor)
     sizes = np.zeros(samples, dtype=np.int64)
     worst, taken, budget = 0, samples, Budget(max_seconds)
+
+    def floors_of(k: int) -> None:
+        """The raw CSR floor (warm) and the Python floor, each on a bin a third of the index
+        list away from the other two."""
+        if raw is not None:
+            raw_ns[k] = _timed_raw(raw, batches[(k + samples // 3) % samples])
+        other = batches[(k + 2 * samples // 3) % samples]
+        floor_ns[k] = (sink.timed(floor_one, int(other[0]))[0] if batch_size == 1
+                       else sink.timed(floor_many, other.tolist(), batch=True)[0])
+
     try:
-        for k in range(samples):  # pass 1: the format
+        for k in range(samples):  # pass 1: the format, the raw CSR and Python floors
             batch = batches[k]
+            if k % 2:
+                floors_of(k)
             if cold:
                 forget(source, blocks, int(batch[0]), sink)
                 worst = max(worst, drop_until_cold(files))
@@ -102,15 +130,23 @@ def random_access(
                 ns[k], sizes[k] = sink.timed(one, int(batch[0]))
             else:
                 ns[k], sizes[k] = sink.timed(many, batch.tolist(), batch=True)
+            if pread is not None:  # the same bytes, cold, right after: the same device load
+                time.sleep(0.002)  # the read's advised pages landed (evicted next)
+                pread_ns[k] = pread.time(int(batch[0]), int(sizes[k]), cold=True)
+            if not k % 2:
+                floors_of(k)
             if budget.spent(k + 1):
                 taken = k + 1
                 break
     finally:
         source.close()
-    if cold:
-        time.sleep(0.2)  # let the reader's asynchronous readahead drain before the floors
+        if pread is not None:
+            pread.close()
     floors, left = byte_floors(floor, big, batches[:taken], sizes[:taken], num_bins=n,
-                               cold=cold, sink=sink)  # pass 2: the floors
+                               cold=cold, sink=sink, python_ns=floor_ns[:taken],
+                               pread_ns=pread_ns[:taken] if cold else None)  # pass 2
+    if pread is not None:
+        left = pread.worst
     out: dict[str, Any] = {"path": str(path), "format": format_of(source), "cache": cache,
                            "via": "dataset" if is_dataset(source) else "reader",
                            "samples": taken, "batch_size": batch_size, "seed": seed,
@@ -122,6 +158,12 @@ def random_access(
     for name in FLOORS:
         base = out[f"{name}_p50_us"]
         out[f"ratio_to_{name}"] = out["p50_us"] / base if base > 0 else None
+    if raw is not None:
+        out.update(percentiles(raw_ns[:taken] // batch_size, "raw_csr_"))
+        out["ratio_to_raw_csr"] = out["p50_us"] / out["raw_csr_p50_us"]
+    else:
+        out.update({f"raw_csr_{k}": None for k in ("p50_us", "p90_us", "p99_us", "mean_us")})
+        out["ratio_to_raw_csr"] = None
     if cold:
         worst = max(worst, left)
         out["cold_checked"] = taken
@@ -129,6 +171,19 @@ def random_access(
         out["cold_verified"] = worst == 0
         out["faster_than_cold_pread"] = out["p50_us"] < out["pread_p50_us"]
     return out
+
+
+def _timed_raw(raw: Any, batch: np.ndarray) -> int:
+    """Nanoseconds of the raw CSR floor reading ``batch`` (one bin: a single read)."""
+    if batch.shape[0] == 1:
+        i = int(batch[0])
+        began = time.perf_counter_ns()
+        raw.read(i)
+        return time.perf_counter_ns() - began
+    indices = batch.tolist()
+    began = time.perf_counter_ns()
+    raw.read_batch(indices)
+    return time.perf_counter_ns() - began
 
 
 def latency(
@@ -162,7 +217,11 @@ def batched_access(
 ) -> dict[str, Any]:
     """Per-bin cost of ``__getitems__(batch)`` against ``batch_size`` single ``[i]`` reads (warm,
     delivered), each on its own random batch, alternating which goes first; the Python floor
-    of both beside them. ``gain`` = single p50 / batched p50 (above 1: batching is cheaper)."""
+    of both beside them, and the raw CSR floor (memory-mapped formats): its single reads, each
+    timed alone as in :func:`random_access` (``raw_single_``), and as loops over a batch timed
+    together (``raw_batch_``, per bin: the same loop without a timer per bin). ``gain`` =
+    single p50 / batched p50 (above 1: batching is cheaper); ``gain_vs_raw`` = raw single p50
+    / batched p50."""
     if batch_size < 2 or samples <= 0:
         raise PacklabError(f"batch_size must be >= 2 and samples positive, got {batch_size}, "
                            f"{samples}")
@@ -170,15 +229,25 @@ def batched_access(
     floor = checked_floor(path, dataset, floor)
     files = data_files(dataset)
     batches = np.random.default_rng(seed).integers(0, len(dataset),
-                                                   size=(2, samples, batch_size))
+                                                   size=(3, samples, batch_size))
     sink = Sink(dataset.pack_size)
     warm(dataset, files, sink)
-    ns = np.zeros((4, samples), dtype=np.int64)
+    raw = raw_floor(dataset)
+    if raw is not None:
+        raw.read_batch(range(len(dataset)))
+    ns = np.zeros((5, samples), dtype=np.int64)
+    raw_single = np.zeros((samples, batch_size), dtype=np.int64)
     modes = [(dataset, True), (dataset, False), (floor, True), (floor, False)]
     taken, budget = samples, Budget(max_seconds)
     try:
         for k in range(samples):
-            for m in range(4) if k % 2 == 0 else (1, 0, 3, 2):
+            for m in range(5) if k % 2 == 0 else (1, 0, 4, 3, 2):
+                if m == 4:
+                    if raw is not None:
+                        ns[m, k] = _timed_raw(raw, batches[2, k]) // batch_size
+                        for j, i in enumerate(batches[2, (k + samples // 2) % samples]):
+                            raw_single[k, j] = _timed_raw(raw, i[None])
+                    continue
                 source, batched = modes[m]
                 one, many = reads(source)
                 batch = batches[0 if batched else 1, k].tolist()
@@ -194,4 +263,10 @@ def batched_access(
     for row, prefix in enumerate(("batched_", "single_", "floor_batched_", "floor_single_")):
         out.update(percentiles(ns[row, :taken], prefix))
     out["gain"] = out["single_p50_us"] / out["batched_p50_us"] if out["batched_p50_us"] else None
+    if raw is not None:
+        out.update(percentiles(raw_single[:taken].reshape(-1), "raw_single_"))
+        out.update(percentiles(ns[4, :taken], "raw_batch_"))
+        out["gain_vs_raw"] = out["raw_single_p50_us"] / out["batched_p50_us"]
+    else:
+        out.update({"raw_single_p50_us": None, "raw_batch_p50_us": None, "gain_vs_raw": None})
     return out

@@ -91,10 +91,11 @@ def warm(source: Any, files: Sequence[Path], sink: Sink) -> None:
 def forget(source: Any, blocks: np.ndarray, index: int, sink: Sink) -> None:
     """Make the source hold nothing of bin ``index``: close it (decoded row groups and maps
     go), then reopen it by reading a bin of another block (row group; ``blocks`` of one bin
-    where a format has none), so the timed read pays the data, not the opening. With a single
-    block (a Parquet file of one row group) the timed read also reopens the source."""
+    where a format has none) half the shard away, so the timed read pays the data, not the
+    opening, and no readahead around that bin still in flight can bring in this one. With a
+    single block (a Parquet file of one row group) the timed read also reopens the source."""
     source.close()
     count = blocks.shape[0] - 1
     if count > 1:
         block = int(np.searchsorted(blocks, index, side="right")) - 1
-        sink.take(reads(source)[0](int(blocks[(block + 1) % count])))
+        sink.take(reads(source)[0](int(blocks[(block + count // 2) % count])))

@@ -1,0 +1,160 @@
+"""Bins gathered from a spool: the read path of ``packed_index``, and the per-sequence checksums
+it records.
+
+:func:`build_gather` maps the spool's tokens and masks for random access and computes, in RAM,
+where every sequence of every bin starts and how much of it the bin keeps (checked as the
+materializer checks); :func:`gather_bin` copies a bin out, its loss mask aligned per
+sub-sequence as it goes. :func:`sequence_checksums` hashes each indexed sequence as a bin uses
+it (its kept tokens' bytes seeding its mask's), reading the spool in file order through two
+reused buffers, so a writer's memory stays flat.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from xxhash import xxh3_64_intdigest
+
+from packlab.bins import PackedBin
+from packlab.errors import FormatError
+from packlab.mapping import MappedFile, ReadAdvice, advise
+from packlab.materialize import BinMaterializer
+from packlab.spool import FILES as SPOOL_FILES
+from packlab.spool import SpoolReader
+
+SUMS = "seq_checksums.npy"
+_new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
+
+
+class Gather(NamedTuple):
+    """What a read gathers from: the spool's data mapped, the bins' sequences in RAM."""
+
+    tokens: np.ndarray  # the spool's tokens.bin (int32), mapped
+    masks: np.ndarray  # its masks.bin (uint8, unshifted)
+    bin_of: memoryview  # int64[num_bins + 1]: bin b holds sequences bin_of[b]:bin_of[b + 1]
+    start_of: memoryview  # int64 per sequence (layout order): its first token in the spool
+    kept_of: memoryview  # int64 per sequence: its tokens in the bin (truncated to pack_size)
+    packed_of: memoryview  # int64[num_bins]: each bin's packed length
+    token_fd: int
+    mask_fd: int
+    advice: ReadAdvice  # when to advise a bin's sequences before a read
+    files: tuple[MappedFile, MappedFile]
+    token_bytes: memoryview  # the two spool maps as bytes, for the checksums (verify)
+    mask_bytes: memoryview
+    sums: memoryview | None  # each sequence's recorded checksum (verify), else None
+
+
+def build_gather(source: Path, materializer: BinMaterializer,
+                 sums: np.ndarray | None = None) -> Gather:
+    """Gather tables from the assignment and the spool, checked as the materializer checks."""
+    spool, part = materializer.spool, materializer.assignment
+    offsets = np.array(part.bin_offsets, dtype=np.int64)
+    indices = np.asarray(part.seq_indices)
+    lengths = spool.lengths[indices].astype(np.int64)
+    long = lengths > part.pack_size
+    if part.overlong != "truncate" and long.any():
+        b = int(np.searchsorted(offsets, int(np.argmax(long)), side="right") - 1)
+        raise FormatError(f"{source}: bin {b}: a sequence longer than pack_size "
+                          f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
+    kept = np.minimum(lengths, part.pack_size)
+    starts = spool.offsets[indices].astype(np.int64)
+    ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
+    np.cumsum(kept, out=ends[1:])
+    packed = ends[offsets[1:]] - ends[offsets[:-1]]
+    bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
+    if bad.any() or (starts + kept > spool.num_tokens).any():
+        b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
+            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
+        raise FormatError(f"{source}: bin {b} does not fit its spool {spool.path} "
+                          "(empty, over pack_size or past the spool's tokens; run validate)")
+    files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
+             MappedFile(spool.path / SPOOL_FILES["masks"]))
+    if sums is not None and sums.shape[0] != indices.shape[0]:
+        raise FormatError(f"{source / SUMS}: {sums.shape[0]} checksums for "
+                          f"{indices.shape[0]} sequences (corrupted)")
+    tokens = files[0].view("<i4", 0, spool.num_tokens)
+    masks = files[1].view("|u1", 0, spool.num_tokens)
+    return Gather(tokens, masks, memoryview(offsets), memoryview(starts), memoryview(kept),
+                   memoryview(packed), files[0].fd, files[1].fd, ReadAdvice(files[0].fd), files,
+                   memoryview(tokens).cast("B"), memoryview(masks),
+                   None if sums is None else memoryview(np.ascontiguousarray(sums)))
+
+
+def gather_bin(g: Gather, b: int) -> PackedBin:
+    """Bin ``b`` copied out of the spool, its loss mask aligned per sub-sequence as it goes
+    (``loss[j] = mask[j + 1]`` inside a sequence, 0 at its last token)."""
+    tokens, masks, bin_of, start_of, kept_of, packed_of = g[:6]
+    lo = bin_of[b]
+    hi = bin_of[b + 1]
+    if g.advice.first(4 * start_of[lo], 4 * kept_of[lo]):  # cold: every sequence at once
+        for k in range(lo, hi):
+            advise(g.token_fd, 4 * start_of[k], 4 * kept_of[k])
+            advise(g.mask_fd, start_of[k], kept_of[k])
+    n = packed_of[b]
+    ids = np.empty(n, dtype=np.int32)
+    loss = np.empty(n, dtype=np.uint8)
+    starts = []
+    pos = 0
+    for k in range(lo, hi):
+        s = start_of[k]
+        c = kept_of[k]
+        end = pos + c
+        ids[pos:end] = tokens[s:s + c]
+        loss[pos:end - 1] = masks[s + 1:s + c]
+        loss[end - 1] = 0
+        starts.append(pos)
+        pos = end
+    return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
+
+
+def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
+                       window: int = 1 << 20) -> np.ndarray:
+    """Each indexed sequence's xxh3_64 as a bin uses it: its first ``min(length, pack_size)``
+    tokens' bytes (int32) seeding the hash of as many mask bytes (uint8).
+
+    The spool is read in file order, ``window`` tokens at a time into two reused buffers
+    (``preadv``, no memory map), the sequences hashed where they fall (Python ints for one
+    window's sequences at a time) and the checksums put back in the order asked: beyond the
+    index arrays (8 bytes a sequence each), the writer's memory stays flat.
+    """
+    index = np.asarray(indices, dtype=np.int64)
+    first = np.asarray(spool.offsets[index], dtype=np.int64)
+    kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
+    order = np.argsort(first, kind="stable")
+    first, kept = first[order], kept[order]
+    out = np.empty(index.shape[0], dtype=np.uint64)
+    tokens = bytearray(4 * window)
+    masks = bytearray(window)
+    fds = [os.open(spool.path / SPOOL_FILES[name], os.O_RDONLY) for name in ("tokens", "masks")]
+    try:
+        k, count = 0, index.shape[0]
+        while k < count:
+            # the sequences that fit in one window from sequence k (in file order)
+            lo = int(first[k])
+            j = k + int(np.searchsorted(first[k:k + window] + kept[k:k + window] - lo,
+                                        window, side="right"))
+            j = max(j, k + 1)
+            hi = int((first[k:j] + kept[k:j]).max())
+            if 4 * (hi - lo) > len(tokens):  # one sequence longer than the window
+                tokens, masks = bytearray(4 * (hi - lo)), bytearray(hi - lo)
+            tv, mv = memoryview(tokens), memoryview(masks)
+            _read_exactly(fds[0], tv[:4 * (hi - lo)], 4 * lo, spool.path)
+            _read_exactly(fds[1], mv[:hi - lo], lo, spool.path)
+            sums = [xxh3_64_intdigest(mv[a:a + n], xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
+                    for a, n in zip((first[k:j] - lo).tolist(), kept[k:j].tolist(), strict=True)]
+            out[order[k:j]] = sums
+            k = j
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return out
+
+
+def _read_exactly(fd: int, into: memoryview, offset: int, where: Path) -> None:
+    if os.preadv(fd, [into], offset) != into.nbytes:
+        raise FormatError(f"{where}: spool files shorter than its offsets say (truncated)")
+
+
