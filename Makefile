@@ -63,7 +63,7 @@ lab: $(STAMP)
 	$(BIN)/python -m packlab.lab
 
 lint: $(STAMP)
-	$(BIN)/ruff check packlab tests
+	$(BIN)/ruff check .
 
 clean:
 	rm -rf build data/*/ $(VENV) $(MDS_VENV)

@@ -98,6 +98,7 @@ CASES = [
     (["tokenize", "{chat}", "{unrelated}", "--overwrite"], ["{unrelated}", "not a spool"]),
     (["tokenize", "{chat}", "{spool}"], ["{spool}", "already exists", "--overwrite"]),
     (["tokenize", "{badjsonl}", "{new}"], ["{badjsonl}", "line 2"]),
+    (["tokenize", "{chat}", "{new}", "--workers", "0"], ["--workers"]),
     # corpus
     (["corpus", "{new}", "--records", "0"], ["--records", "positive"]),
     (["corpus", "{new}", "--records", "2", "--seed", "-3"], ["--seed", "-3"]),

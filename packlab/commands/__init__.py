@@ -37,6 +37,17 @@ def _int_at_least(text: str, low: int) -> int:
     return value
 
 
+def add_executor_options(parser: argparse.ArgumentParser, *, workers: int, jobs: str) -> None:
+    """``--workers``, ``--executor`` and ``--ray-address``: how a command spreads its jobs
+    (``jobs`` says what they are) over local processes or a Ray cluster."""
+    parser.add_argument("--workers", type=positive_int, default=workers,
+                        help=f"{jobs} run in parallel (default {workers})")
+    parser.add_argument("--executor", choices=("process", "ray"), default="process",
+                        help="run them in a local process pool or as Ray tasks")
+    parser.add_argument("--ray-address", default=None,
+                        help="with --executor ray: join this cluster (default: start a local one)")
+
+
 def format_choices() -> str:
     """The registered shard formats, for help texts."""
     from packlab.formats import format_names

@@ -20,6 +20,7 @@ from typing import Any
 
 from packlab.commands import (
     OUTPUT_HELP,
+    add_executor_options,
     emit_json,
     emit_table,
     format_choices,
@@ -54,12 +55,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bins-per-shard", type=positive_int, default=BINS_PER_SHARD,
                    help=f"bins in each shard file (default {BINS_PER_SHARD}); the last shard "
                         "holds the rest")
-    p.add_argument("--workers", type=positive_int, default=2,
-                   help="parallel shard writers (default 2)")
-    p.add_argument("--executor", choices=("process", "ray"), default="process",
-                   help="run shard writes in a local process pool or as Ray tasks")
-    p.add_argument("--ray-address", default=None,
-                   help="with --executor ray: join this cluster (default: start a local one)")
+    add_executor_options(p, workers=2, jobs="shard writers")
     p.add_argument("--split", help="write the layout with these splits, e.g. "
                                    "train=0.98,valid=0.01,test=0.01 (fractions of sequences, "
                                    "each in [0, 1], summing to 1)")

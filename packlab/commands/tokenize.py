@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from packlab.commands import emit
+from packlab.commands import add_executor_options, emit
 
 ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without importing it
 
@@ -42,12 +42,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--chat-template", default=None, metavar="FILE",
                         help="Jinja chat template file for --tokenizer, or the name of one "
                              "packlab ships (chatml, chatml_generation, llama3, llama3_system)")
-    parser.add_argument("--workers", type=int, default=1,
-                        help="parallel jobs over byte ranges of the JSONL (default 1)")
-    parser.add_argument("--executor", choices=("process", "ray"), default="process",
-                        help="run the jobs in a local process pool or as Ray tasks")
-    parser.add_argument("--ray-address", default=None,
-                        help="with --executor ray: join this cluster (default: start a local one)")
+    add_executor_options(parser, workers=1, jobs="jobs over byte ranges of the JSONL")
     parser.add_argument("--unlocated", choices=("skip", "error"), default="skip",
                         help="a record whose assistant text cannot be masked exactly: skip and "
                              "count it (default) or stop with an error naming its line")
