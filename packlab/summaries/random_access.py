@@ -17,8 +17,10 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
     zero_copy = [f for f in formats_where("ZERO_COPY") if f in warm]
     out = [
         f"**Warm**, one random bin of ≤{p['pack_size']} tokens, delivered: "
-        + ", ".join(f"{f} {n[f'{f}_warm_p50_us']:.1f} µs "
-                    f"({n[f'{f}_warm_ratio_to_python_floor']:.2f}x the Python floor)"
+        + ", ".join(f"{f} {n[f'{f}_warm_p50_us']:.1f} µs ("
+                    + (f"{n[k]:.2f}x raw CSR numpy over the same files, "
+                       if n.get(k := f"{f}_warm_ratio_to_raw_csr") else "")
+                    + f"{n[f'{f}_warm_ratio_to_python_floor']:.2f}x the Python floor)"
                     for f in zero_copy)
         + f"; the Python floor itself "
         f"{median(n[f'{f}_warm_python_floor_p50_us'] for f in warm):.1f} µs, a memcpy of the "
@@ -36,7 +38,21 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
             f"{n['cold_pread_p50_us']:,.0f} µs.")
     out.append("**Batched** `__getitems__` against single reads, per bin: "
                + ", ".join(f"{f} {n[f'{f}_batch_gain']:.2f}x" for f in names
-                           if f"{f}_batch_gain" in n) + " (above 1: batching is cheaper).")
+                           if f"{f}_batch_gain" in n) + " (above 1: batching is cheaper)"
+               + ("; against the raw CSR single read: " + ", ".join(
+                   f"{f} {n[k]:.2f}x" for f in zero_copy if n.get(k := f"{f}_batch_gain_vs_raw"))
+                  if any(n.get(f"{f}_batch_gain_vs_raw") for f in zero_copy) else "") + ".")
+    if "integrity_rule_budget" in n:
+        verify = [f for f in zero_copy if n.get(f"{f}_integrity_verify_ratio")]
+        out.append(
+            "**Integrity on read**: `verify=True` (each bin's xxh3 checksum) adds "
+            + ", ".join(f"{f} {n[f'{f}_integrity_verify_ratio'] - 1:+.0%}" for f in verify)
+            + " to a warm read; every invariant on every read (`check_bin`) would add "
+            + ", ".join(f"{f} {n[f'{f}_integrity_check_bin_ratio']:+.0%}" for f in verify)
+            + f". Rule: a check runs on every read by default when it adds at most "
+            f"{n['integrity_rule_budget']:.0%}, so verify is "
+            f"**{'on' if n['integrity_rule_verify_default'] else 'off'}** by default and the "
+            "bins' structure is checked once per process when a reader builds its index.")
     slower = {c: [1 / n[k] for f in names if n.get(k := f"{f}_scan_{c}_ratio_to_floor")]
               for c in ("warm", "cold")}
     if any(slower.values()):
