@@ -53,7 +53,11 @@ def check_place(path: Path, reader: Any, bins: tuple[int, int]) -> None:
         raise FormatError(f"{path}: {reader.num_bins} bins, its dataset manifest puts bins "
                           f"{bins[0]}..{bins[1] - 1} here (replaced by another shard?)")
     recorded = reader.metadata.get("bins")
-    if recorded is not None and list(recorded) != list(bins):
+    if recorded is not None and recorded != list(bins):
+        if not (isinstance(recorded, list) and len(recorded) == 2
+                and all(type(b) is int for b in recorded)):
+            raise FormatError(f"{path}: its metadata records bins {recorded!r:.80}, not a "
+                              "[start, stop] pair (corrupted)")
         raise FormatError(f"{path}: holds bins {list(recorded)}, its dataset manifest puts "
                           f"bins {list(bins)} here (shards swapped or duplicated)")
 

@@ -36,6 +36,7 @@ from packlab.pipeline.manifest import (
     read_manifest,
     require_complete,
 )
+from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
 
 PathLike = str | os.PathLike[str]
@@ -131,6 +132,11 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
     that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
     anything else unrecognised is an error, so a damaged shard is never silently left out.
+
+    A directory without a dataset manifest (written before them) is checked as its receipts
+    allow: a receipt must name its shard, and their bins must follow one another (a gap is a
+    missing shard, an overlap a duplicated one); each shard then carries the bins its receipt
+    gives it (:class:`ShardRef`), as a link into a dataset directory carries its manifest's.
     """
     found: list[tuple[Path, str]] = []
     unknown: list[Path] = []
@@ -152,7 +158,16 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
         raise FormatError(f"{strays[0]}: not a shard of any known format (in a shard directory)")
-    return found
+    targets: dict[Path, Path] = {}
+    for link in (p for p, _ in found if p.is_symlink()):
+        first = targets.setdefault(link.resolve(), link)
+        if first != link:
+            raise FormatError(f"{link}: links to the same shard as {first.name} ({link.resolve()})"
+                              ": its bins would be served twice")
+    places = receipt_places([p for p, _ in found if not p.is_symlink()])
+    return [ShardRef(p, name, places[p]) if p in places else ref
+            for ref in found for p, name in [ref]]
+
 
 
 def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = None
@@ -210,11 +225,14 @@ def is_shard_like(path: Path) -> bool:
 def placed(path: Path, format: str) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
     it lives in has a dataset manifest, the shard must be listed there and the dataset
-    complete (a shard of an interrupted job is refused like the whole directory)."""
+    complete (a shard of an interrupted job is refused like the whole directory); where it has
+    none (written before them), the shard is where its receipt puts it, if it has one."""
     real = path.resolve() if path.is_symlink() else path
     manifest = read_manifest(real.parent)
-    if manifest is None:
-        return ShardRef(path, format)
+    if manifest is None:  # written before dataset manifests: where its receipt puts it
+        receipt = read_receipt(real)
+        bins = None if receipt is None else receipt.get("bins")
+        return ShardRef(path, format, None if bins is None else (bins[0], bins[1]))
     require_complete(real.parent, manifest)
     for entry in manifest["shards"]:
         if entry["name"] == real.name:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -27,7 +28,9 @@ TMP_MARKER = ".tmp-"
 
 
 def temporary_sibling(final: Path) -> Path:
-    """A unique hidden name beside ``final``, so the rename that publishes it is atomic."""
+    """A unique hidden name beside ``final``, so the rename that publishes it is atomic:
+    ``.NAME.tmp-PID-XXXXXXXX``, the writing process's id in it (what ``packlab gc`` reads to
+    tell a killed writer's temporary from a live one's; scratch files add a suffix)."""
     return final.parent / f".{final.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -35,15 +38,48 @@ def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and TMP_MARKER in path.name
 
 
+_OWNER = re.compile(re.escape(TMP_MARKER) + r"(\d+)-[0-9a-f]{8}")
+
+
+def temporary_owner(path: Path) -> int | None:
+    """The process id in a temporary's name (:func:`temporary_sibling`), or None."""
+    found = _OWNER.search(path.name) if is_temporary(path) else None
+    return int(found.group(1)) if found else None
+
+
+def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadable JSON") -> Any:
+    """JSON from bytes read off disk (manifests, receipts, footers), whatever they hold: bytes
+    that are not UTF-8, broken syntax, nesting deeper than the parser's recursion limit, an
+    integer of more digits than Python converts: one FormatError ``"{where}: {unreadable}:
+    ..."``, never the parser's own exception."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise FormatError(f"{where}: {unreadable}: nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
+        raise FormatError(f"{where}: {unreadable}: {' '.join(str(exc).split())[:200]}") from None
+
+
+def read_bytes(path: Path, *, unreadable: str = "unreadable") -> bytes:
+    """The bytes of a small file (a manifest, a receipt); an OSError is one FormatError
+    ``"{path}: {unreadable}: ..."``."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise FormatError(f"{path}: {unreadable}: {exc.strerror}") from None
+
+
+def read_json(path: Path, *, unreadable: str = "unreadable JSON") -> Any:
+    """:func:`parse_json` of the file at ``path`` (an OSError is a FormatError too)."""
+    return parse_json(read_bytes(path, unreadable=unreadable), path, unreadable=unreadable)
+
+
 def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind: str,
                          unreadable: str = "unreadable") -> dict[str, Any]:
     """A JSON object whose ``version`` is ``version`` (spool manifests, blend files, chunk
     layouts); anything else is one FormatError naming ``where``: ``"{where}: {unreadable}:
     ..."`` for bad JSON, ``"{where}: not a {version} {kind}"`` for the wrong document."""
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{where}: {unreadable}: {exc}") from None
+    obj = parse_json(data, where, unreadable=unreadable)
     if not isinstance(obj, dict) or obj.get("version") != version:
         raise FormatError(f"{where}: not a {version} {kind}")
     return obj
@@ -77,11 +113,8 @@ def read_versioned_json(path: Path, *, version: str, kind: str,
     (each caller says what a missing one means), a FormatError when it cannot be read."""
     if not path.is_file():
         return None
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"{path}: {unreadable}: {exc}") from None
-    return parse_versioned_json(data, path, version=version, kind=kind, unreadable=unreadable)
+    return parse_versioned_json(read_bytes(path, unreadable=unreadable), path, version=version,
+                                kind=kind, unreadable=unreadable)
 
 
 def refuse_existing(final: Path, *, overwrite: bool) -> None:
@@ -251,6 +284,11 @@ class HashedFile:
 
 def verify_files(directory: Path, files: dict[str, dict[str, Any]], *, checksums: bool) -> None:
     """Check that every file a manifest lists is present, of its size, and (optionally) its hash."""
+    if not isinstance(files, dict) or not all(
+            isinstance(name, str) and "/" not in name and name not in ("", ".", "..")
+            and isinstance(entry, dict) for name, entry in files.items()):
+        raise FormatError(f"{directory}: its manifest's 'files' is not a map of file names to "
+                          "sizes and checksums (corrupted)")
     for name, entry in files.items():
         path = directory / name
         if not path.is_file():

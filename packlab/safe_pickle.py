@@ -19,6 +19,7 @@ almost any exception type) becomes a :class:`~packlab.errors.FormatError` naming
 
 from __future__ import annotations
 
+import math
 import os
 import pickle
 from collections.abc import Mapping
@@ -93,7 +94,7 @@ class CheckedArray(np.ndarray):
         if type(shape) is not tuple or not all(type(d) is int and d >= 0 for d in shape):
             raise ValueError(f"bad array shape {shape!r:.80}")
         dtype = _as_dtype(spec)
-        count = int(np.prod(shape, dtype=np.int64))
+        count = math.prod(shape)  # Python ints: an int64 product could wrap to match the data
         if dtype == np.dtype(object):
             if type(data) is not list or len(data) != count:
                 raise ValueError(f"object array of shape {shape} pickled with "
@@ -225,8 +226,11 @@ def read_npy_header(fp: BinaryIO, *, source: str) -> NpyHeader:
             raise FormatError(f"{source}: .npy format version {version} not supported")
     except PacklabError:
         raise
-    except (ValueError, TypeError, OSError, SyntaxError, EOFError) as exc:
-        raise FormatError(f"{source}: not a valid .npy file: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - numpy's parser raises what its tokenizer and
+        # ast.literal_eval raise on damaged bytes (TokenError, SyntaxError, ValueError, ...)
+        detail = " ".join(str(exc).split())[:200]
+        raise FormatError(f"{source}: not a valid .npy file: {type(exc).__name__}: {detail}"
+                          ) from None
     return NpyHeader(version, tuple(shape), bool(fortran), np.dtype(dtype), fp.tell())
 
 

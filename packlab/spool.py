@@ -347,6 +347,10 @@ def read_spool_manifest(path: Path) -> dict[str, Any]:
     if manifest["num_sequences"] == 0:
         raise FormatError(f"{path}: empty spool (0 sequences, {manifest['num_tokens']} tokens): "
                           "nothing to read or pack")
+    vocab_size = manifest.get("vocab_size")
+    if vocab_size is not None and not (_is_count(vocab_size) and vocab_size > 0):
+        raise FormatError(f"{manifest_path}: bad 'vocab_size' {vocab_size!r:.40} (a positive "
+                          "integer, or null when unknown)")
     _check_dtypes(manifest, manifest_path)
     if not isinstance(manifest.get("files", {}), dict):
         raise FormatError(f"{manifest_path}: 'files' must map file names to sizes and checksums")

@@ -29,6 +29,17 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fuzz-scale", type=float, default=1.0,
+                     help="multiply the mutations per format of tests/test_fuzz.py (CI: 1; "
+                          "a long run: 10 or more)")
+
+
+@pytest.fixture(scope="session")
+def fuzz_scale(request: pytest.FixtureRequest) -> float:
+    return float(request.config.getoption("--fuzz-scale"))
+
+
 def write_random_spool(
     path: Path,
     *,
@@ -48,6 +59,15 @@ def write_random_spool(
             lengths,
         )
     return SpoolReader(path)
+
+
+def random_job(root: Path, *, num_sequences: int, seed: int, pack_size: int = 512
+               ) -> tuple[SpoolReader, BinAssignment]:
+    """A random spool under ``root/spool`` packed first-fit decreasing: what a pack job writes."""
+    spool = write_random_spool(root / "spool", num_sequences=num_sequences, max_len=300,
+                               seed=seed)
+    assignment, _ = pack(spool.lengths, pack_size, algorithm="first_fit_decreasing")
+    return spool, assignment
 
 
 def write_empty_spool(path: Path) -> Path:

@@ -4,18 +4,19 @@ knows its shards, so an interrupted, shortened, swapped or duplicated dataset is
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import write_random_spool
+from conftest import random_job, write_random_spool
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names
+from packlab.layout import build_layout
 from packlab.layout.validate import validate_path
-from packlab.packing import pack
 from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
@@ -25,10 +26,7 @@ FORMATS = format_names()
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("manifest")
-    spool = write_random_spool(root / "spool", num_sequences=90, max_len=300, seed=4)
-    assignment, _ = pack(spool.lengths, 512, algorithm="first_fit_decreasing")
-    return spool, assignment
+    return random_job(tmp_path_factory.mktemp("manifest"), num_sequences=90, seed=4)
 
 
 def write(job, out: Path, name: str, **options) -> list[dict]:
@@ -158,3 +156,133 @@ def test_a_second_job_into_one_directory_is_refused_while_the_first_writes(job, 
     assert not list(out.glob("shard_*"))
     write(job, out, "parquet")  # the lock went with the first job
     assert read_manifest(out)["state"] == "complete"
+
+
+# -- layouts: a split links its datasets' shards; each is placed by its directory's manifest ----
+@pytest.fixture(scope="module")
+def spools(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("layout-spools")
+    return [write_random_spool(root / name, num_sequences=160, max_len=300, seed=seed).path
+            for name, seed in (("chat", 1), ("code", 2))]
+
+
+def build(spools: list[Path], out: Path, name: str) -> Path:
+    build_layout([str(s) for s in spools], out, format=name, pack_size=512,
+                 splits="train=0.8,valid=0.2", bins_per_shard=4, workers=1)
+    return out
+
+
+def dataset_dir(out: Path) -> Path:
+    """The directory of the dataset with the most shards in the layout (runs/.../hash/)."""
+    homes = [m.parent for m in (out / "runs").rglob(MANIFEST_FILE)]
+    return max(homes, key=lambda h: len(read_manifest(h)["shards"]))
+
+
+def refused_everywhere(out: Path, pattern: str) -> None:
+    for call in (lambda: open_dataset(out, split="train"), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=pattern):
+            call()
+
+
+@pytest.mark.parametrize("name", ["parquet", "memmap_v1"])
+def test_a_layouts_split_refuses_a_missing_swapped_or_duplicated_shard(spools, tmp_path,
+                                                                       name) -> None:
+    whole = build(spools, tmp_path / "whole", name)
+    served = [bin_digest(*b) for b in open_dataset(whole, split="train").read_bins(
+        range(len(open_dataset(whole, split="train"))))]
+
+    def damaged() -> tuple[Path, Path, Path]:
+        out = tmp_path / "out"
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(whole, out, symlinks=True)
+        home = dataset_dir(out)
+        entries = read_manifest(home)["shards"]
+        return out, home / entries[0]["name"], home / entries[1]["name"]
+
+    out, first, second = damaged()
+    assert [bin_digest(*b) for b in open_dataset(out, split="train").read_bins(
+        range(len(served)))] == served
+    shutil.move(second, tmp_path / "gone")
+    refused_everywhere(out, f"{second.name}.*(broken link|missing)")
+    out, first, second = damaged()
+    _swap(first, second)
+    refused_everywhere(out, f"{first.name}: .*(swapped|another shard in its place)")
+    out, first, second = damaged()
+    (shutil.rmtree if second.is_dir() else Path.unlink)(second)
+    (shutil.copytree if first.is_dir() else shutil.copy)(first, second)
+    receipt = json.loads(receipt_path(first).read_text())
+    receipt_path(second).write_text(json.dumps({**receipt, "shard": second.name}))
+    refused_everywhere(out, f"{second.name}: ")
+    out, first, _ = damaged()  # the same shard linked twice into a split
+    link = next(p for p in (out / "splits" / "train").iterdir() if p.resolve() == first)
+    (link.parent / f"again__{link.name}").symlink_to(os.readlink(link))
+    refused_everywhere(out, "links to the same shard as")
+
+
+# -- written before dataset manifests: the checks their receipts allow ------------------------
+@pytest.mark.parametrize("name", ["parquet", "memmap_v1", "legacy_npy_pickle"])
+def test_an_output_without_a_dataset_manifest_is_checked_by_its_receipts(job, tmp_path,
+                                                                          name) -> None:
+    whole = tmp_path / "whole"
+    write(job, whole, name)
+    (whole / MANIFEST_FILE).unlink()  # as written before dataset manifests existed
+    expected = [bin_digest(*b) for b in open_dataset(whole).read_bins(range(job[1].num_bins))]
+    assert validate_path(whole)["manifest"] is False
+
+    def damaged() -> tuple[Path, list[Path]]:
+        out = tmp_path / "out"
+        if out.exists():
+            shutil.rmtree(out)
+        shutil.copytree(whole, out)
+        return out, sorted(p for p in out.glob("shard_*") if not p.name.endswith(".json"))
+
+    out, shards = damaged()
+    assert [bin_digest(*b) for b in open_dataset(out).read_bins(range(len(expected)))
+            ] == expected
+    for path in (shards[1], receipt_path(shards[1])):  # a shard deleted with its receipt
+        (shutil.rmtree if path.is_dir() else Path.unlink)(path)
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{shards[2].name}: .*bins 4..7 are missing"):
+            call()
+    out, shards = damaged()
+    _swap(shards[0], shards[1])  # with their receipts: each receipt names the other shard
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{shards[0].name}: its receipt is "):
+            call()
+    out, shards = damaged()  # a shard copied over another, its receipt adjusted
+    (shutil.rmtree if shards[1].is_dir() else Path.unlink)(shards[1])
+    (shutil.copytree if shards[0].is_dir() else shutil.copy)(shards[0], shards[1])
+    receipt = json.loads(receipt_path(shards[0]).read_text())
+    receipt_path(shards[1]).write_text(json.dumps({**receipt, "shard": shards[1].name}))
+    for call in (lambda: open_dataset(out), lambda: validate_path(out)):
+        with pytest.raises(FormatError, match=f"{shards[1].name}: .*bins 0..3 are also in another "):
+            call()
+
+
+def test_a_layout_without_dataset_manifests_opens_and_validates(spools, tmp_path) -> None:
+    out = build(spools, tmp_path / "out", "parquet")
+    expected = len(open_dataset(out, split="train"))
+    for manifest in (out / "runs").rglob(MANIFEST_FILE):
+        manifest.unlink()
+    assert len(open_dataset(out, split="train")) == expected
+    assert validate_path(out)["splits"]["train"]["num_bins"] == expected
+    home = max({p.resolve().parent for p in (out / "splits" / "train").iterdir()},
+               key=lambda h: len(list(h.glob("*.receipt.json"))))
+    first, second = sorted(p for p in home.glob("shard_*") if not p.name.endswith(".json"))[:2]
+    _swap(first, second)  # the shards only: each receipt now vouches for the other's bytes
+    with pytest.raises(FormatError, match=f"{first.name}: holds bins .*receipt|swapped"):
+        open_dataset(out, split="train")
+    with pytest.raises(FormatError, match=f"{first.name}: "):
+        validate_path(out)
+
+
+def test_validate_checks_each_receipt_against_its_place(job, tmp_path) -> None:
+    out = tmp_path / "out"
+    write(job, out, "parquet")
+    shard = out / read_manifest(out)["shards"][1]["name"]
+    receipt = json.loads(receipt_path(shard).read_text())
+    receipt_path(shard).write_text(json.dumps({**receipt, "bins": [8, 12]}))
+    with pytest.raises(FormatError, match=f"{shard.name}: its receipt puts it at bins "
+                                          r"\[8, 12\], its place in the dataset is \[4, 8\]"):
+        validate_path(out)

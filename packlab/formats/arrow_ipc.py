@@ -65,7 +65,7 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, starts_with
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, starts_with
 from packlab.formats.bintable import (
     BinTable,
     Column,
@@ -291,8 +291,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         if info.get("format") != FORMAT:
             raise FormatError(f"{self.path}: packlab metadata names format {info.get('format')!r}")
         for key in ("pack_size", "batch_size"):
-            if not isinstance(info.get(key), int) or info[key] < 1:
-                raise FormatError(f"{self.path}: packlab metadata: bad or missing {key!r}")
+            count_field(info, key, f"{self.path}: packlab metadata", minimum=1)
         self.pack_size = int(info["pack_size"])
         if pack_size is not None and int(pack_size) != self.pack_size:
             raise PacklabError(f"{self.path}: pack_size {pack_size} given, the file says "
@@ -350,8 +349,8 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         _, info = self._read_batch(k)
         keys = ("first_bin", "num_bins", "num_tokens", "num_seqs", "total_bins", "total_tokens",
                 "total_seqs", "crc32")
-        if not all(isinstance(info.get(key), int) for key in keys):
-            raise FormatError(f"{self.path}: record batch {k}: missing packlab batch metadata")
+        for key in keys:
+            count_field(info, key, f"{self.path}: record batch {k}: packlab batch metadata")
         return info
 
     def _load(self, k: int, first_bin: int | None = None) -> BinColumns:
@@ -365,11 +364,14 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path}: record batch {k} has {batch.num_rows} bins, "
                               f"expected {int(self.batch_offsets[k + 1]) - first}")
         cols = decode(batch, source=str(self.path), first_bin=first)
+        where = f"{self.path}: record batch {k} (bins {first}..{first + cols.rows - 1})"
+        if info and (info.get("first_bin"), info.get("num_bins"), info.get("num_tokens"),
+                     info.get("num_seqs")) != (first, cols.rows, int(cols.token_offsets[-1]),
+                                               int(cols.seq_offsets[-1])):
+            raise FormatError(f"{where}: its metadata places it at bin {info.get('first_bin')} "
+                              f"with {info.get('num_bins')} bins, {info.get('num_tokens')} "
+                              f"tokens and {info.get('num_seqs')} sequences (corrupted)")
         if getattr(self, "verify_checksums", False):
-            where = f"{self.path}: record batch {k} (bins {first}..{first + cols.rows - 1})"
-            if info.get("first_bin") != first or info.get("num_bins") != cols.rows:
-                raise FormatError(f"{where}: its metadata places it at bin {info.get('first_bin')}"
-                                  f" with {info.get('num_bins')} bins")
             if cols.crc32() != info.get("crc32"):
                 raise FormatError(f"{where}: checksum mismatch (corrupted data)")
         return cols

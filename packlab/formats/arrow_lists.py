@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, PacklabError
+from packlab.files import parse_json
 from packlab.invariants import check_csr
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -62,10 +63,14 @@ def schema_with_metadata(metadata: dict[bytes, bytes] | None = None) -> pa.Schem
 
 def check_schema(schema: pa.Schema, source: str) -> None:
     """The three columns must be lists of integers (int8 masks, as Megatron-Bridge writes, pass)."""
+    try:
+        names = schema.names
+    except ValueError:  # pyarrow decodes field names as UTF-8 here: damaged schema bytes
+        raise FormatError(f"{source}: damaged schema (field names are not UTF-8)") from None
     for name in COLUMNS:
         index = schema.get_field_index(name)
         if index < 0:
-            raise FormatError(f"{source}: no column {name!r} (columns: {', '.join(schema.names)}); "
+            raise FormatError(f"{source}: no column {name!r} (columns: {', '.join(names)}); "
                               "not a packed SFT shard")
         kind = schema.field(index).type
         if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not pa.types.is_integer(
@@ -285,10 +290,7 @@ def dump_metadata(info: dict[str, Any]) -> str:
 
 def load_metadata(raw: bytes, where: str) -> dict[str, Any]:
     """Parse and verify what :func:`dump_metadata` wrote; ``where`` names file and place."""
-    try:
-        info = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise FormatError(f"{where}: packlab metadata is not JSON (corrupted)") from None
+    info = parse_json(raw, where, unreadable="packlab metadata is not JSON (corrupted)")
     if not isinstance(info, dict):
         raise FormatError(f"{where}: packlab metadata is not a JSON object")
     crc = info.pop("metadata_crc32", None)

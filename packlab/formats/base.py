@@ -18,7 +18,6 @@ storage, measurement) reads instead of testing format names.
 
 from __future__ import annotations
 
-import json
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -29,7 +28,7 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import fsync_path, publish, remove, temporary_sibling
+from packlab.files import fsync_path, publish, read_json, remove, temporary_sibling
 from packlab.invariants import check_bin
 from packlab.version import __version__
 
@@ -116,6 +115,21 @@ class FormatFacts:
         return (*cls.FILES, *((cls.MANIFEST,) if cls.MANIFEST else ()))
 
 
+MAX_COUNT = 1 << 48  # more bins, sequences, tokens or bytes than one shard holds on any disk
+MAX_PACK_SIZE = (1 << 31) - 1  # positions in a bin are int32 (seq_start_id)
+
+
+def count_field(record: Any, key: str, where: object, *, minimum: int = 0) -> int:
+    """A count read from a manifest, footer or metadata: an int from ``minimum`` to
+    :data:`MAX_COUNT` (``pack_size``: :data:`MAX_PACK_SIZE`). Anything else is damage (a
+    string, a float, 2**63: numpy would overflow on it) and one FormatError naming ``where``."""
+    value = record.get(key) if isinstance(record, dict) else None
+    limit = MAX_PACK_SIZE if key == "pack_size" else MAX_COUNT
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= limit:
+        raise FormatError(f"{where}: bad or missing {key!r} ({value!r:.40})")
+    return value
+
+
 def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
     """Bin indices as a sequence of ints to loop over: a numpy array becomes a list in one C
     call (for the batches a DataLoader asks, a Python loop beats a dozen small numpy calls)."""
@@ -141,10 +155,7 @@ def read_directory_manifest(shard: Path, name: str, *, kind: str,
         raise FormatError(f"{shard}: a {kind} shard is a directory")
     if not file.is_file():
         raise FormatError(f"{file}: missing (an unfinished or damaged {kind} shard)")
-    try:
-        manifest = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{file}: unreadable manifest: {exc}") from None
+    manifest = read_json(file, unreadable="unreadable manifest")
     (first, wanted), *rest = expect.items()
     if not isinstance(manifest, dict) or manifest.get(first) != wanted:
         raise FormatError(f"{file}: not a {wanted} manifest")

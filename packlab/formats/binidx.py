@@ -60,6 +60,7 @@ from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     read_directory_manifest,
     starts_with,
 )
@@ -370,6 +371,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         self.num_tokens = _int_field(self.manifest, "num_tokens", self.path)
         self.num_seqs = _int_field(self.manifest, "num_seqs", self.path)
         self.vocab_size: int | None = self.manifest.get("vocab_size")
+        if self.vocab_size is not None:
+            count_field(self.manifest, "vocab_size", self.path / MANIFEST, minimum=1)
         self.has_checksums = "bin_checksum" in self.manifest
         if self.manifest.get("bin_checksum", CHECKSUM) != CHECKSUM:
             raise FormatError(f"{self.path / MANIFEST}: per-bin checksum "
@@ -441,10 +444,17 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         """Where the bins are: the index read into RAM and checked against the data."""
         n, p = self.num_bins, self.path
         lengths, pointers, seq_offsets = self._load_index()
-        first, rem = np.divmod(pointers, self.token_dtype.itemsize)
-        bad = ((rem != 0) | (lengths <= 0) | (first < 0) | (first + lengths > self.num_tokens)
+        # checked whole before any read uses it: bins of at least one token, each following
+        # the previous in data.bin (as the lengths say) up to its end, and starts rising from
+        # 0 to num_seqs (bintable checks each bin's structure and runs, not their order)
+        stop = np.cumsum(lengths)
+        first = stop - lengths
+        bad = ((pointers != first * self.token_dtype.itemsize) | (lengths <= 0)
                | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
                | (seq_offsets[1:] > self.num_seqs))
+        if n and not bad.any() and (stop[-1] != self.num_tokens or seq_offsets[0] != 0
+                              or seq_offsets[-1] != self.num_seqs):
+            bad[-1] = True
         if bad.any():
             i = int(np.argmax(bad))
             raise FormatError(
@@ -550,10 +560,7 @@ def _entry(path: Path) -> dict[str, Any]:
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
-    value = manifest.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise FormatError(f"{path / MANIFEST}: bad or missing {key!r}")
-    return value
+    return count_field(manifest, key, path / MANIFEST)
 
 
 def _unpack(file: Path, header: Any) -> tuple[Any, ...]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,12 @@ from numpy.lib import format as npy_format
 
 from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, fsync_file, verify_files
+from packlab.files import HashedFile, fsync_directory, fsync_file, read_json, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     read_directory_manifest,
 )
 from packlab.formats.bintable import (
@@ -87,9 +89,9 @@ def detect(path: Path) -> bool:
     if not path.is_dir():
         return False
     try:
-        manifest = json.loads((path / MANIFEST).read_text())
+        manifest = read_json(path / MANIFEST)
         return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
-    except (OSError, ValueError):
+    except FormatError:
         return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
 
 
@@ -251,9 +253,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     manifest = read_directory_manifest(path, MANIFEST, kind="memmap",
                                        expect={"format": MANIFEST_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
-        value = manifest.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise FormatError(f"{manifest_path}: bad or missing {key!r}")
+        count_field(manifest, key, manifest_path)
     if manifest["num_bins"] == 0 or manifest["pack_size"] == 0:
         raise FormatError(f"{manifest_path}: empty shard (num_bins or pack_size is 0)")
     dtypes = manifest.get("dtypes")
@@ -349,6 +349,14 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             k = int(np.argmax(bad))
             raise self._corrupt(k, f"seq_offsets [{int(offsets[k])}, {int(offsets[k + 1])}) "
                                 f"outside [0, {self.num_seqs}]")
+        if offsets[0] != 0 or offsets[-1] != self.num_seqs:
+            raise FormatError(f"{self.path / FILES['seq_offsets']}: runs from {int(offsets[0])} "
+                              f"to {int(offsets[-1])}, not 0 to num_seqs {self.num_seqs} "
+                              "(corrupted shard; run validate)")
+        if int(lengths.sum(dtype=np.int64)) != self.num_tokens:
+            raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
+                              f"{int(lengths.sum(dtype=np.int64))} tokens, the manifest says "
+                              f"{self.num_tokens} (corrupted shard; run validate)")
 
     def _corrupt(self, index: int, what: str) -> FormatError:
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
@@ -360,18 +368,10 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         """Sizes and checksums, headers, every invariant (vectorized), zero padding, and every
         bin's checksum."""
         verify_files(self.path, self.manifest["files"], checksums=True)
-        layout = self._layout()  # checks the headers and the index
+        layout = self._layout()  # the headers and the whole index (_check_index)
         lengths = np.asarray(layout.packed_len, dtype=np.int64)
         offsets = np.concatenate((layout.seq_start, [self.num_seqs]))
         source = str(self.path)
-        steps = np.diff(offsets)
-        if offsets[0] != 0 or offsets[-1] != self.num_seqs or (steps <= 0).any():
-            where = f"bin {int(np.argmax(steps <= 0))}: " if (steps <= 0).any() else ""
-            raise FormatError(f"{self.path / FILES['seq_offsets']}: {where}sequence offsets must "
-                              f"rise from 0 to num_seqs {self.num_seqs} (corrupted)")
-        if int(lengths.sum()) != self.num_tokens:
-            raise FormatError(f"{self.path / FILES['packed_len']}: {int(lengths.sum())} tokens, "
-                              f"the manifest says {self.num_tokens}")
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * self.pack_size))
         maps = [MappedFile(column.path) for column in layout[:3]]
         ids, mask, starts = (f.view(c.dtype, c.offset, c.count)
@@ -396,7 +396,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             file = self.path / FILES[name]
             with open(file, "rb") as fp:
                 header = read_npy_header(fp, source=str(file))
-            size = header.data_offset + int(np.prod(shape, dtype=np.int64)) * DTYPES[name].itemsize
+            size = header.data_offset + math.prod(shape) * DTYPES[name].itemsize
             if header.dtype != DTYPES[name] or header.shape != shape or header.fortran_order:
                 raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                                   f"expected {DTYPES[name].str}{list(shape)}")

@@ -67,6 +67,7 @@ from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     index_list,
     read_directory_manifest,
 )
@@ -78,8 +79,10 @@ from packlab.formats.spool_gather import (
     sequence_checksums,
 )
 from packlab.invariants import check_csr
+from packlab.mapping import MappedFile
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
+from packlab.safe_pickle import read_npy_header
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader, read_spool_manifest
@@ -357,14 +360,11 @@ class Reader(PackedIndexFacts, ShardReader):
 
     def _open_index(self) -> BinMaterializer:
         if self._materializer is None:
-            offsets = _load_npy(self.path / OFFSETS)
-            indices = _load_npy(self.path / INDICES)
-            self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
-            if offsets.shape[0] != self.num_bins + 1 or indices.shape[0] != self.num_seqs:
-                raise FormatError(f"{self.path}: index holds {offsets.shape[0] - 1} bins and "
-                                  f"{indices.shape[0]} sequences, the manifest says "
-                                  f"{self.num_bins} and {self.num_seqs}")
+            offsets = _load_npy(self.path / OFFSETS, self.num_bins + 1)
+            indices = _load_npy(self.path / INDICES, self.num_seqs)
             self._spool = SpoolReader(self.spool_path)
+            _check_index(self.path, offsets, indices, self._spool.num_sequences)
+            self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
             try:
                 self._materializer = BinMaterializer(self._spool, self._assignment)
             except PacklabError as exc:
@@ -382,7 +382,7 @@ class Reader(PackedIndexFacts, ShardReader):
         is (16 bytes per sequence; 24 with ``verify``): built once per process, on the first
         read."""
         if self._gather is None:
-            sums = _load_npy(self.path / SUMS, "<u8") if self.verify else None
+            sums = _load_npy(self.path / SUMS, self.num_seqs, "<u8") if self.verify else None
             self._gather = build_gather(self.path, self._open_index(), sums)
         return self._gather
 
@@ -451,21 +451,34 @@ class Reader(PackedIndexFacts, ShardReader):
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "spool": str(self.spool_path), "bytes_on_disk": self.bytes_on_disk()}
 
-
     def _check_sequences(self) -> None:
         """Every indexed sequence of the spool against the checksum the shard recorded."""
         assert self._spool is not None
-        recorded = _load_npy(self.path / SUMS, "<u8")
+        recorded = _load_npy(self.path / SUMS, self.num_seqs, "<u8")
         part = self.assignment
         found = sequence_checksums(self._spool, part.seq_indices, part.pack_size)
-        if recorded.shape != found.shape:
-            raise FormatError(f"{self.path / SUMS}: {recorded.shape[0]} checksums for "
-                              f"{found.shape[0]} sequences (corrupted)")
         wrong = recorded != found
         if wrong.any():
             b = int(np.searchsorted(part.bin_offsets, int(np.argmax(wrong)), side="right") - 1)
             raise FormatError(f"{self.path}: bin {b}: a sequence differs from the spool "
                               f"{self.spool_path} it was packed from (changed in place)")
+
+
+def _check_index(path: Path, offsets: np.ndarray, indices: np.ndarray, num_sequences: int
+                 ) -> None:
+    """The CSR read from disk, before anything indexes with it (vectorized, once per process):
+    bins of one sequence or more, ending where the sequences do, each sequence in the spool."""
+    steps = offsets[1:] - offsets[:-1]
+    if offsets[0] != 0 or offsets[-1] != indices.shape[0] or (steps <= 0).any():
+        b = int(np.argmax(steps <= 0)) if (steps <= 0).any() else 0
+        raise FormatError(f"{path / OFFSETS}: bin {b}: bin offsets must rise strictly from 0 "
+                          f"to {indices.shape[0]} (corrupted)")
+    outside = (indices < 0) | (indices >= num_sequences)
+    if outside.any():
+        k = int(np.argmax(outside))
+        b = int(np.searchsorted(offsets, k, side="right") - 1)
+        raise FormatError(f"{path / INDICES}: bin {b}: sequence {int(indices[k])} is not in the "
+                          f"spool ({num_sequences} sequences; corrupted)")
 
 
 def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarray, *,
@@ -509,16 +522,25 @@ def _save_npy(path: Path, values: np.ndarray, dtype: str = "<i8") -> dict[str, A
     return file_entry(path)
 
 
-def _load_npy(path: Path, dtype: str = "<i8") -> np.ndarray:
-    """A 1-D .npy of ``dtype``, memory-mapped, never unpickled; a FormatError naming the file."""
+def _load_npy(path: Path, count: int, dtype: str = "<i8") -> np.ndarray:
+    """The ``count`` values of a 1-D ``dtype`` .npy, memory-mapped, never unpickled; its header
+    parsed by :func:`~packlab.safe_pickle.read_npy_header` (not numpy's parser, whose tokenizer
+    fails on damaged bytes) and checked against the manifest's count and the file's size first,
+    so any damage is a FormatError naming the file."""
+    want = np.dtype(dtype)
     try:
-        values = np.load(path, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError, EOFError) as exc:
-        raise FormatError(f"{path}: not a readable .npy index: {exc}") from None
-    if values.ndim != 1 or values.dtype != np.dtype(dtype):
-        raise FormatError(f"{path}: expected 1-D {np.dtype(dtype)}, found {values.dtype} "
-                          f"{values.shape}")
-    return values
+        with open(path, "rb") as fp:
+            header = read_npy_header(fp, source=str(path))
+            size = os.fstat(fp.fileno()).st_size
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    if header.dtype != want or header.shape != (count,) or header.fortran_order:
+        raise FormatError(f"{path}: header says {header.dtype.str}{list(header.shape)}, the "
+                          f"manifest needs {want.str}[{count}]")
+    if size != header.data_offset + want.itemsize * count:
+        raise FormatError(f"{path}: {size} bytes, its header needs "
+                          f"{header.data_offset + want.itemsize * count} (truncated or corrupted)")
+    return MappedFile(path, random=False).view(want, header.data_offset, count)
 
 
 def read_manifest(path: Path) -> dict[str, Any]:
@@ -527,9 +549,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     manifest = read_directory_manifest(path, MANIFEST, kind=FORMAT,
                                        expect={"format": FORMAT, "layout": LAYOUT})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
-        value = manifest.get(key)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise FormatError(f"{file}: bad or missing {key!r}")
+        count_field(manifest, key, file, minimum=1)
     spool = manifest.get("spool")
     if not isinstance(spool, dict) or not all(
         isinstance(spool.get(k), str) for k in ("path", "relative", "manifest_sha256")

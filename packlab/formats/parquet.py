@@ -73,6 +73,7 @@ from packlab.formats.base import (
     FormatFacts,
     ShardReader,
     ShardWriter,
+    count_field,
     index_list,
     is_remote,
     starts_with,
@@ -326,8 +327,7 @@ class Reader(ParquetFacts, ShardReader):
         if info.get("format") != FORMAT:
             raise FormatError(f"{self.path}: packlab metadata names format {info.get('format')!r}")
         for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
-            if not isinstance(info.get(key), int) or info[key] < 0:
-                raise FormatError(f"{self.path}: packlab metadata: bad or missing {key!r}")
+            count_field(info, key, f"{self.path}: packlab metadata")
         self.pack_size = int(info["pack_size"])
         if pack_size is not None and int(pack_size) != self.pack_size:
             raise PacklabError(f"{self.path}: pack_size {pack_size} given, the file says "

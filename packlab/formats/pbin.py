@@ -59,8 +59,8 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import temporary_sibling
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
+from packlab.files import parse_json, temporary_sibling
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field
 from packlab.formats.binidx import ScratchArray
 from packlab.formats.bintable import (
     Column,
@@ -150,10 +150,7 @@ def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
     if length > size - HEADER_SIZE - TAIL.size:
         raise FormatError(f"{path}: packlab footer length {length} exceeds the file (corrupted)")
     f.seek(size - TAIL.size - length)
-    try:
-        footer = json.loads(f.read(length))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{path}: unreadable packlab footer: {exc}") from None
+    footer = parse_json(f.read(length), path, unreadable="unreadable packlab footer")
     if not isinstance(footer, dict) or footer.get("layout") != LAYOUT:
         raise FormatError(f"{path}: packlab footer of unknown layout {footer.get('layout')!r}"
                           if isinstance(footer, dict) else f"{path}: bad packlab footer")
@@ -317,14 +314,14 @@ class Reader(PbinFacts, TableReads, ShardReader):
         footer = self.footer
         assert footer is not None
         for key in ("pack_size", "num_bins", "num_tokens", "num_seqs", "token_width"):
-            value = footer.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise FormatError(f"{self.path}: packlab footer: bad or missing {key!r}")
+            count_field(footer, key, f"{self.path}: packlab footer")
         self.pack_size = footer["pack_size"]
         self.num_bins = footer["num_bins"]
         self.num_tokens = footer["num_tokens"]
         self.num_seqs = footer["num_seqs"]
         self.vocab_size = footer.get("vocab_size")
+        if self.vocab_size is not None:
+            count_field(footer, "vocab_size", f"{self.path}: packlab footer", minimum=1)
         if (self.file.token_width, self.file.num_tokens) != (footer["token_width"],
                                                              self.num_tokens):
             raise FormatError(f"{self.path}: header says {self.file.num_tokens} tokens of "
@@ -343,7 +340,8 @@ class Reader(PbinFacts, TableReads, ShardReader):
         for name, nbytes in expected.items():
             where = sections.get(name)
             if (not isinstance(where, list) or len(where) != 2 or where[1] != nbytes
-                    or base + where[0] + nbytes > footer["footer_offset"]):
+                    or isinstance(where[0], bool) or not isinstance(where[0], int)
+                    or where[0] < 0 or base + where[0] + nbytes > footer["footer_offset"]):
                 raise FormatError(f"{self.path}: packlab trailer section {name!r} is missing, "
                                   "of the wrong size or past the footer (corrupted)")
 
@@ -367,6 +365,9 @@ class Reader(PbinFacts, TableReads, ShardReader):
         bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
                | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
                | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
+        if (token_offsets[0], token_offsets[-1], seq_offsets[0], seq_offsets[-1]) != (
+                0, self.num_tokens, 0, self.num_seqs):  # offsets cover all, from 0
+            bad[-1] = True
         if bad.any():
             i = int(np.argmax(bad))
             raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"

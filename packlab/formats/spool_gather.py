@@ -60,14 +60,14 @@ def build_gather(source: Path, materializer: BinMaterializer,
         raise FormatError(f"{source}: bin {b}: a sequence longer than pack_size "
                           f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
     kept = np.minimum(lengths, part.pack_size)
-    starts = spool.offsets[indices].astype(np.int64)
+    starts, outside = _spool_starts(spool, indices, kept)
     ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
     np.cumsum(kept, out=ends[1:])
     packed = ends[offsets[1:]] - ends[offsets[:-1]]
     bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
-    if bad.any() or (starts + kept > spool.num_tokens).any():
+    if bad.any() or outside.any():
         b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
-            offsets, int(np.argmax(starts + kept > spool.num_tokens)), side="right") - 1)
+            offsets, int(np.argmax(outside)), side="right") - 1)
         raise FormatError(f"{source}: bin {b} does not fit its spool {spool.path} "
                           "(empty, over pack_size or past the spool's tokens; run validate)")
     files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
@@ -81,6 +81,17 @@ def build_gather(source: Path, materializer: BinMaterializer,
                    memoryview(packed), files[0].fd, files[1].fd, ReadAdvice(files[0].fd), files,
                    memoryview(tokens).cast("B"), memoryview(masks),
                    None if sums is None else memoryview(np.ascontiguousarray(sums)))
+
+
+def _spool_starts(spool: SpoolReader, indices: np.ndarray, kept: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Where each indexed sequence starts in the spool (int64), and which of them do not fit
+    (empty, or its kept tokens past the spool's): the uint64 offsets read from disk are
+    compared before any conversion can wrap them."""
+    raw = spool.offsets[indices]
+    outside = (kept <= 0) | (raw > np.uint64(spool.num_tokens)) | (
+        raw.astype(np.int64) > spool.num_tokens - kept)
+    return raw.astype(np.int64), outside
 
 
 def gather_bin(g: Gather, b: int) -> PackedBin:
@@ -121,8 +132,12 @@ def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
     index arrays (8 bytes a sequence each), the writer's memory stays flat.
     """
     index = np.asarray(indices, dtype=np.int64)
-    first = np.asarray(spool.offsets[index], dtype=np.int64)
     kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
+    first, outside = _spool_starts(spool, index, kept)
+    if outside.any():
+        k = int(np.argmax(outside))
+        raise FormatError(f"{spool.path}: sequence {int(index[k])}: empty, or its offset "
+                          "points past tokens.bin (corrupted spool; run validate)")
     order = np.argsort(first, kind="stable")
     first, kept = first[order], kept[order]
     out = np.empty(index.shape[0], dtype=np.uint64)

@@ -48,10 +48,15 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
         detail = " ".join(str(exc).split())[:300]
         raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
                           ) from None
-    receipt = check_receipt(path, receipt)
+    # a split's link: the receipt is beside the shard it links to
+    receipt = check_receipt(path.resolve() if receipt is None and path.is_symlink() else path,
+                            receipt)
     if receipt is not None and receipt.get("num_bins") != summary["num_bins"]:
         raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
                           f"{receipt.get('num_bins')}")
+    if receipt is not None and bins is not None and receipt.get("bins") not in (None, list(bins)):
+        raise FormatError(f"{path}: its receipt puts it at bins {receipt['bins']}, its place in "
+                          f"the dataset is {list(bins)}")
     if sha256 is not None and shard_checksum(path)[0] != sha256:
         raise FormatError(f"{path}: checksum differs from {MANIFEST_FILE}'s (replaced or "
                           "corrupted)")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import sha256_file, staged
+from packlab.files import parse_json, read_bytes, sha256_file, staged
 from packlab.formats import open_shard
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -57,27 +57,67 @@ def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
 
 def parse_receipt(raw: bytes, where: object) -> dict[str, Any]:
     """A receipt read from anywhere (a file beside its shard, an object beside a remote one)."""
-    try:
-        receipt = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{where}: unreadable receipt: {exc}") from None
+    receipt = parse_json(raw, where, unreadable="unreadable receipt")
     if not isinstance(receipt, dict):
         raise FormatError(f"{where}: unreadable receipt: not a JSON object")
     return receipt
 
 
+def placed_receipt(shard: Path, receipt: dict[str, Any], where: object) -> dict[str, Any]:
+    """``receipt`` checked for what places ``shard``: it names this very shard, and its
+    ``bins`` (when it has them) are a ``[start, stop)`` pair."""
+    if receipt.get("shard") != shard.name:
+        raise FormatError(f"{shard}: its receipt is {receipt.get('shard')!r:.80}'s (shards or "
+                          "receipts swapped, or a shard copied over another)")
+    bins = receipt.get("bins")
+    if bins is not None and not (isinstance(bins, list) and len(bins) == 2 and all(
+            type(b) is int and b >= 0 for b in bins) and bins[0] < bins[1]):
+        raise FormatError(f"{where}: bins {bins!r:.80} is not a [start, stop) pair (damaged "
+                          "receipt)")
+    return receipt
+
+
+def read_receipt(shard: Path) -> dict[str, Any] | None:
+    """The receipt beside ``shard`` (None without one), checked for what places the shard
+    (:func:`placed_receipt`). Cheap: no hash."""
+    where = receipt_path(shard)
+    if not where.is_file():
+        return None
+    raw = read_bytes(where, unreadable="unreadable receipt")
+    return placed_receipt(shard, parse_receipt(raw, where), where)
+
+
+def receipt_places(shards: list[Path]) -> dict[Path, tuple[int, int]]:
+    """Where the receipts of a directory's shards (in name order) put them: ``bins`` per
+    shard with a receipt. The places must follow one another: a gap is a missing shard, an
+    overlap a duplicated one (how an output written before dataset manifests is checked)."""
+    places: dict[Path, tuple[int, int]] = {}
+    previous: tuple[Path, int] | None = None
+    for shard in shards:
+        receipt = read_receipt(shard)
+        bins = None if receipt is None else receipt.get("bins")
+        if bins is None:
+            previous = None
+            continue
+        if previous is not None and bins[0] != previous[1]:
+            what = "missing" if bins[0] > previous[1] else "also in another shard"
+            raise FormatError(f"{shard}: its receipt puts it at bins {bins[0]}..{bins[1] - 1}, "
+                              f"{previous[0].name} ends at {previous[1]}: bins "
+                              f"{min(previous[1], bins[0])}..{max(previous[1], bins[0]) - 1} "
+                              f"are {what}")
+        places[shard] = (bins[0], bins[1])
+        previous = (shard, bins[1])
+    return places
+
+
 def check_receipt(shard: Path, receipt: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """Compare a shard with its receipt (``receipt``, or the one beside it, if it has one):
-    bytes and checksum."""
+    """Compare a shard with its receipt (``receipt``, found by the caller beside a remote
+    shard; or the one beside it, which must name it and place it: :func:`read_receipt`, if it
+    has one): bytes and checksum."""
     if receipt is None:
-        where = receipt_path(shard)
-        if not where.is_file():
+        receipt = read_receipt(shard)
+        if receipt is None:
             return None
-        try:
-            raw = where.read_bytes()
-        except OSError as exc:
-            raise FormatError(f"{where}: unreadable receipt: {exc.strerror}") from None
-        receipt = parse_receipt(raw, where)
     size = shard_bytes(shard)
     if size != receipt.get("bytes"):
         raise FormatError(f"{shard}: {size} bytes, its receipt says {receipt.get('bytes')} "

@@ -227,6 +227,9 @@ def plan_shards(
     path = spool_path(spool)
     get_format(format)
     out = Path(out_dir)
+    if out.is_dir():  # a job writing here now is the one thing to say (not "already holds")
+        with writing_lock(out):
+            pass
     job = job_identity(path, assignment, format=format, bins_per_shard=bins_per_shard,
                        format_options=format_options)
     ranges = shard_ranges(assignment.num_bins, bins_per_shard)
