@@ -166,8 +166,9 @@ def front_page(run: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
         + _markdown(front.recommendations_table(run))
         + "<h2>Every format</h2>"
         "<p>Peak memory: RSS growth over the process's baseline, in a fresh process, writing "
-        "and loading (notebook 04). Latency: one random bin delivered, p50, with the same access "
-        "path over bins in RAM (the Python floor) and a raw <code>pread</code> of the same bytes "
+        "and loading (notebook 04). Latency: one random bin delivered, p50, with raw CSR numpy "
+        "over the shard's own files (the memory-mapped formats), the same access path over bins "
+        "in RAM (the Python floor) and a raw <code>pread</code> of the same bytes "
         "measured in the same run (notebook 05); the scan is a warm in-order pass. Bytes per "
         "token: everything on disk, <code>chat</code> data (notebook 03). <i>Read by</i>: "
         "stacks that read the files as written, each checked by a test.</p>"
