@@ -145,10 +145,12 @@ def findings(
         finding("Without the block-diagonal mask a sub-sequence sees the ones packed before it",
                 f"logits of one sub-sequence move by {attention['causal_change']:.3g} when the "
                 f"others change (block-diagonal: {attention['block_change']:.3g}); "
-                f"{attention['share']:.1%} of loss positions attend across a boundary; loss "
-                f"after training {attention['eval_loss']:.4f} with the mask it trained with, "
-                f"{attention['alone_eval_loss']:.4f} when each sequence is alone (as at "
-                f"inference), against {attention['reference_eval_loss']:.4f}",
+                f"{attention['share']:.1%} of loss positions attend across a boundary; the "
+                f"model trained so: loss {attention['eval_loss']:.5f} on the rows it trained "
+                f"on, {attention['alone_eval_loss'] - attention['eval_loss']:+.5f} when each "
+                "sequence is alone (as at inference); the block-diagonal model's "
+                f"{attention['reference_eval_loss']:.5f} (a small model after a few steps: the "
+                "losses differ little; the logits' change above is the effect)",
                 holds(attention["causal_change"] > 0 and attention["block_change"] == 0)),
     ]
     return out
