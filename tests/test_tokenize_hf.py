@@ -371,7 +371,7 @@ def test_cli_tokenizer_summary(built: tuple[Path, dict[str, Path]], tmp_path: Pa
                          [["--chat-template", "llama3"], "--chat-template needs --tokenizer"],
                          [["--tokenizer", str(folders["llama3"]), "--chat-template", "nope"],
                           "nope: no such chat template file"],
-                         [["--workers", "0"], "workers must be >= 1"]):
+                         [["--workers", "0"], "--workers: expected a positive integer"]):
         code = None
         try:
             code = cli.main(["tokenize", str(corpus), str(tmp_path / "x"), *argv])
