@@ -58,7 +58,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xxhash import xxh3_64_intdigest
 
 from packlab.bins import CHECKSUM, PackedBin
 from packlab.errors import FormatError, PacklabError
@@ -75,6 +74,7 @@ from packlab.formats.spool_gather import (
     SUMS,
     Gather,
     build_gather,
+    changed_sequence,
     gather_bin,
     sequence_checksums,
 )
@@ -404,14 +404,11 @@ class Reader(PackedIndexFacts, ShardReader):
     def _verified(self, g: Gather, b: int) -> PackedBin:
         """Bin ``b``, each sequence's tokens and mask in the spool hashed against the shard's
         record first (and the mask values checked: 0 or 1)."""
-        tokens, masks = g.token_bytes, g.mask_bytes
-        for k in range(g.bin_of[b], g.bin_of[b + 1]):
-            s, c = g.start_of[k], g.kept_of[k]
-            if xxh3_64_intdigest(masks[s:s + c],
-                                 xxh3_64_intdigest(tokens[4 * s:4 * (s + c)])) != g.sums[k]:
-                raise FormatError(f"{self.path}: bin {b}: its sequence {k - g.bin_of[b]} "
-                                  f"differs from the spool {self.spool_path} it was packed "
-                                  "from (changed in place; corrupted)")
+        k = changed_sequence(g, b)
+        if k is not None:
+            raise FormatError(f"{self.path}: bin {b}: its sequence {k} differs from the spool "
+                              f"{self.spool_path} it was packed from (changed in place; "
+                              "corrupted)")
         packed = gather_bin(g, b)
         if packed.loss_mask.shape[0] and int(packed.loss_mask.max()) > 1:
             raise FormatError(f"{self.path}: bin {b}: loss_mask value "

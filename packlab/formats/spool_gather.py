@@ -121,6 +121,25 @@ def gather_bin(g: Gather, b: int) -> PackedBin:
     return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
 
 
+def sequence_checksum(token_bytes: memoryview, mask_bytes: memoryview) -> int:
+    """One sequence's checksum as a bin uses it: xxh3_64 of its mask bytes, seeded by the
+    xxh3_64 of its kept tokens' bytes (int32)."""
+    return xxh3_64_intdigest(mask_bytes, xxh3_64_intdigest(token_bytes))
+
+
+def changed_sequence(g: Gather, b: int) -> int | None:
+    """The first sequence of bin ``b`` (counted in the bin) whose bytes in the spool no longer
+    match the checksum recorded at pack time, or None (needs ``g.sums``)."""
+    tokens, masks, sums = g.token_bytes, g.mask_bytes, g.sums
+    assert sums is not None
+    lo = g.bin_of[b]
+    for k in range(lo, g.bin_of[b + 1]):
+        s, c = g.start_of[k], g.kept_of[k]
+        if sequence_checksum(tokens[4 * s:4 * (s + c)], masks[s:s + c]) != sums[k]:
+            return k - lo
+    return None
+
+
 def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
                        window: int = 1 << 20) -> np.ndarray:
     """Each indexed sequence's xxh3_64 as a bin uses it: its first ``min(length, pack_size)``
@@ -158,7 +177,7 @@ def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
             tv, mv = memoryview(tokens), memoryview(masks)
             _read_exactly(fds[0], tv[:4 * (hi - lo)], 4 * lo, spool.path)
             _read_exactly(fds[1], mv[:hi - lo], lo, spool.path)
-            sums = [xxh3_64_intdigest(mv[a:a + n], xxh3_64_intdigest(tv[4 * a:4 * (a + n)]))
+            sums = [sequence_checksum(tv[4 * a:4 * (a + n)], mv[a:a + n])
                     for a, n in zip((first[k:j] - lo).tolist(), kept[k:j].tolist(), strict=True)]
             out[order[k:j]] = sums
             k = j
