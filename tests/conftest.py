@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from packlab.bins import PackedBin, bin_digest, bins_equal
+from packlab.cloud.s3server import S3Server
 from packlab.errors import FormatError
 from packlab.formats import get_format, open_writer
 from packlab.materialize import iter_bins
@@ -276,3 +277,16 @@ def write_repeated_bin(format: str, path: str, num_bins: int, pack_size: int,
             writer.write(one)
     yield "write"
     return {"num_bins": num_bins, "num_tokens": num_bins * n}
+
+
+BUCKET = "lab"  # the bucket the ``server`` fixture creates
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    """A local S3-compatible server on 127.0.0.1 with bucket :data:`BUCKET`, for one test
+    module; stopped (and checked stopped) after it."""
+    with S3Server() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+    assert not srv.running

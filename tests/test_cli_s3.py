@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 import pytest
-from conftest import one_error_line, run_cli, write_random_spool
+from conftest import BUCKET, one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
 from packlab.cloud.s3server import S3Server
@@ -20,16 +20,9 @@ from packlab.convert import bin_digests
 from packlab.formats import format_names, get_format
 from packlab.spool import SpoolReader
 
-BUCKET = "lab"
 FORMATS = format_names()
 SPLITS = "train=0.8,valid=0.2"
 
-
-@pytest.fixture(scope="module")
-def server():
-    with S3Server() as srv:
-        srv.create_bucket(BUCKET)
-        yield srv
 
 
 @pytest.fixture(autouse=True)

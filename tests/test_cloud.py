@@ -18,7 +18,7 @@ import numpy as np
 import psutil
 import pyarrow.fs as pafs
 import pytest
-from conftest import write_random_spool
+from conftest import BUCKET, write_random_spool
 
 from packlab import cloud, open_dataset, open_shard, open_writer
 from packlab import open_dataset as open_local_dataset
@@ -29,16 +29,6 @@ from packlab.formats import format_names, get_format, parquet
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
-
-BUCKET = "lab"
-
-
-@pytest.fixture(scope="module")
-def server():
-    with S3Server() as srv:
-        srv.create_bucket(BUCKET)
-        yield srv
-    assert not srv.running
 
 
 @pytest.fixture(scope="module")
