@@ -48,7 +48,7 @@ from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.references import spool_users
-from packlab.pipeline.shards import SHARD_NAME, sweep_own_temporaries
+from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
 from packlab.spool import SPOOL_VERSION
 
@@ -56,7 +56,6 @@ KINDS = ("spool", "dataset", "layout", "shard", "file")
 _FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}
 REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: remove it yourself "
            "or choose another path")
-OWN_NAMES = (MANIFEST_FILE, "pack_metadata.json")
 
 
 def staging_root() -> Path:
@@ -129,7 +128,7 @@ def _only_pipeline_shards(path: Path) -> bool:
     """A folder of nothing but ``shard_NNNNNN...`` entries, their receipts and the job's own
     files (an output written before dataset manifests existed)."""
     names = [c.name for c in path.iterdir() if not c.name.startswith(".")]
-    return bool(names) and all(SHARD_NAME.match(n) or n in OWN_NAMES for n in names)
+    return bool(names) and all(SHARD_NAME.match(n) or n in OWN_FILES for n in names)
 
 
 def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,

@@ -30,7 +30,6 @@ names) and remembers the layout it came from, so ``validate`` can check counts a
 from __future__ import annotations
 
 import glob as globlib
-import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,8 +45,9 @@ from packlab.cloud.discovery import (
     split_shards,
 )
 from packlab.cloud.storage import Location, is_remote, resolve
-from packlab.discovery import ShardRef, dataset_directories, find_shards
+from packlab.discovery import PathLike, ShardRef, dataset_directories, find_shards
 from packlab.errors import FormatError, PacklabError
+from packlab.files import parse_json
 from packlab.layout.blend import (
     LINK_SEPARATOR,
     SPLITS_DIR,
@@ -56,11 +56,8 @@ from packlab.layout.blend import (
     read_blend,
     split_source,
 )
+from packlab.layout.build import CONFIG_FILE
 from packlab.pipeline.manifest import MANIFEST_FILE, require_complete
-
-CONFIG_FILE = "config.json"  # packlab.layout.build's, beside each part of a run
-
-PathLike = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -343,10 +340,7 @@ def _config(directory: Any, reader: Any) -> dict[str, Any]:
     raw = reader(directory / CONFIG_FILE)
     if raw is None:
         return {}
-    try:
-        config = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{directory / CONFIG_FILE}: unreadable: {exc}") from None
+    config = parse_json(raw, directory / CONFIG_FILE, unreadable="unreadable")
     return config if isinstance(config, dict) else {}
 
 

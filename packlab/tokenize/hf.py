@@ -34,8 +34,6 @@ assistant text starts or ends with whitespace that merges with the template's.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -45,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.files import read_json, sha256_file
 from packlab.tokenize.bpe import message_objects
 from packlab.tokenize.chat_template import (
     TemplateFailed,
@@ -96,7 +95,7 @@ def tokenizer_spec(path: str | os.PathLike[str],
         file, config = path, {}
     else:
         raise PacklabError(f"{path}: no such tokenizer file or folder")
-    digest = _sha256(file)
+    digest = sha256_file(file)
     load_tokenizer(str(file.resolve()), digest)  # fails here, once, if it is not a tokenizer
     templates, origin = _templates(path, config, chat_template)
     for name, source in templates:
@@ -109,10 +108,7 @@ def tokenizer_spec(path: str | os.PathLike[str],
 def _read_config(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PacklabError(f"{path}: not valid JSON ({exc})") from None
+    config = read_json(path, unreadable="not valid JSON")
     if not isinstance(config, dict):
         raise PacklabError(f"{path}: expected a JSON object")
     return config
@@ -163,14 +159,6 @@ def _token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 @lru_cache(maxsize=4)
 def load_tokenizer(file: str, sha256: str) -> Any:
     """A ``tokenizers.Tokenizer`` from ``tokenizer.json``, ready to encode as Hugging Face does
@@ -179,7 +167,7 @@ def load_tokenizer(file: str, sha256: str) -> Any:
     that changed since the spec was made is refused."""
     from tokenizers import Tokenizer
 
-    if _sha256(Path(file)) != sha256:
+    if sha256_file(Path(file)) != sha256:
         raise PacklabError(f"{file}: changed while tokenizing (its sha256 is not {sha256})")
     try:
         tokenizer = Tokenizer.from_file(file)
