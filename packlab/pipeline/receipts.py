@@ -15,6 +15,7 @@ file's own checksum). A rerun keeps a shard whose receipt still vouches for it
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,28 @@ def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
     with staged(final, overwrite=True) as tmp:
         tmp.write_text(json.dumps(receipt, indent=2) + "\n")
     return final
+
+
+def finish_receipt(shard: Path, *, format: str, bins: tuple[int, int], num_tokens: int,
+                   pack_size: int, began: float) -> dict[str, Any]:
+    """The receipt of a shard just published (bins ``[start, stop)`` of its dataset, written
+    since ``began``, a ``time.perf_counter()``), written beside it; every job that writes a
+    shard (pack, convert) records the same fields."""
+    digest, digest_of = shard_checksum(shard)
+    receipt = {
+        "shard": shard.name,
+        "format": format,
+        "bins": [bins[0], bins[1]],
+        "num_bins": bins[1] - bins[0],
+        "num_tokens": num_tokens,
+        "pack_size": pack_size,
+        "bytes": shard_bytes(shard),
+        "sha256": digest,
+        "sha256_of": digest_of,
+        "seconds": round(time.perf_counter() - began, 6),
+    }
+    write_receipt(shard, receipt)
+    return receipt
 
 
 def parse_receipt(raw: bytes, where: object) -> dict[str, Any]:

@@ -58,11 +58,9 @@ from packlab.pipeline.manifest import (
 )
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
+    finish_receipt,
     receipt_path,
     reusable_receipt,
-    shard_bytes,
-    shard_checksum,
-    write_receipt,
 )
 from packlab.pipeline.references import record_spool_use
 from packlab.progress import shared_counter
@@ -134,21 +132,9 @@ def write_shard(
         manifest = writer.finalize()
     if reporter is not None:
         reporter.put(stop - start - done)
-    digest, digest_of = shard_checksum(out)
-    receipt = {
-        "shard": out.name,
-        "format": format,
-        "bins": [start, stop],
-        "num_bins": stop - start,
-        "num_tokens": int(manifest.get("num_tokens", writer.tokens_written)),
-        "pack_size": part.pack_size,
-        "bytes": shard_bytes(out),
-        "sha256": digest,
-        "sha256_of": digest_of,
-        "seconds": round(time.perf_counter() - began, 6),
-    }
-    write_receipt(out, receipt)
-    return receipt
+    return finish_receipt(out, format=format, bins=(start, stop),
+                          num_tokens=int(manifest.get("num_tokens", writer.tokens_written)),
+                          pack_size=part.pack_size, began=began)
 
 
 def existing_shards(out_dir: Path) -> list[Path]:

@@ -27,7 +27,7 @@ from packlab.pipeline.manifest import (
     write_manifest,
     writing_lock,
 )
-from packlab.pipeline.receipts import receipt_path, shard_bytes, shard_checksum, write_receipt
+from packlab.pipeline.receipts import finish_receipt, receipt_path
 from packlab.progress import progress_bar
 from packlab.sources import open_shard
 from packlab.sources.resolve import Shard, Source
@@ -101,14 +101,9 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
             target = dst / name
             remove(receipt_path(target))
             row = _convert_one(shard, target, format, True, bar, place, format_options)
-            digest, digest_of = shard_checksum(target)
-            receipt = {"shard": name, "format": format, "bins": list(place),
-                       "num_bins": row["num_bins"], "num_tokens": row["num_tokens"],
-                       "pack_size": manifest["pack_size"], "bytes": shard_bytes(target),
-                       "sha256": digest, "sha256_of": digest_of,
-                       "seconds": round(time.perf_counter() - began, 6)}
-            write_receipt(target, receipt)
-            receipts.append(receipt)
+            receipts.append(finish_receipt(target, format=format, bins=place,
+                                           num_tokens=row["num_tokens"],
+                                           pack_size=manifest["pack_size"], began=began))
             rows.append(row)
         for stale in old - set(names):  # a larger earlier conversion's leftovers
             remove(dst / stale)
