@@ -49,6 +49,7 @@ from packlab.mapping import (
     advise,
     forget_after_fork,
     scan,
+    sequential,
 )
 
 _new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
@@ -406,11 +407,12 @@ def check_checksums(table: BinTable, recorded: np.ndarray) -> None:
     if len(values) != table.num_bins:
         raise FormatError(f"{table.source}: {len(values)} per-bin checksums for "
                           f"{table.num_bins} bins (corrupted)")
-    for b in range(table.num_bins):
-        ids, mask, starts = table.view(b)
-        if bin_checksum(ids, mask, starts) != values[b]:
-            raise FormatError(f"{table.source}: bin {b}: checksum mismatch: its tokens, loss "
-                              "mask or starts differ from what was written (corrupted)")
+    with sequential(*(f.map for f in table.files)):  # the table's maps are advised random
+        for b in range(table.num_bins):
+            ids, mask, starts = table.view(b)
+            if bin_checksum(ids, mask, starts) != values[b]:
+                raise FormatError(f"{table.source}: bin {b}: checksum mismatch: its tokens, "
+                                  "loss mask or starts differ from what was written (corrupted)")
 
 
 # -- the reads of a reader with a table ---------------------------------------------------------
