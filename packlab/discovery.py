@@ -140,6 +140,7 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
     """
     found: list[tuple[Path, str]] = []
     unknown: list[Path] = []
+    manifests: Placements = {}
     for child in sorted(directory.iterdir()):
         if _ignored(child) or holds_spools(child):
             continue
@@ -153,7 +154,8 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
         name = expect_format(child, name, format)
-        found.append(placed(child, name) if child.is_symlink() else ShardRef(child, name))
+        found.append(placed(child, name, manifests) if child.is_symlink()
+                     else ShardRef(child, name))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
@@ -185,13 +187,14 @@ def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = Non
         if not matches:
             raise FormatError(f"{text}: the pattern matches nothing")
         picked: list[tuple[Path, str]] = []
+        manifests: Placements = {}
         for match in matches:
             m = Path(match)
             if _ignored(m):
                 continue
             name = detect_format(m)
             if _is_main_entry(m, name):
-                picked.append(placed(m, expect_format(m, name, format)))
+                picked.append(placed(m, expect_format(m, name, format), manifests))
         if not picked:
             raise FormatError(f"{text}: the pattern matches no shard")
         return picked
@@ -222,23 +225,47 @@ def is_shard_like(path: Path) -> bool:
     return not _ignored(path) and not holds_spools(path)
 
 
-def placed(path: Path, format: str) -> ShardRef:
+#: dataset manifests already read while placing shards, per directory: the manifest's entries
+#: by shard name (None: a directory without one), so placing N shards reads each manifest once
+Placements = dict[Path, "dict[str, dict[str, Any]] | None"]
+
+
+def placed(path: Path, format: str, manifests: Placements | None = None) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
     it lives in has a dataset manifest, the shard must be listed there and the dataset
     complete (a shard of an interrupted job is refused like the whole directory); where it has
-    none (written before them), the shard is where its receipt puts it, if it has one."""
+    none (written before them), the shard is where its receipt puts it, if it has one.
+    ``manifests`` keeps the manifests read across the calls of one walk."""
     real = path.resolve() if path.is_symlink() else path
-    manifest = read_manifest(real.parent)
-    if manifest is None:  # written before dataset manifests: where its receipt puts it
+    directory = real.parent
+    if manifests is not None and directory in manifests:
+        entries = manifests[directory]
+    else:
+        entries = _manifest_entries(directory)
+        if manifests is not None:
+            manifests[directory] = entries
+    if entries is None:  # written before dataset manifests: where its receipt puts it
         receipt = read_receipt(real)
         bins = None if receipt is None else receipt.get("bins")
         return ShardRef(path, format, None if bins is None else (bins[0], bins[1]))
-    require_complete(real.parent, manifest)
+    entry = entries.get(real.name)
+    if entry is None:
+        raise FormatError(f"{real}: not listed in {directory / MANIFEST_FILE} (copied in from "
+                          "elsewhere?)")
+    return ShardRef.listed(path, format, entry)
+
+
+def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """The complete dataset manifest of ``directory``, its entries by shard name (the first
+    of a name), or None where there is none."""
+    manifest = read_manifest(directory)
+    if manifest is None:
+        return None
+    require_complete(directory, manifest)
+    entries: dict[str, dict[str, Any]] = {}
     for entry in manifest["shards"]:
-        if entry["name"] == real.name:
-            return ShardRef.listed(path, format, entry)
-    raise FormatError(f"{real}: not listed in {real.parent / MANIFEST_FILE} (copied in from "
-                      "elsewhere?)")
+        entries.setdefault(entry["name"], entry)
+    return entries
 
 
 def dataset_directories(path: Path) -> list[Path]:
