@@ -43,6 +43,7 @@ from __future__ import annotations
 import base64
 import os
 from collections.abc import Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,10 @@ from packlab.formats.arrow_lists import (
 )
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, starts_with
 from packlab.formats.bintable import (
-    BinTable,
     Column,
     Layout,
     TableReads,
-    check_checksums,
-    ram_table,
+    check_bin_checksums,
     refuse_unverifiable,
 )
 from packlab.mapping import MappedFile, sequential
@@ -485,6 +484,11 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
                 cols.check(pack_size=self.pack_size, source=source, first_bin=first)
                 if self.packlab is not None:
                     self._check_batch(k, cols, info, first, tokens, seqs)
+                if self.has_checksums:  # each bin as stored, batch by batch (bounded memory)
+                    check_bin_checksums(
+                        partial(cols.bin, copy=False), cols.rows,
+                        _bin_checksums(info, cols.rows, f"{self.path}: record batch {k}"),
+                        source, first)
                 first += cols.rows
                 tokens += int(cols.token_offsets[-1])
                 seqs += int(cols.seq_offsets[-1])
@@ -492,20 +496,8 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path}: {first} bins, {tokens} tokens and {seqs} sequences "
                               f"found, the metadata says {self.num_bins}, {self.num_tokens} and "
                               f"{self.num_seqs}")
-        if self.has_checksums:
-            check_checksums(self._decoded_table(), self.checksums())  # type: ignore[arg-type]
         return {**self.info(), "packlab_metadata": self.packlab is not None,
                 "bin_checksums": self.has_checksums}
-
-    def _decoded_table(self) -> BinTable:
-        """Every bin as a table over decoded columns (validate's per-bin checksums, whatever
-        the compression)."""
-        parts = [self._load(k) for k in range(self.num_batches)]
-        return ram_table(*(np.concatenate([getattr(p, c) for p in parts])
-                           for c in ("input_ids", "loss_mask", "seq_start_id")),
-                         _joined([p.token_offsets for p in parts]),
-                         _joined([p.seq_offsets for p in parts]), pack_size=self.pack_size,
-                         source=str(self.path))
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "num_seqs": self.num_seqs, "num_batches": self.num_batches,
@@ -546,15 +538,6 @@ def _bin_checksums(info: dict[str, Any], rows: int, where: str) -> np.ndarray:
     if values.shape[0] != rows:
         raise FormatError(f"{where}: {values.shape[0]} bin checksums for {rows} bins (corrupted)")
     return values
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """Per-batch offsets (each from 0) as one offsets array over every bin."""
-    out, base = [np.zeros(1, dtype=np.int64)], 0
-    for offsets in parts:
-        out.append(offsets[1:] + base)
-        base += int(offsets[-1])
-    return np.concatenate(out)
 
 
 def _schema_metadata(schema: pa.Schema, path: Path) -> dict[str, Any] | None:

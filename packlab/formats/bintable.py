@@ -32,7 +32,7 @@ two readers of it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -403,16 +403,23 @@ def ram_table(input_ids: np.ndarray, loss_mask: np.ndarray, seq_starts: np.ndarr
 def check_checksums(table: BinTable, recorded: np.ndarray) -> None:
     """Every bin of ``table`` against its recorded checksum (``validate``); the first that
     differs is a FormatError naming the shard and the bin."""
-    values = np.asarray(recorded).tolist()
-    if len(values) != table.num_bins:
-        raise FormatError(f"{table.source}: {len(values)} per-bin checksums for "
-                          f"{table.num_bins} bins (corrupted)")
     with sequential(*(f.map for f in table.files)):  # the table's maps are advised random
-        for b in range(table.num_bins):
-            ids, mask, starts = table.view(b)
-            if bin_checksum(ids, mask, starts) != values[b]:
-                raise FormatError(f"{table.source}: bin {b}: checksum mismatch: its tokens, "
-                                  "loss mask or starts differ from what was written (corrupted)")
+        check_bin_checksums(table.view, table.num_bins, recorded, table.source)
+
+
+def check_bin_checksums(view: Callable[[int], PackedBin], count: int, recorded: np.ndarray,
+                        source: str, first_bin: int = 0) -> None:
+    """Bins ``view(0)..view(count - 1)`` (bins ``first_bin...`` of the shard ``source``) against
+    their recorded checksums; the first that differs is a FormatError naming the bin."""
+    values = np.asarray(recorded).tolist()
+    if len(values) != count:
+        raise FormatError(f"{source}: {len(values)} per-bin checksums for {count} bins "
+                          "(corrupted)")
+    for b in range(count):
+        ids, mask, starts = view(b)
+        if bin_checksum(ids, mask, starts) != values[b]:
+            raise FormatError(f"{source}: bin {first_bin + b}: checksum mismatch: its tokens, "
+                              "loss mask or starts differ from what was written (corrupted)")
 
 
 # -- the reads of a reader with a table ---------------------------------------------------------
