@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from packlab.errors import PacklabError
+from packlab.measure.verdicts import NOT_MEASURED, holds
 from packlab.tables import times
 
 SYSTEM_KINDS = ("peer", "packlab")
@@ -111,7 +112,7 @@ def findings(result: dict[str, Any], *, within: float = 10.0) -> dict[str, Any]:
     out = []
     if peer is None:
         out.append({"claim": "packlab's best format at or below the fastest peer returning all "
-                    "three columns", "measured": "no such peer ran", "verdict": "not measured"})
+                    "three columns", "measured": "no such peer ran", "verdict": NOT_MEASURED})
     else:
         ratio = best["x_floor"] / peer["x_floor"]
         numbers["best_packlab_vs_fastest_full_peer"] = ratio
@@ -121,11 +122,11 @@ def findings(result: dict[str, Any], *, within: float = 10.0) -> dict[str, Any]:
             "measured": f"{best['system']} {best['p50_us']:.1f} µs ({times(best['x_floor'])} "
                         f"floor) against {peer['system']} {peer['p50_us']:.1f} µs "
                         f"({times(peer['x_floor'])}): {times(ratio)}",
-            "verdict": "holds" if ratio <= 1.0 else "does not hold"})
+            "verdict": holds(ratio <= 1.0)})
     if parquet is None:
         out.append({"claim": f"packlab's Parquet the smallest among systems within {within:g}x "
                     "of the fastest", "measured": "Parquet not measured",
-                    "verdict": "not measured"})
+                    "verdict": NOT_MEASURED})
     else:
         fast_enough = parquet["x_floor"] <= within * fastest["x_floor"]
         out.append({
@@ -135,5 +136,5 @@ def findings(result: dict[str, Any], *, within: float = 10.0) -> dict[str, Any]:
                         f"{times(parquet['x_floor'] / fastest['x_floor'])} the fastest "
                         f"({fastest['system']}); smallest within: {small['system']} "
                         f"{small['bytes_per_token']:.2f}",
-            "verdict": "holds" if fast_enough and small["name"] == PARQUET else "does not hold"})
+            "verdict": holds(fast_enough and small["name"] == PARQUET)})
     return {"numbers": numbers, "findings": out}
