@@ -55,7 +55,7 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, sha256_file, verify_files
+from packlab.files import HashedFile, file_entry, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
@@ -298,7 +298,7 @@ class Writer(BinidxFacts, ShardWriter):
         self._loss.flush()
         os.fsync(self._loss.fileno())
         self._loss.close()
-        return _entry(self.tmp_path / LOSS)
+        return file_entry(self.tmp_path / LOSS)
 
     def _finish_sums(self) -> dict[str, Any]:
         self._sums.seek(0)
@@ -311,7 +311,7 @@ class Writer(BinidxFacts, ShardWriter):
         self._sums.flush()
         os.fsync(self._sums.fileno())
         self._sums.close()
-        return _entry(self.tmp_path / SUMS)
+        return file_entry(self.tmp_path / SUMS)
 
     def _write_seq_starts(self) -> dict[str, Any]:
         seqs = HashedFile(self.tmp_path / SEQS)
@@ -552,11 +552,6 @@ def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
     return read_directory_manifest(path, MANIFEST, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": LAYOUT})
-
-
-def _entry(path: Path) -> dict[str, Any]:
-    """A file's manifest entry, hashed through a 1 MiB buffer (the writer's memory stays flat)."""
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path, chunk=1 << 20)}
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
