@@ -91,7 +91,6 @@ SUFFIX = ".parquet"
 VERSION = "packlab_parquet_v1"
 DEFAULT_ROW_GROUP_SIZE = 1000
 DEFAULT_CACHE_ROW_GROUPS = 4
-CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
 _MAGIC = b"PAR1"
 TAIL_BYTES = 64 << 10  # bytes of a remote file's tail read at open (pyarrow's own default)
 _FOOTER_TRAILER = 8  # <i4 footer length + b"PAR1"
@@ -113,13 +112,6 @@ class ParquetFacts(FormatFacts):
     SQL_READABLE = True
     BUFFERED_BINS = DEFAULT_ROW_GROUP_SIZE
     detect = staticmethod(detect)
-
-
-def normalize_codec(compression: str | None) -> str:
-    codec = "none" if compression in (None, "uncompressed") else str(compression).lower()
-    if codec not in CODECS:
-        raise PacklabError(f"unknown Parquet compression {compression!r}; choose from {CODECS}")
-    return codec
 
 
 class Writer(ParquetFacts, ShardWriter):
@@ -156,14 +148,12 @@ class Writer(ParquetFacts, ShardWriter):
         if isinstance(row_group_size, bool) or int(row_group_size) < 1:
             raise PacklabError(f"{path}: row_group_size must be a positive number of bins, "
                                f"got {row_group_size!r}")
-        if compression is not None:
-            normalize_codec(compression)
         self.encoding = with_options(layout_named(layout), row_group_size=row_group_size,
                                      compression=compression,
                                      compression_level=compression_level,
                                      use_dictionary=use_dictionary)
         self.row_group_size = int(row_group_size)
-        self.compression = normalize_codec(self.encoding.codec)
+        self.compression = self.encoding.codec
         self.compression_level = self.encoding.level
         self.num_row_groups = 0
         super().__init__(path, pack_size=pack_size, **options)

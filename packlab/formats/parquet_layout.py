@@ -139,6 +139,15 @@ def layout_named(layout: str | ParquetEncoding) -> ParquetEncoding:
     return LAYOUTS[layout]
 
 
+def normalize_codec(compression: str | None) -> str:
+    """A Parquet codec name as :data:`CODECS` spells it (``None`` and ``"uncompressed"`` are
+    ``"none"``); anything else is refused, naming the choices."""
+    codec = "none" if compression in (None, "uncompressed") else str(compression).lower()
+    if codec not in CODECS:
+        raise PacklabError(f"unknown Parquet compression {compression!r}; choose from {CODECS}")
+    return codec
+
+
 def with_options(base: ParquetEncoding, *, row_group_size: int, compression: str | None = None,
                  compression_level: int | None = None, use_dictionary: bool | None = None
                  ) -> ParquetEncoding:
@@ -147,7 +156,7 @@ def with_options(base: ParquetEncoding, *, row_group_size: int, compression: str
     layout's level, which belongs to its codec)."""
     changes: dict[str, Any] = {"row_group_size": int(row_group_size)}
     if compression is not None:
-        codec = "none" if compression in ("none", "uncompressed") else str(compression).lower()
+        codec = normalize_codec(compression)
         changes["codec"] = codec
         if codec != base.codec and compression_level is None:
             changes["level"] = None
