@@ -47,6 +47,7 @@ from packlab.files import (
     HashedFile,
     Staging,
     file_entry,
+    parse_versioned_json,
     read_versioned_json,
     sha256_file,
 )
@@ -319,6 +320,16 @@ class SpoolReader:
             if lo < 0 or hi >= limit:
                 raise FormatError(f"{self.path / FILES['tokens']}: token ids {lo}..{hi} "
                                   f"outside [0, {limit})")
+
+
+def is_spool_manifest(raw: bytes) -> bool:
+    """Whether the bytes of a ``manifest.json`` are a spool's (a JSON object whose version is
+    :data:`SPOOL_VERSION`, packlab's or Nemotron's); damage or another document: False."""
+    try:
+        parse_versioned_json(raw, MANIFEST, version=SPOOL_VERSION, kind="manifest")
+    except FormatError:
+        return False
+    return True
 
 
 def read_spool_manifest(path: Path) -> dict[str, Any]:

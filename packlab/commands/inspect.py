@@ -48,11 +48,11 @@ def spool_at(path: str) -> Any:
     verified cache), or None when ``path`` is no spool."""
     from packlab.cloud.storage import is_remote, resolve
     from packlab.sources.outputs import local_input
-    from packlab.spool import MANIFEST, SpoolReader
+    from packlab.spool import MANIFEST, SpoolReader, is_spool_manifest
 
     if is_remote(path):
         manifest = resolve(path) / MANIFEST
-        if not (manifest.is_file() and b'"spool_v1"' in manifest.read_bytes()):
+        if not (manifest.is_file() and is_spool_manifest(manifest.read_bytes())):
             return None
         return SpoolReader(local_input(path))
     return SpoolReader(path) if is_spool(Path(path)) else None

@@ -43,14 +43,14 @@ from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.cloud.transfer import MANIFEST, default_cache_dir, download_shard, upload_shard
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
-from packlab.files import read_versioned_json, remove, short_hash
+from packlab.files import remove, short_hash
 from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
-from packlab.spool import SPOOL_VERSION
+from packlab.spool import is_spool_manifest
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
 _FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}
@@ -107,11 +107,7 @@ def _kind_name(kind: str, format: str | None, what: str) -> str:
 def _recognised(path: Path, kind: str, format: str | None,
                 recognise: Callable[[Path], bool] | None) -> bool:
     if kind == "spool":
-        try:
-            manifest = read_versioned_json(path / MANIFEST, version=SPOOL_VERSION, kind="spool")
-        except FormatError:
-            return False
-        return manifest is not None
+        return (path / MANIFEST).is_file() and is_spool_manifest((path / MANIFEST).read_bytes())
     if kind == "dataset":
         return (path / MANIFEST_FILE).is_file() or _only_pipeline_shards(path)
     if kind == "layout":
@@ -139,8 +135,8 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
         own = kind in ("shard", "file") and (kind == "file" or
                                              location.suffix == _suffix(format))
     elif kind == "spool":
-        raw = (location / MANIFEST).read_bytes() if (location / MANIFEST).is_file() else b""
-        own = b'"spool_v1"' in raw
+        own = (location / MANIFEST).is_file() and is_spool_manifest(
+            (location / MANIFEST).read_bytes())
     elif kind == "dataset":
         own = (location / MANIFEST_FILE).is_file()
     elif kind == "layout":
