@@ -27,7 +27,6 @@ published by rename, so processes sharing it never see a half download.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import time
 from pathlib import Path
@@ -41,9 +40,14 @@ from packlab.cloud.storage import (
     upload_file,
 )
 from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, staged, verify_files
+from packlab.files import TMP_MARKER, parse_json, staged, verify_files
 
 MANIFEST = "manifest.json"
+
+
+class NoFileList(FormatError):
+    """A directory's manifest lists no files with checksums, so it cannot be fetched verified
+    (a Nemotron spool, for one): callers that know what the directory is say so."""
 
 
 def default_cache_dir() -> Path:
@@ -63,13 +67,10 @@ def _digest(text: str | bytes) -> str:
 def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
     """A directory shard's manifest, with a ``files`` table of plain names (no ``/``, no ``..``:
     a manifest must not name files outside its shard)."""
-    try:
-        manifest = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FormatError(f"{source}: unreadable manifest: {exc}") from None
+    manifest = parse_json(raw, source, unreadable="unreadable manifest")
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not files:
-        raise FormatError(f"{source}: the manifest lists no files (not a directory shard)")
+        raise NoFileList(f"{source}: the manifest lists no files (not a directory shard)")
     for name, entry in files.items():
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (
                 ".", "..") or name == MANIFEST:

@@ -40,7 +40,13 @@ from typing import Any
 
 from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.storage import Location, is_remote, resolve
-from packlab.cloud.transfer import MANIFEST, default_cache_dir, download_shard, upload_shard
+from packlab.cloud.transfer import (
+    MANIFEST,
+    NoFileList,
+    default_cache_dir,
+    download_shard,
+    upload_shard,
+)
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
 from packlab.files import remove, short_hash
@@ -234,12 +240,10 @@ def local_input(path: str, *, what: str = "spool") -> Path:
                           "finish)")
     try:
         return download_shard(location, validate=False)
-    except FormatError as exc:
-        if "lists no files" in str(exc):
-            raise FormatError(f"{location}: its manifest records no file checksums (a "
-                              "Nemotron spool?): a spool is read from object storage only "
-                              "when its manifest lists them; download it first") from None
-        raise
+    except NoFileList:
+        raise FormatError(f"{location}: its manifest records no file checksums (a Nemotron "
+                          "spool?): a spool is read from object storage only when its "
+                          "manifest lists them; download it first") from None
 
 
 
