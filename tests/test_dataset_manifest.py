@@ -16,10 +16,10 @@ from packlab.bins import bin_digest
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names
 from packlab.layout import build_layout
-from packlab.layout.validate import validate_path
 from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
+from packlab.sources.checks import validate_path
 
 FORMATS = format_names()
 

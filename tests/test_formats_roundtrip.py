@@ -18,10 +18,10 @@ from packlab.convert import bin_digests, convert, convert_shard, markdown_table
 from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format, open_shard
-from packlab.layout.validate import validate_path
 from packlab.materialize import iter_bins
 from packlab.packing import ALGORITHMS, pack
 from packlab.pipeline.shards import write_shards
+from packlab.sources.checks import validate_path
 
 FORMATS = format_names()
 TARGETS = [name for name in FORMATS if not get_format(name).Writer.NEEDS_SPOOL]

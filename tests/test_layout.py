@@ -30,8 +30,8 @@ from packlab.layout import (
     split_sequences,
     weighted_indices,
 )
-from packlab.layout.validate import validate_path
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
+from packlab.sources.checks import validate_path
 from packlab.spool import SpoolReader, SpoolWriter
 
 SPLITS = "train=0.8,valid=0.1,test=0.1"

@@ -14,11 +14,11 @@ from packlab.bins import bin_digest
 from packlab.errors import PacklabError
 from packlab.files import sha256_file
 from packlab.formats import format_names
-from packlab.layout.validate import validate_path
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, shard_bytes, shard_checksum
 from packlab.pipeline.shards import shard_ranges, write_shards
+from packlab.sources.checks import validate_path
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()

@@ -18,7 +18,6 @@ from packlab import open_dataset
 from packlab.cli import main
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.layout import build_layout, known_splits
-from packlab.layout.validate import validate_path
 from packlab.measure.queries import measure
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
@@ -27,6 +26,7 @@ from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
 from packlab.query.tamper import RULES, break_bin
 from packlab.query.views import close
+from packlab.sources.checks import validate_path
 
 SPLITS = "train=0.7,valid=0.2,test=0.1"
 

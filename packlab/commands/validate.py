@@ -27,8 +27,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from packlab.commands.inspect import spool_at
-    from packlab.sources.checks import validate_source
-    from packlab.sources.resolve import resolve_source
+    from packlab.sources.checks import validate_path
 
     spool = spool_at(args.path) if args.split is None else None
     if spool is not None:
@@ -41,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"valid: spool, {spool.num_sequences:,} sequences, {spool.num_tokens:,} "
                   "tokens (files match the manifest's sizes and checksums)")
         return 0
-    result = validate_source(resolve_source(args.path, split=args.split))
+    result = validate_path(args.path, split=args.split)
     if args.json:
         emit_json(result)
         return 0

@@ -8,17 +8,13 @@ receipt's shard present. Per layout: every split, and each split's bins and toke
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from packlab.dataset import check_place
-from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import open_shard
-from packlab.layout.blend import SPLITS_DIR, is_layout, known_splits, read_blend, split_source
-from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest
+from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt, shard_checksum
 
 
@@ -66,21 +62,6 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
     return summary
 
 
-def validate_path(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Validate a shard, a directory of shards, or an output layout (every split, and the
-    counts ``blend.json`` gives); raises on the first problem, naming it."""
-    root = Path(path)
-    if is_layout(root) and not any(p.name.startswith("shard_") for p in root.iterdir()):
-        return validate_layout(root)
-    shards = find_shards(root)
-    if root.is_dir() and not (len(shards) == 1 and shards[0][0] == root):
-        check_orphan_receipts(root, {p.name for p, _ in shards})
-    rows = [validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None),
-                           sha256=getattr(ref, "sha256", None)) for ref in shards]
-    manifest = read_manifest(root) if root.is_dir() else None
-    return {"path": str(root), **totals(rows), "manifest": manifest is not None}
-
-
 def check_orphan_receipts(directory: Path, names: set[str]) -> None:
     """A receipt whose shard is not among ``names`` (the shards found): the shard is gone."""
     for receipt in sorted(directory.glob(f"*{RECEIPT_SUFFIX}")):
@@ -97,30 +78,6 @@ def check_split_counts(where: object, blend: dict[str, Any], split: str,
         if key in expected and expected[key] != result[key]:
             raise FormatError(f"{where}: {result[key]} {key[4:]}, blend.json says "
                               f"{expected[key]}")
-
-
-def validate_layout(root: Path) -> dict[str, Any]:
-    """Every split of an output layout, and each split's bins and tokens against blend.json."""
-    blend = read_blend(root) or {}
-    rows: list[dict[str, Any]] = []
-    splits: dict[str, Any] = {}
-    for split in known_splits(root):
-        expected = blend.get("splits", {}).get(split, {})
-        if expected.get("num_bins") == 0:  # no sequence fell into it: valid, and empty
-            splits[split] = {"num_shards": 0, "num_bins": 0, "num_tokens": 0}
-            continue
-        source = split_source(root, split)
-        result = validate_path(source) if isinstance(source, Path) else _validate_list(source)
-        check_split_counts(root / SPLITS_DIR / split, blend, split, result)
-        splits[split] = {k: result[k] for k in ("num_shards", "num_bins", "num_tokens")}
-        rows.extend(result["shards"])
-    return {"path": str(root), **totals(rows), "splits": splits}
-
-
-def _validate_list(paths: Sequence[Path]) -> dict[str, Any]:
-    return totals([validate_shard(ref[0], ref[1], bins=getattr(ref, "bins", None),
-                                  sha256=getattr(ref, "sha256", None))
-                   for ref in find_shards(list(paths))])
 
 
 def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from packlab.layout.validate import (
 )
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, parse_receipt
 from packlab.progress import progress_bar
-from packlab.sources.resolve import Shard, Source
+from packlab.sources.resolve import Shard, Source, resolve_source
 
 
 def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None = None
@@ -53,6 +53,12 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
     if source.splits:
         out["splits"] = _split_totals(source, rows)
     return out
+
+
+def validate_path(path: Any, *, split: str | None = None,
+                  cache_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``packlab validate PATH [--split]``: any dataset path or URI, resolved, validated."""
+    return validate_source(resolve_source(path, split=split), cache_dir=cache_dir)
 
 
 def _split_totals(source: Source, rows: list[dict[str, Any]]) -> dict[str, Any]:
