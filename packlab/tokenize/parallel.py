@@ -25,7 +25,7 @@ from packlab.errors import FormatError, PacklabError
 from packlab.executors import iter_jobs
 from packlab.files import remove, temporary_sibling
 from packlab.jsonl_index import JsonlIndex, build_jsonl_index, index_path
-from packlab.progress import progress_enabled
+from packlab.progress import progress_bar
 from packlab.spool import DTYPES, FILES, SpoolReader, SpoolWriter
 from packlab.tokenize.records import Spec, Stats, encode_into, iter_index_records, load_encoder
 
@@ -42,32 +42,28 @@ def tokenize_in_parts(jsonl: Path, spec: Spec, writer: SpoolWriter, stats: Stats
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parts = temporary_sibling(writer.path)
     parts.mkdir()
-    bar = None
     try:
         index = _open_index(jsonl, parts)
         count = len(index) if limit is None else min(limit, len(index))
         jobs = [(str(jsonl), str(index.index), start, stop, str(parts / f"part-{k:06d}"), spec,
                  unlocated) for k, (start, stop) in enumerate(job_bounds(index, count, workers))]
-        bar = _record_bar(count)
         done: dict[int, dict[str, Any]] = {}
         merged = 0
-        for k, result in iter_jobs(tokenize_part, jobs, workers, executor=executor,
-                                   address=address):
-            done[k] = result
-            if bar is not None:
+        with progress_bar(total=count, desc="tokenize", unit=" records") as bar:
+            for k, result in iter_jobs(tokenize_part, jobs, workers, executor=executor,
+                                       address=address):
+                done[k] = result
                 bar.update(result["stats"]["records"])
-            while merged in done:  # append in record order, as soon as the next part is in
-                ready = done.pop(merged)
-                if ready["error"] is not None:  # the first bad line in the file, as one worker
-                    raise ready["error"]
-                if ready["part"] is not None:
-                    append_spool(writer, Path(ready["part"]))
-                    remove(Path(ready["part"]))
-                stats.add(ready["stats"])
-                merged += 1
+                while merged in done:  # append in record order, as soon as the next is in
+                    ready = done.pop(merged)
+                    if ready["error"] is not None:  # the first bad line in the file
+                        raise ready["error"]
+                    if ready["part"] is not None:
+                        append_spool(writer, Path(ready["part"]))
+                        remove(Path(ready["part"]))
+                    stats.add(ready["stats"])
+                    merged += 1
     finally:
-        if bar is not None:
-            bar.close()
         remove(parts)
 
 
@@ -135,12 +131,3 @@ def _open_index(jsonl: Path, scratch: Path) -> JsonlIndex:
     except FormatError:
         return JsonlIndex(jsonl, build_jsonl_index(jsonl, scratch / "input.jsonl.idx",
                                                    validate=False))
-
-
-def _record_bar(total: int) -> Any:
-    """A progress bar over records on a terminal (None in CI and in notebooks run headless)."""
-    if not progress_enabled():
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="tokenize", unit=" records", unit_scale=True, leave=False)
