@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from packlab import commands
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 from packlab.version import __version__
 
 SIGPIPE_STATUS = 128 + 13
@@ -65,10 +65,6 @@ def in_cli_words(message: str) -> str:
                                      f"{_FLAGS[m.group(2)]} {m.group(3)}", message)
     return _KEYWORD.sub(lambda m: ("pass " if m.group(0).startswith("pass ") else "")
                         + _FLAGS[m.group(1)], message)
-
-
-def one_line(text: object) -> str:
-    return " ".join(str(text).split())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

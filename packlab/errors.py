@@ -17,3 +17,10 @@ class InvariantError(PacklabError):
 
 class FormatError(PacklabError):
     """A shard or spool is missing, truncated, corrupted or of an unknown format."""
+
+
+def one_line(text: object, limit: int | None = None) -> str:
+    """``text`` (an exception, a library's message) on one line, whitespace runs made one
+    space, cut at ``limit`` characters: how a foreign message goes into packlab's errors."""
+    line = " ".join(str(text).split())
+    return line if limit is None else line[:limit]

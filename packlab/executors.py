@@ -26,7 +26,7 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, TypeVar
 
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 from packlab.progress import progress
 from packlab.results import build_dir
 
@@ -60,7 +60,7 @@ def ray_session(*, workers: int = 2, address: str | None = None,
     except Exception as exc:
         ray.shutdown()
         raise PacklabError(f"cannot start Ray ({'address ' + address if address else 'local'}):"
-                           f" {' '.join(str(exc).split())[:300]}") from None
+                           f" {one_line(exc, 300)}") from None
     try:
         yield ray
     finally:
@@ -206,7 +206,7 @@ def _iter_ray(fn: Callable[..., T], jobs: list[tuple[Any, ...]], *, workers: int
             cause = exc.cause if isinstance(exc.cause, BaseException) else None
             if isinstance(cause, PacklabError):
                 raise cause from None
-            raise PacklabError(f"a Ray task failed: {' '.join(str(exc).split())[:300]}"
+            raise PacklabError(f"a Ray task failed: {one_line(exc, 300)}"
                                ) from None
         finally:  # a failure, or a caller that stopped early: cancel what still runs
             for ref in pending:

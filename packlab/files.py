@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, one_line
 
 TMP_MARKER = ".tmp-"
 
@@ -57,7 +57,7 @@ def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadabl
     except RecursionError:
         raise FormatError(f"{where}: {unreadable}: nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, the int digit limit
-        raise FormatError(f"{where}: {unreadable}: {' '.join(str(exc).split())[:200]}") from None
+        raise FormatError(f"{where}: {unreadable}: {one_line(exc, 200)}") from None
 
 
 def read_bytes(path: Path, *, unreadable: str = "unreadable") -> bytes:

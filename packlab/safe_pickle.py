@@ -30,7 +30,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 from numpy.lib import format as npy_format
 
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, one_line
 
 # -- the only objects a pickle may name ------------------------------------------------------
 # numpy's own pickle constructors are not enough: a damaged or crafted stream can hand
@@ -228,7 +228,7 @@ def read_npy_header(fp: BinaryIO, *, source: str) -> NpyHeader:
         raise
     except Exception as exc:  # noqa: BLE001 - numpy's parser raises what its tokenizer and
         # ast.literal_eval raise on damaged bytes (TokenError, SyntaxError, ValueError, ...)
-        detail = " ".join(str(exc).split())[:200]
+        detail = one_line(exc, 200)
         raise FormatError(f"{source}: not a valid .npy file: {type(exc).__name__}: {detail}"
                           ) from None
     return NpyHeader(version, tuple(shape), bool(fortran), np.dtype(dtype), fp.tell())

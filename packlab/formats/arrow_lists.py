@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from packlab.bins import PackedBin, bin_checksum
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, one_line
 from packlab.files import parse_json
 from packlab.invariants import check_csr
 
@@ -301,7 +301,7 @@ def load_metadata(raw: bytes, where: str) -> dict[str, Any]:
 
 def parse_error(exc: BaseException) -> str:
     """One line from an Arrow/Parquet error."""
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return one_line(exc) or type(exc).__name__
 
 
 ARROW_ERRORS: tuple[type[BaseException], ...] = (pa.ArrowException, OSError, ValueError)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.dataset import check_place
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, one_line
 from packlab.formats import open_shard
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, check_receipt, shard_checksum
@@ -41,7 +41,7 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
     except PacklabError:
         raise
     except Exception as exc:  # damaged bytes surface as library errors: name the file, one line
-        detail = " ".join(str(exc).split())[:300]
+        detail = one_line(exc, 300)
         raise FormatError(f"{path}: unreadable {format} shard ({type(exc).__name__}: {detail})"
                           ) from None
     # a split's link: the receipt is beside the shard it links to

@@ -11,14 +11,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 
 MAX_MESSAGE = 500
 READ_STATEMENTS = ("SELECT", "EXPLAIN")
 
 
-def one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+def short_line(exc: BaseException) -> str:
+    """A DuckDB error on one line, at most :data:`MAX_MESSAGE` characters (an ellipsis when
+    cut)."""
+    text = one_line(exc)
     return text if len(text) <= MAX_MESSAGE else text[: MAX_MESSAGE - 3] + "..."
 
 
@@ -36,7 +38,7 @@ class Result:
             try:
                 rows = self.cursor.fetchmany(size)
             except duckdb.Error as exc:
-                raise PacklabError(one_line(exc)) from None
+                raise PacklabError(short_line(exc)) from None
             if not rows:
                 return
             yield rows
@@ -56,7 +58,7 @@ def check_read_only(sql: str) -> None:
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as exc:
-        raise PacklabError(one_line(exc)) from None
+        raise PacklabError(short_line(exc)) from None
     for statement in statements:
         kind = str(statement.type).rsplit(".", 1)[-1]
         if kind not in READ_STATEMENTS:
@@ -77,7 +79,7 @@ def execute(con: Any, sql: str, params: Any = None) -> Result:
     try:
         cursor = con.execute(sql, params) if params is not None else con.execute(sql)
     except duckdb.Error as exc:
-        raise PacklabError(one_line(exc)) from None
+        raise PacklabError(short_line(exc)) from None
     description = cursor.description or []
     return Result([d[0] for d in description], cursor)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from packlab.cloud import sql as remote_sql
 from packlab.cloud.storage import is_remote
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 from packlab.progress import progress_enabled
 from packlab.query.sources import PathLike, Shard, resolve_sources, sql_readable
 
@@ -180,7 +180,7 @@ def _setting(con: Any, name: str, value: Any, expected: str) -> None:
         con.execute(f"SET {name} = {_literal(str(value))}")
     except duckdb.Error as exc:
         raise PacklabError(f"{name} must be {expected}, got {value!r} (DuckDB: "
-                           f"{' '.join(str(exc).split())[:200]})") from None
+                           f"{one_line(exc, 200)})") from None
 
 
 SPILL_PREFIX = "packlab-query-"

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, one_line
 from packlab.files import staged
 from packlab.invariants import check_bin
 from packlab.sharded.plan import ChunkPlan, chunk_path, marker_path
@@ -158,7 +158,7 @@ class JsonlChunk:
             table = pj.read_json(str(path))
         except (pa.ArrowException, OSError) as exc:
             raise FormatError(f"{path}: chunk {chunk}: unreadable JSONL: "
-                              f"{' '.join(str(exc).split())[:200]}") from None
+                              f"{one_line(exc, 200)}") from None
         for name in ("sample_id", "input_ids", "loss_mask", "seq_start_id"):
             if name not in table.column_names:
                 raise FormatError(f"{path}: chunk {chunk}: no field {name!r} in its records")

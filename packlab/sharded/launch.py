@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 from packlab.files import staged
 
 Job = Callable[[int, int, dict[str, Any]], dict[str, Any]]
@@ -77,7 +77,7 @@ def launch(job: Job, world_size: int, config: dict[str, Any], out_dir: str | os.
                                    f"{timeout:g} s (terminated)")
     except ProcessException as exc:
         raise PacklabError(f"{out}: rank {exc.error_index} failed: "
-                           f"{' '.join(str(exc).split())[:300]}") from None
+                           f"{one_line(exc, 300)}") from None
     finally:
         stop.set()
         _terminate(context.processes)

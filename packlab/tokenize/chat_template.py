@@ -42,7 +42,7 @@ import jinja2.ext
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 
 GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
@@ -233,5 +233,5 @@ def _not_empty(text: str) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    message = " ".join(str(exc).split()) or type(exc).__name__
+    message = one_line(exc) or type(exc).__name__
     return message[:300]

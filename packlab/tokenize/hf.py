@@ -42,7 +42,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.errors import PacklabError
+from packlab.errors import PacklabError, one_line
 from packlab.files import read_json, sha256_file
 from packlab.tokenize.bpe import message_objects
 from packlab.tokenize.chat_template import (
@@ -172,7 +172,7 @@ def load_tokenizer(file: str, sha256: str) -> Any:
     try:
         tokenizer = Tokenizer.from_file(file)
     except Exception as exc:  # noqa: BLE001 - the Rust loader's errors are plain Exceptions
-        reason = " ".join(str(exc).split())[:200]
+        reason = one_line(exc, 200)
         raise PacklabError(f"{file}: not a Hugging Face tokenizer.json ({reason})") from None
     tokenizer.no_truncation()
     tokenizer.no_padding()
@@ -245,7 +245,7 @@ class HFChatTokenizer:
                 raise PacklabError(f"{where}: content is not valid Unicode text "
                                    f"({bad.reason} at position {bad.start})") from None
             raise PacklabError(f"{where}: cannot encode the rendered chat "
-                               f"({' '.join(str(exc).split())[:200]})") from None
+                               f"({one_line(exc, 200)})") from None
         mask, missing_end = span_mask(encoding, spans, len(text), end_of_turn=not marked,
                                       special_ids=self.special_ids)
         return np.array(encoding.ids, dtype=np.int32), mask, missing_end
