@@ -15,12 +15,12 @@ bins store up to ``pack_size + num_seqs`` tokens. Readers of files without a man
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
-from packlab.errors import PacklabError
+from packlab.errors import FormatError, PacklabError
 
 CONVENTIONS = {
     "packlab": "pack_size counts stored tokens: packed_len <= pack_size (also Nemotron's)",
@@ -80,6 +80,18 @@ def bin_digest(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.nd
 
 #: The per-bin checksum every format that has room for one stores (its name in manifests).
 CHECKSUM = "xxh3_64"
+
+
+def records_checksum(record: dict[str, Any], where: object) -> bool:
+    """Whether a manifest, footer or metadata ``record`` says its shard stores per-bin
+    checksums (``"bin_checksum"``; shards written before them have none); one this packlab
+    does not know is a FormatError naming ``where``, never a shard read unchecked."""
+    if "bin_checksum" not in record:
+        return False
+    if record["bin_checksum"] != CHECKSUM:
+        raise FormatError(f"{where}: per-bin checksum {record['bin_checksum']!r}, this packlab "
+                          f"knows {CHECKSUM!r}")
+    return True
 
 
 def bin_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.ndarray) -> int:

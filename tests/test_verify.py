@@ -18,7 +18,7 @@ import pytest
 from conftest import write_random_spool
 
 from packlab import open_dataset
-from packlab.bins import PackedBin, bins_equal
+from packlab.bins import PackedBin, bins_equal, records_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry
 from packlab.formats import format_names, formats_where, open_shard
@@ -299,3 +299,18 @@ def test_sequence_checksums_read_in_windows_match_each_sequence_hashed_alone(
     for window in (1, 500, 1 << 20):  # a window smaller than a sequence, a few, all of them
         found = sequence_checksums(spool, order, 300, window=window)  # type: ignore[arg-type]
         assert found.tolist() == expected
+
+
+def test_a_checksum_this_packlab_does_not_know_is_refused_naming_where(written, tmp_path
+                                                                     ) -> None:
+    """``bin_checksum`` naming another algorithm: refused at open, never read unchecked (one
+    rule for manifests, footers and Arrow's metadata: ``records_checksum``)."""
+    assert records_checksum({}, "m") is False
+    assert records_checksum({"bin_checksum": "xxh3_64"}, "m") is True
+    with pytest.raises(FormatError, match="m: per-bin checksum 'crc32'"):
+        records_checksum({"bin_checksum": "crc32"}, "m")
+    shard = _copy(written, "binidx", tmp_path)
+    manifest = json.loads((shard / "manifest.json").read_text())
+    (shard / "manifest.json").write_text(json.dumps({**manifest, "bin_checksum": "crc32"}))
+    with pytest.raises(FormatError, match=r"manifest.json: per-bin checksum 'crc32'"):
+        open_shard(shard)

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packlab.bins import CHECKSUM, PackedBin
+from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import fsync_file
 from packlab.formats.arrow_lists import (
@@ -257,7 +257,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         self.verify_checksums = (self.compression != "none" if verify_checksums is None
                                  else verify_checksums or self.verify
                                  ) and self.packlab is not None
-        self.has_checksums = (self.packlab or {}).get("bin_checksum") == CHECKSUM
+        self.has_checksums = records_checksum(self.packlab or {}, f"{self.path}: packlab metadata")
         refuse_unverifiable(self.path, self.verify, self.has_checksums)
         if self.packlab is not None:
             self._index_from_metadata(pack_size)

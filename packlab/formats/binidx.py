@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import CHECKSUM, PackedBin, stored_checksum
+from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, file_entry, verify_files
 from packlab.formats.base import (
@@ -373,10 +373,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         self.vocab_size: int | None = self.manifest.get("vocab_size")
         if self.vocab_size is not None:
             count_field(self.manifest, "vocab_size", self.path / MANIFEST, minimum=1)
-        self.has_checksums = "bin_checksum" in self.manifest
-        if self.manifest.get("bin_checksum", CHECKSUM) != CHECKSUM:
-            raise FormatError(f"{self.path / MANIFEST}: per-bin checksum "
-                              f"{self.manifest['bin_checksum']!r}, this packlab knows {CHECKSUM!r}")
+        self.has_checksums = records_checksum(self.manifest, self.path / MANIFEST)
         self.verify = bool(verify)
         refuse_unverifiable(self.path, self.verify, self.has_checksums)
         self.token_dtype = self._read_headers()

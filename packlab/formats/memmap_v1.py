@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from packlab.bins import CHECKSUM, PackedBin, stored_checksum
+from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, read_json, verify_files
 from packlab.formats.base import (
@@ -264,9 +264,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in manifest else set())
     if not isinstance(files, dict) or set(files) != expected:
         raise FormatError(f"{manifest_path}: 'files' must list {sorted(expected)}")
-    if manifest.get("bin_checksum", CHECKSUM) != CHECKSUM:
-        raise FormatError(f"{manifest_path}: per-bin checksum {manifest['bin_checksum']!r}, "
-                          f"this packlab knows {CHECKSUM!r}")
+    records_checksum(manifest, manifest_path)
     return manifest
 
 

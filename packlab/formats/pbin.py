@@ -57,7 +57,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
-from packlab.bins import CHECKSUM, PackedBin, stored_checksum
+from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, temporary_sibling
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field
@@ -329,11 +329,8 @@ class Reader(PbinFacts, TableReads, ShardReader):
                               f"{footer['token_width']} (corrupted)")
         expected = {"loss_mask": self.num_tokens, "token_offsets": 8 * (self.num_bins + 1),
                     "seq_offsets": 8 * (self.num_bins + 1), "seq_starts": 4 * self.num_seqs}
-        self.has_checksums = "bin_checksum" in footer
+        self.has_checksums = records_checksum(footer, self.path)
         if self.has_checksums:
-            if footer["bin_checksum"] != CHECKSUM:
-                raise FormatError(f"{self.path}: per-bin checksum {footer['bin_checksum']!r}, "
-                                  f"this packlab knows {CHECKSUM!r}")
             expected["checksums"] = 8 * self.num_bins
         sections = footer.get("sections", {})
         base = self.file.index_offset
