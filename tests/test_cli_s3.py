@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.fs as pafs
 import pytest
 from conftest import BUCKET, one_error_line, run_cli, write_random_spool
@@ -155,6 +156,26 @@ def test_spools_to_and_from_object_storage(server, tmp_path, capsys) -> None:
     local = tmp_path / "again"
     assert run_cli(capsys, "synth", local, "-n", 5)[0] == 0
     assert SpoolReader(local).num_sequences == 5
+
+
+def test_a_nemotron_spool_on_object_storage_is_one_clear_refusal(server, tmp_path,
+                                                                  capsys) -> None:
+    """A spool uploaded as Nemotron writes it (no file checksums to fetch it verified):
+    reading it by URI is refused in one line that says why and what to do; nothing written."""
+    from nemotron_layout import chat_sft_extra, random_sequences, write_nemotron_spool
+
+    spool = tmp_path / "nemotron"
+    write_nemotron_spool(spool, random_sequences(np.full(40, 50), seed=1), chat_sft_extra(0))
+    fs = server.filesystem()
+    for file in spool.iterdir():
+        with fs.open_output_stream(f"{BUCKET}/nemotron/{file.name}") as out:
+            out.write(file.read_bytes())
+    uri = f"s3://{BUCKET}/nemotron"
+    code, _, err = run_cli(capsys, "pack", uri, tmp_path / "out", "--format", "memmap_v1",
+                           "--pack-size", 256)
+    assert code == 2
+    one_error_line(err, uri, "records no file checksums", "download it first")
+    assert not (tmp_path / "out").exists()
 
 
 def test_convert_to_one_object_reports_its_uri(server, spool, tmp_path, capsys) -> None:
