@@ -219,6 +219,22 @@ def file_entry(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
+WRITE_BUFFER = 4 << 20
+
+
+def open_for_writing(path: Path) -> Any:
+    """A new binary file whose small writes (a bin at a time) reach the kernel ``WRITE_BUFFER``
+    bytes at a time.
+
+    Why: the page cache keeps a file in folios as large as the writes that made it, and a map
+    of large folios reads faster: in notebook 11, the same bins copied out of a warm map took
+    5.3 µs from a file written 8 KB at a time and 4.9 µs written 4 MB at a time (4.8 µs
+    from one write); packlab's mapped formats were 1.08x raw CSR numpy (written by one
+    ``np.save``) before, and this was most of it. Costs ``WRITE_BUFFER`` of memory per file,
+    whatever the shard's size."""
+    return open(path, "wb", buffering=WRITE_BUFFER)  # noqa: SIM115 - the caller closes it
+
+
 class HashedFile:
     """An append-only binary file that hashes what it writes, so no second read is needed.
 
@@ -229,7 +245,7 @@ class HashedFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self._file = open_for_writing(path)  # closed in close()
         self._hash = hashlib.sha256()
         self.bytes = 0
 

@@ -52,7 +52,7 @@ import pyarrow as pa
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import fsync_file
+from packlab.files import WRITE_BUFFER, fsync_file
 from packlab.formats.arrow_lists import (
     ARROW_ERRORS,
     METADATA_KEY,
@@ -149,7 +149,10 @@ class Writer(ArrowIpcFacts, ShardWriter):
         self._schema = schema_with_metadata({METADATA_KEY: dump_metadata(static)})
         options = pa.ipc.IpcWriteOptions(
             compression=None if self.compression == "none" else self.compression)
-        self._sink: pa.NativeFile | None = pa.OSFile(str(self.tmp_path), "wb")
+        # buffered: a record batch's buffers reach the kernel WRITE_BUFFER bytes at a time
+        # (large page-cache folios: faster warm reads, packlab.files.open_for_writing)
+        self._sink: pa.NativeFile | None = pa.BufferedOutputStream(
+            pa.OSFile(str(self.tmp_path), "wb"), WRITE_BUFFER)
         try:
             self._writer: pa.ipc.RecordBatchFileWriter | None = pa.ipc.new_file(
                 self._sink, self._schema, options=options)
