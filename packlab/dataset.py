@@ -12,8 +12,10 @@ worker, forked or spawned) opens its own readers on first access, so no file han
 map is ever shared between processes.
 
 The read of a shard whose bins are slices of its memory-mapped files (its reader's
-``bin_table()``, :mod:`packlab.formats.bintable`) is one call: ``dataset[i]`` finds the shard
-and asks its table for the item, three views; the tables are dropped in a forked child
+``bin_table()``, :mod:`packlab.formats.bintable`) is one call: ``dataset[i]`` calls the read
+this process chose on its first read (``_get``): for one such shard, the table's own closure
+(:meth:`~packlab.formats.bintable.BinTable.reader`: three views, nothing looked up), else a
+search for the shard. Tables and that choice are dropped in a forked child
 (:func:`packlab.mapping.forget_after_fork`), so it costs no check per read. Other shards go
 through their reader's ``read_bin``.
 """
@@ -81,6 +83,7 @@ class PackedDataset:
         self.reader_options = dict(reader_options or {})
         self._readers: list[Any] | None = None
         self._tables: list[Any] | None = None  # each shard's BinTable (or None), per process
+        self._get = self._first_read  # what dataset[i] calls (chosen on the first read)
         self._single = len(self.shards) == 1
         self._pid = os.getpid()
         self._fork = _FORKS[0]
@@ -122,12 +125,18 @@ class PackedDataset:
     def forget_maps(self) -> None:
         """In a forked child: the next read opens this process's own readers and maps."""
         self._tables = None
+        self._get = self._first_read
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = None
         state["_tables"] = None
+        del state["_get"]
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._get = self._first_read
 
     def close(self) -> None:
         if self._readers is not None:
@@ -135,6 +144,7 @@ class PackedDataset:
                 reader.close()
         self._readers = None
         self._tables = None
+        self._get = self._first_read
 
     # -- map-style access -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -159,13 +169,21 @@ class PackedDataset:
         return self._open_readers()[shard].read_bin(local)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self._get(index)
+
+    def _first_read(self, index: Any) -> dict[str, np.ndarray]:
+        """This process's first read: open the tables, choose what ``dataset[i]`` calls."""
+        tables = self._bin_tables()
+        if self._single and tables[0] is not None:  # the hot path: one shard, its table
+            self._get = tables[0].reader(self._item)
+        else:
+            self._get = self._read_shards
+        return self._get(index)
+
+    def _read_shards(self, index: Any) -> dict[str, np.ndarray]:
+        """``dataset[i]`` over several shards (or one without a table)."""
         tables = self._tables
         if tables is not None and type(index) is int and 0 <= index < self._length:
-            if self._single:  # the hot path: one shard, its table
-                table = tables[0]
-                if table is not None:
-                    return table.item(index)
-                return item_from_bin(self._open_readers()[0].read_bin(index))
             shard = bisect_right(self._starts, index) - 1
             table = tables[shard]
             index -= self._starts[shard]
@@ -174,8 +192,8 @@ class PackedDataset:
             return item_from_bin(self._open_readers()[shard].read_bin(index))
         return self._item(index)
 
-    def _item(self, index: int) -> dict[str, np.ndarray]:
-        """Any index (negative, numpy), and the first read of this process."""
+    def _item(self, index: Any) -> dict[str, np.ndarray]:
+        """Any index (negative, numpy; a wrong one is refused by :meth:`locate`)."""
         tables = self._bin_tables()
         shard, local = self.locate(index)
         if tables[shard] is not None:

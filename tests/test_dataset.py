@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import write_random_spool
+from conftest import Child, write_random_spool
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
@@ -271,3 +271,43 @@ def test_sampler_argument_errors() -> None:
         BlockShuffleSampler(10, boundaries=[0, 5, 9])
     with pytest.raises(PacklabError, match="window"):
         BlockShuffleSampler(10, block_size=2, window=0)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+@pytest.mark.parametrize("name", FORMATS)
+def test_one_shard_serves_every_kind_of_index_through_its_fast_read(name, verify, packed,
+                                                                    shard_dirs) -> None:
+    # one shard: dataset[i] is its table's closure (formats whose bins are views), chosen on
+    # the first read; negative, numpy and wrong indices go the general way; closing, pickling
+    # and a fork each drop the choice, and the reads after are the same bins
+    _, _, digests = packed
+    shard = find_shards(shard_dirs[name])[1][0]
+    want = digests[BINS_PER_SHARD:2 * BINS_PER_SHARD]
+    try:
+        ds = open_dataset(shard, verify=verify)
+    except FormatError as exc:  # a format that records no per-bin checksums
+        assert verify and "no per-bin checksums" in str(exc)
+        return
+    n = len(ds)
+    assert digests_of(ds) == want
+    assert digests_of(ds, [-1, -n, np.int64(2), np.uint8(n - 1)]) == [want[-1], want[0], want[2],
+                                                                       want[-1]]
+    for wrong in (n, -n - 1, 10**30):
+        with pytest.raises(IndexError, match=f"out of range \\[0, {n}\\)"):
+            ds[wrong]
+    for wrong in (True, 1.0, "1", None):
+        with pytest.raises(TypeError, match="bin index must be an integer"):
+            ds[wrong]
+    ds.close()
+    assert digests_of(ds, [4, 0]) == [want[4], want[0]]
+    clone = pickle.loads(pickle.dumps(ds))
+    assert digests_of(clone, [n - 1, 1]) == [want[-1], want[1]]
+    assert Child(_fresh_then_read, ds, [3, 0]).result() == (True, [want[3], want[0]])
+    assert digests_of(ds, [3]) == [want[3]]  # the parent's reads go on
+    ds.close()
+
+
+def _fresh_then_read(dataset: PackedDataset, indices: list[int]) -> tuple[bool, list[str]]:
+    """In a forked child: whether the dataset starts over (its first read maps its own
+    files), and the bins it then reads."""
+    return dataset._get == dataset._first_read, digests_of(dataset, indices)

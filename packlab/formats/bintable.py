@@ -110,6 +110,16 @@ def index_view(values: np.ndarray) -> memoryview:
     return memoryview(np.ascontiguousarray(values, dtype=np.uint32 if small else np.int64))
 
 
+def _out_of_range(table: Any) -> Callable[[Any], Any]:
+    """What a table's :meth:`~BinTable.reader` does with an index it does not serve: callers
+    check indices, so this is a bug's IndexError naming the shard."""
+
+    def refuse(b: Any) -> Any:
+        raise IndexError(f"{table.source}: bin {b!r} is not in [0, {table.num_bins})")
+
+    return refuse
+
+
 class BinTable(NamedTuple):
     """One process's view of a shard whose bins are slices of flat arrays (see the module).
 
@@ -142,15 +152,32 @@ class BinTable(NamedTuple):
         return _new(PackedBin, (ids[t0:t1], mask[t0:t1], bounds[bound_at[b]:bound_at[b + 1] - 1]))
 
     def item(self, b: int) -> dict[str, np.ndarray]:
-        """Bin ``b`` as the dict a Megatron-Bridge packed dataset returns (three views)."""
+        """Bin ``b`` as the dict a Megatron-Bridge packed dataset returns (three views); a
+        loop of reads takes :meth:`reader` once instead."""
+        return self.reader(_out_of_range(self))(b)
+
+    def reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+               ) -> Callable[[Any], dict[str, np.ndarray]]:
+        """``dataset[i]`` of this table as one closure: bin ``b`` (an ``int`` in ``[0,
+        num_bins)``) as the dict :meth:`item` returns; any other index goes to ``other``.
+
+        A closure because its reads are local variables: measured, 0.25 µs a read less than
+        a method unpacking the table (a third of a warm read's own cost, notebook 11)."""
         ids, mask, bounds, start, stop, _, bound_at, advice, _, _, _ = self
-        t0 = start[b]
-        t1 = stop[b]
-        advice.due -= 1
-        if advice.due < 0:
-            self.advise(b)
-        return {"input_ids": ids[t0:t1], "loss_mask": mask[t0:t1],
-                "seq_boundaries": bounds[bound_at[b]:bound_at[b + 1]]}
+        advise, n = self.advise, len(start)
+
+        def read(b: Any) -> dict[str, np.ndarray]:
+            if type(b) is not int or not 0 <= b < n:
+                return other(b)
+            t0 = start[b]
+            t1 = stop[b]
+            advice.due -= 1
+            if advice.due < 0:
+                advise(b)
+            return {"input_ids": ids[t0:t1], "loss_mask": mask[t0:t1],
+                    "seq_boundaries": bounds[bound_at[b]:bound_at[b + 1]]}
+
+        return read
 
     def bins(self, indices: Sequence[int]) -> list[PackedBin]:
         """Many bins in one comprehension; the read advice counted (and, when due, probed)
@@ -190,10 +217,19 @@ class BinTable(NamedTuple):
 
     def advise(self, b: int) -> bool:
         """The read advice is due: probe bin ``b``'s tokens; cold, ask for its mask too, so
-        both ranges are read at once (:mod:`packlab.mapping`). Whether it was cold."""
+        both ranges are read at once (:mod:`packlab.mapping`). Whether it was cold.
+
+        Cold lately (no probe: both ranges advised), the mask goes first: the device serves
+        the two requests in turn, and with the tokens last the reader waits once, for them,
+        instead of once for the tokens and again for the mask (a cold read 4-5% faster,
+        measured on notebook 05's shards)."""
         advice = self.advice
         t0 = self.start[b]
         n = self.stop[b] - t0
+        if advice.credit > 0:
+            advise(advice.mask_fd, advice.mask_at + self.mask_start[b], n)
+            advice.probe(advice.ids_at + advice.width * t0, advice.width * n)
+            return True
         if advice.probe(advice.ids_at + advice.width * t0, advice.width * n):
             advise(advice.mask_fd, advice.mask_at + self.mask_start[b], n)
             return True
@@ -233,22 +269,31 @@ class MaskApartTable(BinTable):
         return _new(PackedBin, (ids[t0:t1], mask[m0:m0 + t1 - t0],
                                 bounds[bound_at[b]:bound_at[b + 1] - 1]))
 
-    def item(self, b: int) -> dict[str, np.ndarray]:
+    def reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+               ) -> Callable[[Any], dict[str, np.ndarray]]:
         ids, mask, bounds, start, stop, mask_start, bound_at, advice, _, _, _ = self
-        t0 = start[b]
-        t1 = stop[b]
-        advice.due -= 1
-        if advice.due < 0:
-            self.advise(b)
-        m0 = mask_start[b]
-        return {"input_ids": ids[t0:t1], "loss_mask": mask[m0:m0 + t1 - t0],
-                "seq_boundaries": bounds[bound_at[b]:bound_at[b + 1]]}
+        advise, n = self.advise, len(start)
+
+        def read(b: Any) -> dict[str, np.ndarray]:
+            if type(b) is not int or not 0 <= b < n:
+                return other(b)
+            t0 = start[b]
+            t1 = stop[b]
+            advice.due -= 1
+            if advice.due < 0:
+                advise(b)
+            m0 = mask_start[b]
+            return {"input_ids": ids[t0:t1], "loss_mask": mask[m0:m0 + t1 - t0],
+                    "seq_boundaries": bounds[bound_at[b]:bound_at[b + 1]]}
+
+        return read
 
     def bins(self, indices: Sequence[int]) -> list[PackedBin]:
         return [self.bin(b) for b in indices]
 
     def items(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        return [self.item(b) for b in indices]
+        read = self.reader(_out_of_range(self))
+        return [read(b) for b in indices]
 
 
 class VerifiedTable(BinTable):
@@ -265,16 +310,25 @@ class VerifiedTable(BinTable):
         self.check(b, *packed)
         return packed
 
-    def item(self, b: int) -> dict[str, np.ndarray]:
-        ids, mask, starts = self.bin(b)
-        return {"input_ids": ids, "loss_mask": mask,
-                "seq_boundaries": self.bounds[self.bound_at[b]:self.bound_at[b + 1]]}
+    def reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+               ) -> Callable[[Any], dict[str, np.ndarray]]:
+        bounds, bound_at, n = self.bounds, self.bound_at, len(self.start)
+
+        def read(b: Any) -> dict[str, np.ndarray]:
+            if type(b) is not int or not 0 <= b < n:
+                return other(b)
+            ids, mask, _ = self.bin(b)
+            return {"input_ids": ids, "loss_mask": mask,
+                    "seq_boundaries": bounds[bound_at[b]:bound_at[b + 1]]}
+
+        return read
 
     def bins(self, indices: Sequence[int]) -> list[PackedBin]:
         return [self.bin(b) for b in indices]
 
     def items(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        return [self.item(b) for b in indices]
+        read = self.reader(_out_of_range(self))
+        return [read(b) for b in indices]
 
 
 # -- building a table --------------------------------------------------------------------------
