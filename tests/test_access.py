@@ -95,6 +95,16 @@ def test_sink_copies_every_byte_and_grows() -> None:
     assert sink.bounds[:3].tolist() == [0, 50, 100]
 
 
+def test_sink_timed_arrays_copies_any_container_byte_for_byte() -> None:
+    # notebook 11's delivery: a dict's values or a tuple, the same bytes in the same order
+    item = _item(3000, np.uint16)
+    raw = b"".join(a.tobytes() for a in item.values())
+    for got in (item, tuple(item.values()), [a[::-1][::-1] for a in item.values()]):
+        sink = Sink(4)
+        assert sink.timed_arrays(lambda _, got=got: got, 0) > 0
+        assert sink.buffer[:len(raw)].tobytes() == raw
+
+
 def test_ram_dataset_serves_the_same_bins_through_the_same_path(shards: dict[str, Path]) -> None:
     dataset = open_dataset([shards["memmap_v1"], shards["parquet"]])
     floor = RamDataset(dataset)

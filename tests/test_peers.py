@@ -14,7 +14,14 @@ from conftest import Child
 
 from packlab.errors import PacklabError
 from packlab.measure.peers import get_peer, mds_env, peer_names, side_by_side
-from packlab.measure.peers.base import COLUMNS, Peer, Reference, bytes_of, reference_from
+from packlab.measure.peers.base import (
+    COLUMNS,
+    Peer,
+    Reference,
+    arrays_of,
+    bytes_of,
+    reference_from,
+)
 from packlab.measure.peers.raw_csr import RawCsr, load_reference
 from packlab.measure.peers.run import compare, prepare, seeded_indices, verify
 from packlab.measure.peers.summary import findings, smallest_fast, table
@@ -52,7 +59,7 @@ def _round_trip(name: str, reference: Reference, directory: Path) -> int:
     try:
         assert prepared.bytes_written == bytes_of(peer.files(directory)) > 0
         for i in (0, len(reference) - 1):
-            got = peer.as_reference(list(prepared.opened.read(i)))
+            got = peer.as_reference(arrays_of(prepared.opened.read(i)))
             want = [reference.bin(i)[COLUMNS.index(c)] for c in peer.COLUMNS]
             assert len(got) == len(want)
             assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))

@@ -80,9 +80,15 @@ class Opened:
     (in ``COLUMNS`` order); ``keep`` holds whatever must stay alive while they are used
     (megatron-core's ``IndexedDataset`` segfaults if its arrays outlive it)."""
 
-    read: Callable[[int], Iterable[Any]]
+    read: Callable[[int], Iterable[Any] | dict[str, Any]]
     close: Callable[[], None] = lambda: None
     keep: Any = None
+
+
+def arrays_of(got: Any) -> list[Any]:
+    """The arrays one read returned: a dict's values (packlab's items, in ``COLUMNS``
+    order), or the sequence itself."""
+    return list(got.values()) if isinstance(got, dict) else list(got)
 
 
 class Peer:

@@ -35,7 +35,7 @@ class _HfDatasets(Peer):
         get = dataset.__getitem__
         if self.FORMAT == "arrow":
             return Opened(lambda i: table_row(get(i)), keep=dataset)
-        return Opened(lambda i: get(i).values(), keep=dataset)
+        return Opened(get, keep=dataset)  # a dict: its values are delivered
 
 
 class HfArrow(_HfDatasets):

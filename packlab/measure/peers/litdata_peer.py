@@ -36,7 +36,7 @@ class _LitData(Peer):
 
         dataset = litdata.StreamingDataset(str(directory), batch_decode=self.BATCH_DECODE)
         get = dataset.__getitem__
-        return Opened(lambda i: get(i).values(), keep=dataset)
+        return Opened(get, keep=dataset)  # a dict: its values are delivered
 
 
 class LitDataPerItem(_LitData):

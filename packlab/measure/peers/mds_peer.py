@@ -80,7 +80,7 @@ class _Mds(Peer):
         streaming.base.util.clean_stale_shared_memory()
         dataset = streaming.StreamingDataset(local=str(directory), batch_size=1)
         get = dataset.get_item
-        return Opened(lambda i: get(i).values(), keep=dataset)
+        return Opened(get, keep=dataset)  # a dict: its values are delivered
 
 
 class Mds(_Mds):

@@ -47,8 +47,7 @@ class PacklabFormat(Peer):
 
     def open(self, directory: Path) -> Opened:
         dataset = open_dataset(self.shard(directory))
-        get = dataset.__getitem__
-        return Opened(lambda i: get(i).values(), close=dataset.close, keep=dataset)
+        return Opened(dataset.__getitem__, close=dataset.close, keep=dataset)
 
     def files(self, directory: Path) -> list[Path]:
         dataset = open_dataset(self.shard(directory))

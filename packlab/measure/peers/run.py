@@ -10,8 +10,9 @@ One :func:`compare` call, the same rules for every system:
 3. **One seeded index list**, read in rounds: each round every system reads the round's
    slice of the list, one system after another, the order rotated per round
    (:func:`timed_loop`); each read timed alone with ``perf_counter_ns`` and *delivered*:
-   every array it returned copied into preallocated buffers inside the timer
-   (:class:`packlab.measure.delivery.Sink`).
+   every array it returned (a dict's values, or the sequence) copied byte for byte into a
+   preallocated buffer inside the timer, the same copy for every system
+   (:meth:`packlab.measure.delivery.Sink.timed_arrays`).
 4. **Floors in the same loop**: a memcpy of the bytes of the bin's three columns (through
    the same delivery), and the **in-RAM Python floor**: packlab's access path
    (``open_dataset(shard)[i]``) over the same bins held in RAM
@@ -35,7 +36,7 @@ import numpy as np
 from packlab.errors import PacklabError
 from packlab.measure.delivery import MIN_SAMPLES, Budget, Sink, percentiles
 from packlab.measure.floors import python_floor
-from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, bytes_of
+from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, arrays_of, bytes_of
 
 FLOORS = ("memcpy", "python_floor")
 ROUNDS = 10
@@ -71,7 +72,7 @@ def verify(peer: Peer, opened: Opened, reference: Reference,
     for i in range(len(reference)):
         if budget.spent(i):
             return i
-        got = peer.as_reference(list(opened.read(i)))
+        got = peer.as_reference(arrays_of(opened.read(i)))
         expected = reference.bin(i)
         if len(got) != len(wanted):
             raise PacklabError(f"{peer.LABEL}: bin {i} came back with {len(got)} columns, "
@@ -140,7 +141,7 @@ def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bi
             if budget.spent(i):
                 warmed[name] = i
                 break
-            sink.take(reads[name](i))
+            sink.timed_arrays(reads[name], i)  # the same delivery as the timed reads
     ns = {name: np.zeros(indices.shape[0], dtype=np.int64) for name in names}
     taken, spent = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
     stopped: set[str] = set()
@@ -156,7 +157,7 @@ def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bi
                                        and spent[name] > limit):
                     stopped.add(name)  # never resumes: what it read is a prefix of the list
                     break
-                out[k] = sink.timed(read, order[k])[0]
+                out[k] = sink.timed_arrays(read, order[k])
                 spent[name] += int(out[k])
                 taken[name] = k + 1
     return {name: ns[name][:taken[name]] for name in names}, warmed
@@ -199,10 +200,9 @@ def compare(
     floor = python_floor(floor_shard)
     if len(floor) != len(reference):
         raise PacklabError(f"{floor_shard}: {len(floor)} bins, the reference {len(reference)}")
-    floor_get = floor.__getitem__
     reads: dict[str, Any] = {p.peer.NAME: p.opened.read for p in prepared}
     reads["memcpy"] = memcpy_read(reference)
-    reads["python_floor"] = lambda i: floor_get(i).values()
+    reads["python_floor"] = floor.__getitem__
     sink = Sink(4 * reference.pack_size)
     try:
         ns, warmed = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference),
@@ -225,7 +225,7 @@ def _row(p: Prepared, ns: np.ndarray, reference: Reference, environment: str) ->
     tokens = reference.num_tokens
     return {"system": p.peer.LABEL, "name": p.peer.NAME, "kind": p.peer.KIND,
             "columns": "all three" if p.peer.COLUMNS == COLUMNS else "tokens only",
-            "dtypes": dtypes_of(list(p.opened.read(0))), "environment": environment or "venv",
+            "dtypes": dtypes_of(arrays_of(p.opened.read(0))), "environment": environment or "venv",
             "verified_bins": p.verified_bins, "num_bins": len(reference),
             "samples": int(ns.shape[0]), "bytes_written": p.bytes_written,
             "bytes_on_disk": after, "bytes_per_token": after / tokens,
