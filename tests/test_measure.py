@@ -147,6 +147,10 @@ def test_drop_shard_covers_every_file_of_a_directory(tmp_path: Path) -> None:
     files = shard_files(tmp_path / "d")
     assert [f.name for f in files] == ["a.bin", "b.bin"]
     assert drop_shard(tmp_path / "d") == 0
+    maps = [np.memmap(f, dtype=np.uint8, mode="r") for f in files]  # every file mapped here
+    assert all(int(m[::4096].sum()) > 0 for m in maps) and resident_pages(files[1])[0] > 0
+    assert drop_shard(files) == 0  # the mappings of both released in one pass, then evicted
+    assert all(int(m[::4096].sum()) == 120 * len(m[::4096]) for m in maps)  # still valid
     with pytest.raises(PacklabError, match="no such"):
         shard_files(tmp_path / "nope")
 

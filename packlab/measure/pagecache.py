@@ -65,15 +65,16 @@ def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:
         os.close(fd)
 
 
-def mapping_ranges(path: str | os.PathLike[str]) -> list[tuple[int, int]]:
-    """``(start, length)`` of this process's read-only mappings of ``path``."""
-    target = os.path.realpath(path)
+def mapping_ranges(*paths: str | os.PathLike[str]) -> list[tuple[int, int]]:
+    """``(start, length)`` of this process's read-only mappings of any of ``paths`` (one
+    read of ``/proc/self/maps`` for all of them)."""
+    targets = {os.path.realpath(path) for path in paths}
     ranges = []
     with open("/proc/self/maps") as maps:
         lines = maps.readlines()
     for line in lines:
         parts = line.split(maxsplit=5)
-        if len(parts) < 6 or parts[5].rstrip("\n") != target or "w" in parts[1]:
+        if len(parts) < 6 or parts[5].rstrip("\n") not in targets or "w" in parts[1]:
             continue
         lo, hi = (int(x, 16) for x in parts[0].split("-"))
         ranges.append((lo, hi - lo))
@@ -90,35 +91,34 @@ def release_ranges(ranges: Iterable[tuple[int, int]]) -> int:
     return released
 
 
-def release_mappings(path: str | os.PathLike[str]) -> int:
-    """Release this process's read-only mappings of ``path`` from its page tables.
-
-    The mappings stay valid (the next access faults the page back in from the page cache or
-    the file). Writable mappings are left alone. Returns the number of bytes released.
-    """
-    return release_ranges(mapping_ranges(path))
-
-
 def drop_cache(path: str | os.PathLike[str]) -> int:
     """Evict one file from the page cache; returns the pages still resident (0 when it worked).
 
     Order: release this process's mappings, ``fdatasync`` (dirty pages cannot be evicted),
     ``posix_fadvise(0, 0, DONTNEED)``, then count with ``mincore``.
     """
-    release_mappings(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fdatasync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-    return resident_pages(path)[0]
+    return drop_shard([Path(path)])
 
 
 def drop_shard(path: str | os.PathLike[str] | Iterable[Path]) -> int:
-    """Evict every file of a shard; returns the pages still resident across them."""
+    """Evict every file of a shard (:func:`drop_cache`'s order, the mappings of all of them
+    released at once); returns the pages still resident across them.
+
+    As little work as it can: a cold read is timed right after it, and whatever it does
+    empties CPU caches that read then refills, while the ``pread`` it is compared with
+    follows the drop of one file. Reading ``/proc/self/maps`` once per file made memmap_v1's
+    seven-file shard read cold at 1.21-1.31x a ``pread``; once for the shard, 1.14-1.19x
+    (notebook 05's shards, two runs each)."""
     files = shard_files(path) if isinstance(path, str | os.PathLike) else list(path)
-    return sum(drop_cache(f) for f in files)
+    release_ranges(mapping_ranges(*files))
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fdatasync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return sum(resident_pages(f)[0] for f in files)
 
 
 def drop_until_cold(files: Sequence[Path], *, tries: int = 20) -> int:
