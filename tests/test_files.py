@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from packlab import files
 from packlab.errors import PacklabError
 from packlab.files import HashedFile, Staging, is_temporary, json_default, staged
 
@@ -92,3 +95,48 @@ def test_json_default_writes_numpy_arrays_and_scalars() -> None:
     text = json.dumps({"a": np.arange(3), "b": np.float32(1.5), "c": np.int64(2)},
                       default=json_default)
     assert json.loads(text) == {"a": [0, 1, 2], "b": 1.5, "c": 2}
+
+
+def test_aligned_writer_writes_every_byte_in_aligned_chunks(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # small sizes stand in for 4 MiB and 2 MiB: every write the kernel sees while the buffer
+    # fills ends at a multiple of the alignment; a seek and the close write out the rest;
+    # nothing is lost or reordered
+    monkeypatch.setattr(files, "WRITE_BUFFER", 10_000)
+    monkeypatch.setattr(files, "WRITE_ALIGN", 4096)
+    path = tmp_path / "out.bin"
+    out = files.open_for_writing(path)
+    out._raw = spy = _Recording(out._raw)
+    rng = np.random.default_rng(0)
+    pieces = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes()
+              for n in rng.integers(1, 5_000, size=60)]
+    for piece in pieces:
+        assert out.write(piece) == len(piece)
+    assert out.tell() == sum(map(len, pieces))
+    assert len(spy.ends) > 5 and all(end % 4096 == 0 for end in spy.ends)
+    assert len(out._buffer) < 10_000 + 5_000  # the buffer, at most one write over
+    out.seek(3)
+    out.write(b"HEAD")
+    out.seek(0, os.SEEK_END)
+    out.write(np.frombuffer(b"tail", dtype=np.uint8))
+    out.close()
+    expected = bytearray(b"".join(pieces))
+    expected[3:7] = b"HEAD"
+    assert path.read_bytes() == bytes(expected) + b"tail"
+    assert out.closed
+
+
+class _Recording:
+    """A raw file that records where each of its writes ended."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.ends: list[int] = []
+
+    def write(self, data: Any) -> int:
+        written = self.raw.write(data)
+        self.ends.append(self.raw.tell())
+        return written
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
