@@ -229,7 +229,7 @@ def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> Non
 
 def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
     from packlab.measure.delivery import Sink
-    from packlab.measure.peers.run import timed_loop
+    from packlab.measure.peers.run import SETTLE, timed_loop
 
     seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
 
@@ -242,16 +242,47 @@ def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
     indices = seeded_indices(7, 23, 1)
     ns, warmed = timed_loop({n: reader(n) for n in seen}, indices, Sink(8), num_bins=7,
                             rounds=4)
+    order = indices.tolist()
+    bounds = np.linspace(0, 23, 5).astype(int).tolist()
+    expected = list(range(7))  # the warm pass, then per round: the settling reads, the slice
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        expected += [order[k] for k in range(lo - SETTLE, lo)] + order[lo:hi]
     for name, calls in seen.items():
-        assert calls == list(range(7)) + indices.tolist()
+        assert calls == expected
         assert ns[name].shape == (23,) and (ns[name] > 0).all() and warmed[name] == 7
+
+
+def test_each_round_draws_the_order_of_the_systems_anew() -> None:
+    # rotated, a system always followed the same neighbour (and paid for what it left behind)
+    from packlab.measure.delivery import Sink
+    from packlab.measure.peers.run import SETTLE, timed_loop
+
+    calls: list[tuple[str, int]] = []
+
+    def reader(name: str):
+        def read(i: int) -> tuple[np.ndarray]:
+            calls.append((name, i))
+            return (np.zeros(2, dtype=np.int32),)
+        return read
+
+    names = ["a", "b", "c", "d"]
+    indices = np.arange(40) % 5
+    timed_loop({n: reader(n) for n in names}, indices, Sink(8), num_bins=5, rounds=20, seed=3)
+    per = SETTLE + 2  # each system's reads in a round: the settling ones, then its slice of 2
+    timed = calls[4 * 5:]  # after every system's warm pass
+    orders = [tuple(name for name, _ in timed[r * 4 * per:(r + 1) * 4 * per:per])
+              for r in range(20)]
+    assert all(sorted(order) == names for order in orders)
+    before = {(order[k - 1], order[k]) for order in orders for k in range(1, 4)}
+    assert all(len({p for p, n in before if n == name}) >= 2 for name in names)
+    assert len(set(orders)) > 5
 
 
 def test_a_slow_system_reads_a_prefix_of_the_list_within_its_budget() -> None:
     import time
 
     from packlab.measure.delivery import MIN_SAMPLES, Sink
-    from packlab.measure.peers.run import timed_loop
+    from packlab.measure.peers.run import SETTLE, timed_loop
 
     seen: dict[str, list[int]] = {"slow": [], "fast": []}
 
@@ -270,7 +301,8 @@ def test_a_slow_system_reads_a_prefix_of_the_list_within_its_budget() -> None:
     assert MIN_SAMPLES <= warmed["slow"] < 300 and warmed["fast"] >= MIN_SAMPLES
     taken = ns["slow"].shape[0]
     assert taken == MIN_SAMPLES  # past its budget from the first read: the minimum, no more
-    assert seen["slow"] == list(range(warmed["slow"])) + indices[:taken].tolist()
+    settle = indices[-SETTLE:].tolist()  # before the first round's slice; none once stopped
+    assert seen["slow"] == list(range(warmed["slow"])) + settle + indices[:taken].tolist()
 
 
 def test_the_harness_runs_another_interpreter_only_in_a_subprocess() -> None:

@@ -67,7 +67,7 @@ def side_by_side(
     floor.write(reference, floor_dir)
     here = [p for p in peers if not p.ENVIRONMENT]
     result = compare(reference, root / "venv", here, floor_shard=floor.shard(floor_dir),
-                     indices=indices, max_seconds=max_seconds, log=log)
+                     indices=indices, max_seconds=max_seconds, seed=seed, log=log)
     for environment in dict.fromkeys(p.ENVIRONMENT for p in peers if p.ENVIRONMENT):
         names_there = [p.NAME for p in peers if p.ENVIRONMENT == environment]
         there = run_elsewhere(environment, [*names_there, RawCsr.NAME],

@@ -39,7 +39,8 @@ from packlab.measure.floors import python_floor
 from packlab.measure.peers.base import COLUMNS, Opened, Peer, Reference, arrays_of, bytes_of
 
 FLOORS = ("memcpy", "python_floor")
-ROUNDS = 10
+ROUNDS = 20
+SETTLE = 10  # untimed reads before each system's slice of a round
 FLOOR_LABELS = {"memcpy": "memcpy of the same bytes", "python_floor": "in-RAM Python floor"}
 
 
@@ -119,17 +120,23 @@ def memcpy_read(reference: Reference) -> Any:
 
 
 def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int,
-               rounds: int = ROUNDS, max_seconds: float | None = None
+               rounds: int = ROUNDS, max_seconds: float | None = None, seed: int = 0
                ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
     """Warm pass (every bin of every system, in order, delivered), then the index list in
     ``rounds`` slices: in each round every system reads the round's slice, one system after
-    another, the order rotated per round. Returns nanoseconds per read in index-list order,
-    and the bins each system's warm pass read.
+    another, in an order drawn anew each round (``seed``). Returns nanoseconds per read in
+    index-list order, and the bins each system's warm pass read.
 
     Rounds rather than one index at a time across all systems: a system's reads run back to
     back (as in a training loop; a slow neighbour such as Lance's ``take`` would otherwise
     leave every next read a cold CPU cache), while the machine's slow moments still fall on
-    every system alike. ``max_seconds``: each system's warm pass, and its timed reads, stop
+    every system alike. A new order each round, not the list rotated: rotated, a system
+    always followed the same neighbour, and what a heavy one leaves behind fell on the same
+    system every round (packlab's formats, listed after Vortex and Modalities, read 1.09x
+    raw CSR behind them and 1.02x listed first). And each system's slice starts after
+    ``SETTLE`` untimed reads (of the bins before it in the list): a training loop reads back
+    to back, so what is timed is a read in stride, not the first after a neighbour emptied
+    the CPU's caches. ``max_seconds``: each system's warm pass, and its timed reads, stop
     once they took that long (never before ``MIN_SAMPLES``): a system at 100 ms a read then
     reads a prefix of the list, and says so (the arrays are shorter)."""
     names = list(reads)
@@ -148,10 +155,13 @@ def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bi
     limit = None if max_seconds is None else int(max_seconds * 1e9)
     order = indices.tolist()
     bounds = np.linspace(0, len(order), max(1, min(rounds, len(order))) + 1).astype(int)
-    for r, (lo, hi) in enumerate(zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True)):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+    shuffle = np.random.default_rng(seed)
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        for name in [names[j] for j in shuffle.permutation(len(names))]:
             read, out = reads[name], ns[name]
+            if name not in stopped:  # back in stride first: the bins before this slice, untimed
+                for k in range(lo - SETTLE, lo):
+                    sink.timed_arrays(read, order[k])
             for k in range(lo, hi):
                 if name in stopped or (limit is not None and k >= MIN_SAMPLES
                                        and spent[name] > limit):
@@ -172,6 +182,7 @@ def compare(
     indices: np.ndarray,
     environment: str = "",
     max_seconds: float | None = None,
+    seed: int = 0,
     log: Any = print,
 ) -> dict[str, Any]:
     """Prepare, verify and time ``peers`` (all of this environment) beside the floors.
@@ -179,7 +190,7 @@ def compare(
     ``floor_shard``: a packlab shard of the same bins whose in-RAM copy is the Python floor.
     ``max_seconds``: each system's budget for each of verification, warm pass and timed reads
     (a slow system then checks, warms and reads fewer bins: ``verified_bins``, ``warm_bins``,
-    ``samples`` say how many).
+    ``samples`` say how many). ``seed``: the order of the systems in each round.
     Returns ``{"rows": [...], "skipped": [...]}``: a row per system and floor with p50/p90/p99
     and mean (µs), ``x_floor`` (p50 over the in-RAM Python floor's), ``x_raw_csr`` and
     ``x_memcpy`` where measured, bytes on disk and per token.
@@ -206,7 +217,7 @@ def compare(
     sink = Sink(4 * reference.pack_size)
     try:
         ns, warmed = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference),
-                                max_seconds=max_seconds)
+                                max_seconds=max_seconds, seed=seed)
         rows = [_row(p, ns[p.peer.NAME], reference, environment) for p in prepared]
         for row in rows:
             row["warm_bins"] = warmed[row["name"]]
