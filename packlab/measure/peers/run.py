@@ -8,7 +8,7 @@ One :func:`compare` call, the same rules for every system:
    A system that cannot be installed or run here is skipped, the reason kept.
 2. A **warm pass**: every bin read in order and delivered, then the timed reads.
 3. **One seeded index list**, read in rounds: each round every system reads the round's
-   slice of the list, one system after another, the order rotated per round
+   slice of the list, one system after another, in an order drawn anew each round
    (:func:`timed_loop`); each read timed alone with ``perf_counter_ns`` and *delivered*:
    every array it returned (a dict's values, or the sequence) copied byte for byte into a
    preallocated buffer inside the timer, the same copy for every system
