@@ -15,6 +15,7 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
     fastest, best = rows[0], by_name[n["best_packlab"]]
     peer = by_name.get(n["fastest_full_peer"] or "")
     small = by_name[n["smallest_within"]]
+    raw = by_name.get("raw_csr")
     tokens_only = [r for r in rows if r["columns"] == "tokens only"]
     out = [
         f"**Fastest system**: {fastest['system']}, {fastest['p50_us']:.1f} µs p50 "
@@ -25,7 +26,10 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         f"({best['x_floor']:.2f}x the floor)" + (
             f"; the fastest peer returning all three columns is {peer['system']}, "
             f"{peer['p50_us']:.1f} µs ({peer['x_floor']:.2f}x): packlab is "
-            f"{n['best_packlab_vs_fastest_full_peer']:.2f}x it." if peer else "."),
+            f"{n['best_packlab_vs_fastest_full_peer']:.3f}x it" if peer else "") + (
+            f"; raw CSR numpy over the same bins (the bytes through numpy slices) reads in "
+            f"{raw['p50_us']:.1f} µs: packlab is {best['x_floor'] / raw['x_floor']:.3f}x it."
+            if raw else "."),
         "**Tokens only**: " + (", ".join(f"{r['system']} {r['p50_us']:.1f} µs "
                                          f"({r['x_floor']:.2f}x)" for r in tokens_only)
                                or "none measured")

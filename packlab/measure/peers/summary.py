@@ -119,9 +119,9 @@ def findings(result: dict[str, Any], *, within: float = 10.0) -> dict[str, Any]:
         out.append({
             "claim": "packlab's best format at or below the fastest peer returning all three "
                      "columns (warm p50)",
-            "measured": f"{best['system']} {best['p50_us']:.1f} µs ({times(best['x_floor'])} "
-                        f"floor) against {peer['system']} {peer['p50_us']:.1f} µs "
-                        f"({times(peer['x_floor'])}): {times(ratio)}",
+            "measured": f"{best['system']} {best['p50_us']:.2f} µs ({best['x_floor']:.3f}x "
+                        f"floor) against {peer['system']} {peer['p50_us']:.2f} µs "
+                        f"({peer['x_floor']:.3f}x): {ratio:.3f}x",  # near 1: three digits
             "verdict": holds(ratio <= 1.0)})
     if parquet is None:
         out.append({"claim": f"packlab's Parquet the smallest among systems within {within:g}x "
