@@ -231,8 +231,9 @@ class AlignedWriter:
     to a huge page, when a write covers an aligned one), and a warm mapped read copies out of
     large folios faster. Measured on notebook 11's bins, plain maps of the same bytes: 5.3 µs
     a bin from a file written 8 KB at a time (a bin per write), 4.9 µs from 4 MB writes,
-    4.8 µs from one write; packlab's mapped formats against raw CSR numpy (``np.save``, one
-    write): 1.08x written a bin at a time, 0.99x in 4 MB writes, 0.95-0.96x in aligned ones.
+    4.8 µs from one write. packlab's mapped formats against raw CSR numpy (``np.save``: one
+    write, large folios) on the same bins: 1.08x written a bin at a time, 1.01-1.03x in
+    aligned writes (the copy then costs the same; what is left is the dataset's API).
     Memory: ``WRITE_BUFFER`` plus the largest single write.
 
     The file-object methods packlab's writers use: ``write``, ``tell``, ``seek`` (writes
