@@ -305,9 +305,12 @@ class HashedFile:
     with :meth:`patch`, a footer that records :meth:`hexdigest`).
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, aligned: bool = True) -> None:
+        """``aligned``: through an :class:`AlignedWriter` (shard data, read through maps);
+        False for a writer that sizes its own writes (the spool flushes ``_FLUSH_TOKENS`` at a
+        time) and keeps its memory to what it set."""
         self.path = path
-        self._file = open_for_writing(path)  # closed in close()
+        self._file = open_for_writing(path) if aligned else open(path, "wb")  # noqa: SIM115
         self._hash = hashlib.sha256()
         self.bytes = 0
 

@@ -89,7 +89,8 @@ class SpoolWriter:
         self.source = dict(source or {})
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._staging = Staging(self.path, overwrite=overwrite, directory=True)
-        self._files = {name: HashedFile(self._staging.path / FILES[name]) for name in DTYPES}
+        self._files = {name: HashedFile(self._staging.path / FILES[name], aligned=False)
+                       for name in DTYPES}  # its own flushes size the writes
         self._pending_tokens: list[np.ndarray] = []
         self._pending_masks: list[np.ndarray] = []
         self._pending_lengths: list[np.ndarray] = []
