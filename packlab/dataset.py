@@ -84,6 +84,7 @@ class PackedDataset:
         self._readers: list[Any] | None = None
         self._tables: list[Any] | None = None  # each shard's BinTable (or None), per process
         self._get = self._first_read  # what dataset[i] calls (chosen on the first read)
+        self._reads: list[Any] | None = None  # each table's read closure (or None), per process
         self._single = len(self.shards) == 1
         self._pid = os.getpid()
         self._fork = _FORKS[0]
@@ -109,7 +110,7 @@ class PackedDataset:
                 open_shard(path, format=name, **self.reader_options)
                 for path, name in zip(self.shards, self.formats, strict=True)
             ]
-            self._tables = None
+            self.forget_maps()
             self._pid = os.getpid()
             self._fork = _FORKS[0]
         return self._readers
@@ -123,14 +124,17 @@ class PackedDataset:
         return self._tables
 
     def forget_maps(self) -> None:
-        """In a forked child: the next read opens this process's own readers and maps."""
+        """In a forked child (and when closed): the next read opens this process's own readers
+        and maps, and chooses its read again."""
         self._tables = None
+        self._reads = None
         self._get = self._first_read
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_readers"] = None
         state["_tables"] = None
+        state["_reads"] = None
         del state["_get"]
         return state
 
@@ -143,8 +147,7 @@ class PackedDataset:
             for reader in self._readers:
                 reader.close()
         self._readers = None
-        self._tables = None
-        self._get = self._first_read
+        self.forget_maps()
 
     # -- map-style access -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -173,31 +176,35 @@ class PackedDataset:
 
     def _first_read(self, index: Any) -> dict[str, np.ndarray]:
         """This process's first read: open the tables, choose what ``dataset[i]`` calls."""
-        tables = self._bin_tables()
-        if self._single and tables[0] is not None:  # the hot path: one shard, its table
-            self._get = tables[0].reader(self._item)
-        else:
-            self._get = self._read_shards
+        reads = self._table_reads()
+        self._get = reads[0] if self._single and reads[0] is not None else self._read_shards
         return self._get(index)
+
+    def _table_reads(self) -> list[Any]:
+        """Each shard's read closure (:meth:`~packlab.formats.bintable.BinTable.reader`;
+        None for a shard without a table), made once per process, not once per read."""
+        if self._reads is None:
+            self._reads = [None if table is None else table.reader(self._item)
+                           for table in self._bin_tables()]
+        return self._reads
 
     def _read_shards(self, index: Any) -> dict[str, np.ndarray]:
         """``dataset[i]`` over several shards (or one without a table)."""
-        tables = self._tables
-        if tables is not None and type(index) is int and 0 <= index < self._length:
+        if type(index) is int and 0 <= index < self._length:
             shard = bisect_right(self._starts, index) - 1
-            table = tables[shard]
+            read = self._reads[shard]  # type: ignore[index] # made by _first_read, which chose this
             index -= self._starts[shard]
-            if table is not None:
-                return table.item(index)
+            if read is not None:
+                return read(index)
             return item_from_bin(self._open_readers()[shard].read_bin(index))
         return self._item(index)
 
     def _item(self, index: Any) -> dict[str, np.ndarray]:
         """Any index (negative, numpy; a wrong one is refused by :meth:`locate`)."""
-        tables = self._bin_tables()
+        reads = self._table_reads()
         shard, local = self.locate(index)
-        if tables[shard] is not None:
-            return tables[shard].item(local)
+        if reads[shard] is not None:
+            return reads[shard](local)
         return item_from_bin(self._open_readers()[shard].read_bin(local))
 
     def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:

@@ -307,6 +307,22 @@ def test_one_shard_serves_every_kind_of_index_through_its_fast_read(name, verify
     ds.close()
 
 
+@pytest.mark.parametrize("name", FORMATS)
+def test_many_shards_make_each_table_read_once_per_process(name, packed, shard_dirs) -> None:
+    # dataset[i] over several shards calls each shard's read closure, made on the first read
+    # (not one per read); numpy and negative indices go through the same ones
+    _, _, digests = packed
+    ds = open_dataset(shard_dirs[name])
+    assert digests_of(ds, [0, len(ds) - 1]) == [digests[0], digests[-1]]
+    reads = ds._reads
+    assert reads is not None and len(reads) == len(ds.shards) > 1
+    assert digests_of(ds, [np.int64(BINS_PER_SHARD), -1, 5]) == [digests[BINS_PER_SHARD],
+                                                                 digests[-1], digests[5]]
+    assert ds._reads is reads and all(a is b for a, b in zip(ds._reads, reads, strict=True))
+    ds.close()
+    assert ds._reads is None and digests_of(ds, [3]) == [digests[3]]
+
+
 def _fresh_then_read(dataset: PackedDataset, indices: list[int]) -> tuple[bool, list[str]]:
     """In a forked child: whether the dataset starts over (its first read maps its own
     files), and the bins it then reads."""
