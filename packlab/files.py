@@ -292,11 +292,6 @@ class AlignedWriter:
                 self._raw.close()
 
 
-def open_for_writing(path: str | os.PathLike[str]) -> AlignedWriter:
-    """A new binary file for a shard's data (:class:`AlignedWriter`)."""
-    return AlignedWriter(path)
-
-
 class HashedFile:
     """An append-only binary file that hashes what it writes, so no second read is needed.
 
@@ -310,7 +305,7 @@ class HashedFile:
         False for a writer that sizes its own writes (the spool flushes ``_FLUSH_TOKENS`` at a
         time) and keeps its memory to what it set."""
         self.path = path
-        self._file = open_for_writing(path) if aligned else open(path, "wb")  # noqa: SIM115
+        self._file = AlignedWriter(path) if aligned else open(path, "wb")  # noqa: SIM115
         self._hash = hashlib.sha256()
         self.bytes = 0
 

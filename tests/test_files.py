@@ -105,7 +105,7 @@ def test_aligned_writer_writes_every_byte_in_aligned_chunks(tmp_path: Path,
     monkeypatch.setattr(files, "WRITE_BUFFER", 10_000)
     monkeypatch.setattr(files, "WRITE_ALIGN", 4096)
     path = tmp_path / "out.bin"
-    out = files.open_for_writing(path)
+    out = files.AlignedWriter(path)
     out._raw = spy = _Recording(out._raw)
     rng = np.random.default_rng(0)
     pieces = [rng.integers(0, 256, size=int(n), dtype=np.uint8).tobytes()

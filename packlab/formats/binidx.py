@@ -55,7 +55,7 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, file_entry, open_for_writing, verify_files
+from packlab.files import AlignedWriter, HashedFile, file_entry, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
@@ -218,7 +218,7 @@ class Writer(BinidxFacts, ShardWriter):
     def _open(self) -> None:
         self.tmp_path.mkdir()
         self._data = HashedFile(self.tmp_path / DATA)
-        self._loss = open_for_writing(self.tmp_path / LOSS)  # closed in _close
+        self._loss = AlignedWriter(self.tmp_path / LOSS)  # closed in _close
         self._loss.write(bytes(_LossHeader.SIZE))  # placeholder, the header is written last
         self._sums = open(self.tmp_path / SUMS, "wb")  # noqa: SIM115 - closed in _close
         self._sums.write(bytes(_SumsHeader.SIZE))  # placeholder, the header is written last

@@ -111,8 +111,7 @@ class Sink:
         byte for byte into ``buffer``, inside the timer; nanoseconds. Notebook 11's delivery:
         one copy for every system, whatever container and dtypes it returns."""
         began = time.perf_counter_ns()
-        got = read(arg)
-        self._take_arrays(got.values() if isinstance(got, dict) else got)
+        self._take_arrays(returned_arrays(read(arg)))
         return time.perf_counter_ns() - began
 
     def copy_batch(self, batch: list[Any]) -> None:
@@ -159,6 +158,12 @@ class Sink:
             self.buffer[total:end] = raw
             total = end
         return total
+
+
+def returned_arrays(got: Any) -> Any:
+    """The arrays one read returned: a dict's values (packlab's items, in column order), or
+    the sequence itself."""
+    return got.values() if isinstance(got, dict) else got
 
 
 def nbytes(got: Any) -> int:

@@ -23,6 +23,7 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.errors import PacklabError
 from packlab.formats.arrow_lists import BinColumns
+from packlab.measure.delivery import returned_arrays
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
 TOKENS_ONLY = ("input_ids",)
@@ -86,9 +87,8 @@ class Opened:
 
 
 def arrays_of(got: Any) -> list[Any]:
-    """The arrays one read returned: a dict's values (packlab's items, in ``COLUMNS``
-    order), or the sequence itself."""
-    return list(got.values()) if isinstance(got, dict) else list(got)
+    """The arrays one read returned, as a list (:func:`~packlab.measure.delivery.returned_arrays`)."""
+    return list(returned_arrays(got))
 
 
 class Peer:
