@@ -228,7 +228,7 @@ def plan_shards(
     if existing == "refuse" and not same_job and (present or before is not None):
         what = present[0].name if present else MANIFEST_FILE
         raise PacklabError(f"{out}: already holds another output ({what}, ...); "
-                           "pass overwrite=True (--overwrite) to replace it")
+                           "pass overwrite=True to replace it")
     if same_job and existing == "refuse":
         existing = "reuse"  # the same job, interrupted: finish it
     plan = ShardPlan(out, names, manifest=manifest, spool=path, assignment=assignment)
