@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -151,6 +152,28 @@ def interrupts_held() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C during the block is kept and raised when the block ends, for code that must
+    not be interrupted halfway: numba's compiler calls back into Python from C, and a
+    KeyboardInterrupt raised in such a callback is printed as a traceback and dropped
+    (the interrupt is lost). Holding SIGINT with a signal mask is not enough here: with any
+    other thread running (a process pool's manager) the kernel delivers it to that thread
+    and Python still raises it in the main one. Outside the main thread the block runs as
+    is (only the main thread receives Python's signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if arrived:
+            signal.raise_signal(signal.SIGINT)  # the handler in place before the block
 
 
 _IN_JOB = [False]  # in a pool worker: whether a job is running

@@ -231,6 +231,37 @@ def test_without_numba_the_same_loops_run_in_python(monkeypatch: pytest.MonkeyPa
     assert again.digest() == expected.digest()
 
 
+def test_ctrl_c_while_compiling_is_raised_once_the_compile_ends(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C that lands while numba compiles (or loads its cache) waits for the compile:
+    raised inside it, it can hit one of the compiler's callbacks into Python, where it is
+    printed as a traceback and lost (CI saw ``packlab pack`` do that)."""
+    import os
+    import signal
+
+    from numba.core.dispatcher import Dispatcher
+
+    original = Dispatcher.compile
+
+    def interrupted(self: Dispatcher, signature: object) -> object:
+        os.kill(os.getpid(), signal.SIGINT)  # delivered at the compiler's next Python line
+        return original(self, signature)
+
+    bin_of = np.array([0, 1, 0, 2], dtype=np.int64)
+    lengths = np.array([5, 6, 7, 8], dtype=np.int64)
+    packers._compiled.cache_clear()
+    monkeypatch.setattr(Dispatcher, "compile", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            packers.bin_totals(bin_of, lengths)
+        assert packers._compiled(packers._add_per_bin).dispatcher.overloads  # it finished
+        monkeypatch.setattr(Dispatcher, "compile", original)
+        counts, loads = packers.bin_totals(bin_of, lengths)
+    finally:
+        packers._compiled.cache_clear()
+    assert counts.tolist() == [2, 1, 1] and loads.tolist() == [12, 6, 8]
+
+
 @FAST
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 10**12)), min_size=1,
                 max_size=500))
