@@ -186,15 +186,25 @@ def test_findings_are_computed_from_the_rows() -> None:
             _row("lance", "peer", 90.0, 2.2), _row("python_floor", "floor", 1.0, 0.0)]
     out = findings({"rows": rows})
     verdicts = [f["verdict"] for f in out["findings"]]
-    assert verdicts == ["holds", "holds"]  # 0.95 <= 1.0; lance (2.2) is past 10x of 0.8
+    assert verdicts == ["holds", "holds", "holds"]  # 0.95 <= 1.0 and <= 90; lance past 10x
     assert out["numbers"]["fastest_full_peer"] == "raw_csr"
+    assert out["numbers"]["fastest_library"] == "lance"  # raw CSR is written by hand
     assert out["numbers"]["best_packlab"] == "packlab_binidx"
     rows[2]["x_floor"] = 1.2
     rows[4]["x_floor"] = 7.0  # lance now within 10x of the fastest, and smaller
     out = findings({"rows": rows})
-    assert [f["verdict"] for f in out["findings"]] == ["does not hold", "does not hold"]
+    verdicts = [f["verdict"] for f in out["findings"]]
+    assert verdicts == ["does not hold", "holds", "does not hold"]
     assert smallest_fast(rows)["name"] == "lance"
     assert out["numbers"]["best_packlab_vs_fastest_full_peer"] == pytest.approx(1.2)
+    assert out["numbers"]["best_packlab_vs_fastest_library"] == pytest.approx(1.2 / 7.0)
+    rows[4]["x_floor"] = 1.1  # now the library is faster than packlab's best
+    assert findings({"rows": rows})["findings"][1]["verdict"] == "does not hold"
+
+
+def test_only_the_hand_written_reads_are_not_libraries() -> None:
+    assert {n for n in peer_names() if not get_peer(n).LIBRARY and get_peer(n).KIND == "peer"} \
+        == {"raw_csr", "arrow_numpy_views"}
 
 
 def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
     by_name = {r["name"]: r for r in rows}
     fastest, best = rows[0], by_name[n["best_packlab"]]
     peer = by_name.get(n["fastest_full_peer"] or "")
+    library = by_name.get(n.get("fastest_library") or "")
     small = by_name[n["smallest_within"]]
     raw = by_name.get("raw_csr")
     tokens_only = [r for r in rows if r["columns"] == "tokens only"]
@@ -30,6 +31,10 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
             f"; raw CSR numpy over the same bins (the bytes through numpy slices) reads in "
             f"{raw['p50_us']:.1f} µs: packlab is {best['x_floor'] / raw['x_floor']:.3f}x it."
             if raw else "."),
+        "**Against the libraries** (each project's own reader, all three columns; raw CSR and "
+        "Arrow numpy views are reads of the bytes written by hand): " + (
+            f"the fastest is {library['system']}, {library['p50_us']:.1f} µs; packlab's best is "
+            f"{n['best_packlab_vs_fastest_library']:.2f}x it." if library else "none measured."),
         "**Tokens only**: " + (", ".join(f"{r['system']} {r['p50_us']:.1f} µs "
                                          f"({r['x_floor']:.2f}x)" for r in tokens_only)
                                or "none measured")

@@ -17,6 +17,7 @@ FILE = "bins.arrow"
 class ArrowViews(Peer):
     NAME = "arrow_numpy_views"
     LABEL = "Arrow IPC, numpy views"
+    LIBRARY = False
 
     def write(self, reference: Reference, directory: Path) -> None:
         import pyarrow as pa

@@ -101,6 +101,7 @@ class Peer:
     REQUIRES: tuple[str, ...] = ()  # modules that must import
     ENVIRONMENT = ""  # "" : packlab's environment; "mds": its own (.venv-mds)
     KIND = "peer"  # "peer" or "packlab"
+    LIBRARY = True  # a project's own reader; False: a read of the bytes written here by hand
     NOTE = ""
 
     def unavailable(self) -> str | None:

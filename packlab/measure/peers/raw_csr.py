@@ -28,6 +28,7 @@ ARRAYS = BinColumns._fields
 class RawCsr(Peer):
     NAME = "raw_csr"
     LABEL = "raw CSR numpy memmap"
+    LIBRARY = False
 
     def write(self, reference: Reference, directory: Path) -> None:
         directory.mkdir(parents=True, exist_ok=True)
