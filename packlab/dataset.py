@@ -13,8 +13,9 @@ map is ever shared between processes.
 
 The read of a shard whose bins are slices of its memory-mapped files (its reader's
 ``bin_table()``, :mod:`packlab.formats.bintable`) is one call: ``dataset[i]`` calls the read
-this process chose on its first read (``_get``): for one such shard, the table's own closure
-(:meth:`~packlab.formats.bintable.BinTable.reader`: three views, nothing looked up), else a
+this process chose on its first read (``_get``): for one such shard, the table's own read
+(:meth:`~packlab.formats.bintable.BinTable.reader`: three views, nothing looked up; compiled
+when the install built ``packlab/_views.c``, which reads a ``__getitems__`` batch too), else a
 search for the shard. Tables and that choice are dropped in a forked child
 (:func:`packlab.mapping.forget_after_fork`), so it costs no check per read. Other shards go
 through their reader's ``read_bin``.
@@ -85,6 +86,7 @@ class PackedDataset:
         self._tables: list[Any] | None = None  # each shard's BinTable (or None), per process
         self._get = self._first_read  # what dataset[i] calls (chosen on the first read)
         self._reads: list[Any] | None = None  # each table's read closure (or None), per process
+        self._items: Any = None  # the one shard's compiled batch read (None: the Python path)
         self._single = len(self.shards) == 1
         self._pid = os.getpid()
         self._fork = _FORKS[0]
@@ -128,6 +130,7 @@ class PackedDataset:
         and maps, and chooses its read again."""
         self._tables = None
         self._reads = None
+        self._items = None
         self._get = self._first_read
 
     def __getstate__(self) -> dict[str, Any]:
@@ -135,6 +138,7 @@ class PackedDataset:
         state["_readers"] = None
         state["_tables"] = None
         state["_reads"] = None
+        state["_items"] = None
         del state["_get"]
         return state
 
@@ -176,9 +180,14 @@ class PackedDataset:
 
     def _first_read(self, index: Any) -> dict[str, np.ndarray]:
         """This process's first read: open the tables, choose what ``dataset[i]`` calls."""
+        self._choose_reads()
+        return self._get(index)
+
+    def _choose_reads(self) -> None:
+        """What ``dataset[i]`` (``_get``) and a batch (``_items``) call in this process."""
         reads = self._table_reads()
         self._get = reads[0] if self._single and reads[0] is not None else self._read_shards
-        return self._get(index)
+        self._items = getattr(self._get, "items", None)  # compiled: it reads batches too
 
     def _table_reads(self) -> list[Any]:
         """Each shard's read closure (:meth:`~packlab.formats.bintable.BinTable.reader`;
@@ -241,6 +250,12 @@ class PackedDataset:
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
         """Batch access (what ``torch.utils.data.DataLoader`` calls when it exists): a shard
         with a table serves its part of the batch in one loop (:meth:`BinTable.items`)."""
+        if self._reads is None:  # this process's first read
+            self._choose_reads()
+        if self._items is not None:  # one shard, compiled: None for what it does not serve
+            got = self._items(indices)
+            if got is not None:
+                return got
         tables = self._tables
         if (tables is not None and self._single and tables[0] is not None
                 and type(indices) is list and indices
