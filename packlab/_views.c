@@ -159,34 +159,43 @@ static PyObject *read_vectorcall(PyObject *callable, PyObject *const *args, size
 static PyObject *items(TableReader *self, PyObject *indices) {
     if (!PyList_CheckExact(indices)) Py_RETURN_NONE;
     Py_ssize_t count = PyList_GET_SIZE(indices);
+    /* the bins, taken before any Python runs (the advice's call could change the list) */
+    Py_ssize_t *bins = PyMem_Malloc((count ? count : 1) * sizeof(Py_ssize_t));
+    if (bins == NULL) return PyErr_NoMemory();
+    PyObject *out = NULL;
     for (Py_ssize_t k = 0; k < count; k++) {
         PyObject *index = PyList_GET_ITEM(indices, k);
-        if (!PyLong_CheckExact(index)) Py_RETURN_NONE;
         int overflow = 0;
-        long long b = PyLong_AsLongLongAndOverflow(index, &overflow);
-        if (overflow || b < 0 || b >= self->num_bins) Py_RETURN_NONE;
+        long long b = PyLong_CheckExact(index) ? PyLong_AsLongLongAndOverflow(index, &overflow)
+                                               : -1;
+        if (overflow || b < 0 || b >= self->num_bins) {
+            PyMem_Free(bins);
+            Py_RETURN_NONE;
+        }
+        bins[k] = (Py_ssize_t)b;
     }
     if (count > 0) {
         long long left = count_down(self, count);
-        if (left == LLONG_MIN) return NULL;
+        if (left == LLONG_MIN) goto done;
         if (left < 0) {
-            PyObject *done = PyObject_CallOneArg(self->advise_batch, indices);
-            if (done == NULL) return NULL;
-            Py_DECREF(done);
+            PyObject *advised = PyObject_CallOneArg(self->advise_batch, indices);
+            if (advised == NULL) goto done;
+            Py_DECREF(advised);
         }
     }
-    PyObject *out = PyList_New(count);
-    if (out == NULL) return NULL;
+    out = PyList_New(count);
+    if (out == NULL) goto done;
     for (Py_ssize_t k = 0; k < count; k++) {
-        Py_ssize_t b = PyLong_AsSsize_t(PyList_GET_ITEM(indices, k));
-        Py_ssize_t t0 = at(&self->start, b);
+        Py_ssize_t b = bins[k], t0 = at(&self->start, b);
         PyObject *one = item(self, b, t0, at(&self->stop, b) - t0, at(&self->mask_start, b));
         if (one == NULL) {
-            Py_DECREF(out);
-            return NULL;
+            Py_CLEAR(out);
+            goto done;
         }
         PyList_SET_ITEM(out, k, one);
     }
+done:
+    PyMem_Free(bins);
     return out;
 }
 

@@ -145,6 +145,19 @@ def test_a_due_batch_asks_the_table_to_advise_it(tables: dict[str, Any]) -> None
     assert len(read.items([4, 2])) == 2 and spy.due == -2 and asked == [[4, 2]]
 
 
+def test_a_batch_is_the_bins_asked_even_if_the_advice_changes_the_list(
+        tables: dict[str, Any]) -> None:
+    table = tables["memmap_v1"]
+    read = CompiledReader(table.input_ids, table.loss_mask, table.bounds, table.start,
+                          table.stop, table.mask_start, table.bound_at, Spy(due=0), refuse,
+                          list.clear)  # the advice's call empties the list it is given
+    batch = [3, 1, 2]
+    got = read.items(batch)
+    assert batch == [] and len(got) == 3
+    for b, item in zip([3, 1, 2], got, strict=True):
+        same_item(item, table.reader(refuse, compiled=False)(b))
+
+
 def test_reads_leak_no_reference(tables: dict[str, Any]) -> None:
     table = tables["pbin"]
     read = table.reader(refuse)
