@@ -192,8 +192,12 @@ class BinTable(NamedTuple):
         ``compiled``): the same views and advice, ~0.4 µs a read less (notebook 11); it
         also reads a batch (``.items``). Else a closure, its reads local variables: 0.25 µs
         a read less than a method unpacking the table."""
-        if compiled and CompiledReader is not None:
-            return self.compiled_reader(other)
+        fast = self.compiled_reader(other) if compiled else None
+        return fast if fast is not None else self.python_reader(other)
+
+    def python_reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+                      ) -> Callable[[Any], dict[str, np.ndarray]]:
+        """:meth:`reader` as a Python closure (the mask indexed as the tokens)."""
         ids, mask, bounds, start, stop, _, bound_at, advice, _, _, _ = self
         n = len(start)
 
@@ -294,10 +298,8 @@ class MaskApartTable(BinTable):
         return _new(PackedBin, (ids[t0:t1], mask[m0:m0 + t1 - t0],
                                 bounds[bound_at[b]:bound_at[b + 1] - 1]))
 
-    def reader(self, other: Callable[[Any], dict[str, np.ndarray]], *, compiled: bool = True
-               ) -> Callable[[Any], dict[str, np.ndarray]]:
-        if compiled and CompiledReader is not None:
-            return self.compiled_reader(other)
+    def python_reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+                      ) -> Callable[[Any], dict[str, np.ndarray]]:
         ids, mask, bounds, start, stop, mask_start, bound_at, advice, _, _, _ = self
         n = len(start)
 
@@ -341,9 +343,9 @@ class VerifiedTable(BinTable):
         """None: every read of this table is checked, in Python."""
         return None
 
-    def reader(self, other: Callable[[Any], dict[str, np.ndarray]], *, compiled: bool = True
-               ) -> Callable[[Any], dict[str, np.ndarray]]:
-        """Every read checked in Python (the checksum), compiled or not."""
+    def python_reader(self, other: Callable[[Any], dict[str, np.ndarray]]
+                      ) -> Callable[[Any], dict[str, np.ndarray]]:
+        """Every read checked (the checksum)."""
         bounds, bound_at, n = self.bounds, self.bound_at, len(self.start)
 
         def read(b: Any) -> dict[str, np.ndarray]:
