@@ -79,6 +79,14 @@ def test_getitems_groups_by_shard_and_keeps_the_order_asked(name, packed, shard_
     items = ds.__getitems__(order)
     got = [bin_digest(i["input_ids"], i["loss_mask"], i["seq_boundaries"][:-1]) for i in items]
     assert got == [digests[i] for i in order]
+    # a list of ints, numpy indices and a bool: the same bins whichever way the batch goes
+    for batch in ([3, len(ds) - 1], np.array([3, len(ds) - 1]), [np.int64(3), -1], [True, 3]):
+        items = ds.__getitems__(batch)
+        got = [bin_digest(i["input_ids"], i["loss_mask"], i["seq_boundaries"][:-1])
+               for i in items]
+        assert got == [digests[int(i)] for i in batch]
+    with pytest.raises(IndexError, match=f"bin {len(ds)} out of range \\[0, {len(ds)}\\)"):
+        ds.__getitems__([0, len(ds)])
 
 
 def test_shard_glob_list_and_format_are_all_accepted(packed, shard_dirs) -> None:
