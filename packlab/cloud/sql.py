@@ -64,9 +64,9 @@ class ThreadPositionedFile:
         at = self.tell()
         if nbytes is None or nbytes < 0:
             nbytes = self._size - at
-        data = self._file.read_at(max(0, min(nbytes, self._size - at)), at)
+        data: bytes = self._file.read_at(max(0, min(nbytes, self._size - at)), at)
         self._at.position = at + len(data)
-        return data.to_pybytes() if hasattr(data, "to_pybytes") else bytes(data)
+        return data
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(memoryview(buffer).nbytes)
