@@ -91,6 +91,31 @@ def test_server_counts_requests_and_bytes(server) -> None:
     assert server.counts() == {"requests": 2, "bytes_out": 100, "bytes_in": 0}
 
 
+def test_server_logs_requests_in_the_order_they_arrive() -> None:
+    """A client reads a response and sends its next request while the server thread is still
+    leaving the first one's body iterator: the log must still put the first request first (CI
+    once saw an upload's temporary logged after the final key's copy)."""
+    from packlab.cloud.s3server import CountingMiddleware
+
+    def app(environ, start_response):
+        start_response("200 OK", [])
+        return [environ["PATH_INFO"].encode()]
+
+    def request(method: str, path: str) -> dict:
+        return {"REQUEST_METHOD": method, "PATH_INFO": path, "CONTENT_LENGTH": "3"}
+
+    middleware = CountingMiddleware(app)
+    first = iter(middleware(request("PUT", "/b/.x.tmp-1"), lambda *a: None))
+    assert next(first) == b"/b/.x.tmp-1"  # the client has the whole response ...
+    assert list(middleware(request("PUT", "/b/x"), lambda *a: None)) == [b"/b/x"]
+    assert list(first) == []  # ... before the first thread finishes
+    stats = middleware.stats()
+    assert [(e["method"], e["path"], e["status"]) for e in stats["log"]] == [
+        ("PUT", "/b/.x.tmp-1", 200), ("PUT", "/b/x", 200)]
+    assert [e["bytes_out"] for e in stats["log"]] == [11, 4]
+    assert (stats["requests"], stats["bytes_in"], stats["bytes_out"]) == (2, 6, 15)
+
+
 # -- URIs --------------------------------------------------------------------------------------
 def test_resolve_uris_and_paths(server, tmp_path: Path) -> None:
     loc = storage.resolve("s3://lab/a/b/shard.parquet")
@@ -372,8 +397,11 @@ def test_layout_split_resolves_through_blend_json(server, tmp_path: Path) -> Non
         open_dataset(uri, split="test")
     with pytest.raises(PacklabError, match="open one split"):
         open_dataset(uri)
+    plain = f"s3://{BUCKET}/layout/plain"  # shards, not a layout: no blend.json to name splits
+    write(open_writer("parquet", f"{plain}/shard_000000.parquet", pack_size=512),
+          open_local_dataset(out, split="valid").read_bins(np.arange(2)))
     with pytest.raises(FormatError, match="no blend.json"):
-        open_dataset(f"s3://{BUCKET}/rt/parquet", split="train")
+        open_dataset(plain, split="train")
     with pytest.raises(PacklabError, match="already exists"):
         cloud.upload_layout(out, uri)
 

@@ -73,7 +73,7 @@ class CountingMiddleware:
         whole response before the server thread leaves the body iterator and counts it)."""
         with self.lock:
             self.lock.wait_for(lambda: self.in_flight == 0, timeout=STATS_WAIT_S)
-            return {**self.totals, "log": list(self.log)}
+            return {**self.totals, "log": [dict(e) for e in self.log]}
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]
                  ) -> Iterable[bytes]:
@@ -87,23 +87,41 @@ class CountingMiddleware:
             start_response("200 OK", [("Content-Type", "application/json"),
                                       ("Content-Length", str(len(body)))])
             return [body]
-        status: list[str] = []
+        entry = self._arrived(environ)
 
         def recording_start(code: str, headers: Any, *exc: Any) -> Any:
-            status.append(code)
+            entry["status"] = int(code.split()[0])
             return start_response(code, headers, *exc)
 
-        with self.lock:
-            self.in_flight += 1
         try:
             chunks = self.app(environ, recording_start)
         except BaseException:
-            self._done(environ, status, 0)
+            self._done(entry, 0)
             raise
-        return self._count(environ, status, chunks)
+        return self._count(entry, chunks)
 
-    def _count(self, environ: dict[str, Any], status: list[str], chunks: Iterable[bytes]
-               ) -> Iterator[bytes]:
+    def _arrived(self, environ: dict[str, Any]) -> dict[str, Any]:
+        """Log a request as it arrives: the log is in the order the server received requests.
+        (Logged when done, a request whose response the client had already read could be
+        logged after the client's next request: threads finish in any order.)"""
+        entry = {
+            "method": environ.get("REQUEST_METHOD", ""),
+            "path": environ.get("PATH_INFO", ""),
+            "query": environ.get("QUERY_STRING", ""),
+            "range": environ.get("HTTP_RANGE"),
+            "status": 0,
+            "bytes_out": 0,
+            # aws-chunked uploads announce the payload size in their own header
+            "bytes_in": int(environ.get("HTTP_X_AMZ_DECODED_CONTENT_LENGTH")
+                            or environ.get("CONTENT_LENGTH") or 0),
+        }
+        with self.lock:
+            self.in_flight += 1
+            if len(self.log) < MAX_LOGGED:
+                self.log.append(entry)
+        return entry
+
+    def _count(self, entry: dict[str, Any], chunks: Iterable[bytes]) -> Iterator[bytes]:
         sent = 0
         try:
             for chunk in chunks:
@@ -113,27 +131,16 @@ class CountingMiddleware:
             close = getattr(chunks, "close", None)
             if close is not None:
                 close()
-            self._done(environ, status, sent)
+            self._done(entry, sent)
 
-    def _done(self, environ: dict[str, Any], status: list[str], sent: int) -> None:
-        entry = {
-            "method": environ.get("REQUEST_METHOD", ""),
-            "path": environ.get("PATH_INFO", ""),
-            "query": environ.get("QUERY_STRING", ""),
-            "range": environ.get("HTTP_RANGE"),
-            "status": int(status[0].split()[0]) if status else 0,
-            "bytes_out": sent,
-            # aws-chunked uploads announce the payload size in their own header
-            "bytes_in": int(environ.get("HTTP_X_AMZ_DECODED_CONTENT_LENGTH")
-                            or environ.get("CONTENT_LENGTH") or 0),
-        }
+    def _done(self, entry: dict[str, Any], sent: int) -> None:
+        """Count a finished request (its entry is already in the log, where it arrived)."""
         with self.lock:
+            entry["bytes_out"] = sent
             self.in_flight -= 1
             self.totals["requests"] += 1
             self.totals["bytes_out"] += sent
             self.totals["bytes_in"] += entry["bytes_in"]
-            if len(self.log) < MAX_LOGGED:
-                self.log.append(entry)
             self.lock.notify_all()
 
 
