@@ -23,7 +23,7 @@ from conftest import BUCKET, write_random_spool
 from packlab import cloud, open_dataset, open_shard, open_writer
 from packlab import open_dataset as open_local_dataset
 from packlab.cloud import sql, storage
-from packlab.cloud.s3server import HOST, S3Server
+from packlab.cloud.s3server import HOST, CountingMiddleware, S3Server
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names, get_format, parquet
 from packlab.materialize import iter_bins
@@ -95,8 +95,6 @@ def test_server_logs_requests_in_the_order_they_arrive() -> None:
     """A client reads a response and sends its next request while the server thread is still
     leaving the first one's body iterator: the log must still put the first request first (CI
     once saw an upload's temporary logged after the final key's copy)."""
-    from packlab.cloud.s3server import CountingMiddleware
-
     def app(environ, start_response):
         start_response("200 OK", [])
         return [environ["PATH_INFO"].encode()]
