@@ -220,6 +220,30 @@ def test_what_an_upload_leaves_behind_is_refused_until_finished(server, spool, t
     assert os.listdir(tmp_path / "cwd") == []
 
 
+def test_another_pack_into_an_output_on_the_store_is_refused(server, spool, tmp_path,
+                                                               capsys) -> None:
+    """As for a local folder: a pack whose job differs from the output already at the URI is
+    refused in one line naming the URI, nothing on the store changes; --overwrite replaces it."""
+    uri = f"s3://{BUCKET}/another"
+    argv = ["--format", "parquet", "--bins-per-shard", 5]
+    assert run_cli(capsys, "pack", spool, uri, *argv, "--pack-size", 512)[0] == 0
+    before = {k: server.filesystem().open_input_file(k).read() for k in objects(server, "another")}
+    want = digests(uri)
+    code, out, err = run_cli(capsys, "pack", spool, uri, *argv, "--pack-size", 384)
+    assert code == 2 and out == ""
+    line = one_error_line(err, uri, "already holds another output", "--overwrite")
+    assert "staging" not in line
+    assert {k: server.filesystem().open_input_file(k).read()
+            for k in objects(server, "another")} == before
+    assert run_cli(capsys, "pack", spool, uri, *argv, "--pack-size", 512)[0] == 0  # the same job
+    assert digests(uri) == want
+    assert run_cli(capsys, "pack", spool, uri, *argv, "--pack-size", 384, "--overwrite")[0] == 0
+    local = tmp_path / "local"
+    assert run_cli(capsys, "pack", spool, local, *argv, "--pack-size", 384)[0] == 0
+    assert digests(uri) == digests(local) != want
+    assert os.listdir(tmp_path / "cwd") == []
+
+
 def test_the_command_in_its_own_process_reaches_the_store(server, spool, tmp_path) -> None:
     """``packlab`` as a separate process, configured by the environment alone
     (AWS_ENDPOINT_URL_S3 and keys): files written to and read from URIs, none locally."""

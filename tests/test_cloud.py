@@ -498,6 +498,28 @@ def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
     assert manifest["num_bins"] == 3
 
 
+def test_a_pack_output_replaces_another_only_with_overwrite(server, data, tmp_path: Path
+                                                            ) -> None:
+    """upload_tree of a pack output where another job's output is: refused, the store as it
+    was; the very same job finishes (an interrupted upload); overwrite=True replaces."""
+    _, spool, assignment, bins = data
+    for name, per_shard in (("a", 8), ("b", 5)):
+        write_shards(spool, assignment, tmp_path / name, format="parquet",
+                     bins_per_shard=per_shard, workers=1)
+    uri = f"s3://{BUCKET}/jobs/out"
+    cloud.upload_tree(tmp_path / "a", uri)
+    before = {k: storage.resolve(f"s3://{k}").read_bytes() for k in keys(server, "jobs")}
+    with pytest.raises(PacklabError, match=f"{uri}: already holds another output .*overwrite"):
+        cloud.upload_tree(tmp_path / "b", uri)
+    assert {k: storage.resolve(f"s3://{k}").read_bytes() for k in keys(server, "jobs")} == before
+    shards = [k for k in before if k.endswith(".parquet")]
+    assert cloud.upload_tree(tmp_path / "a", uri)["kept"] == len(shards)  # nothing sent again
+    cloud.upload_tree(tmp_path / "b", uri, overwrite=True)
+    remote = open_dataset(uri)
+    assert [s.name for s in remote.shards] == [s.name for s in open_dataset(tmp_path / "b").shards]
+    same_bins(remote, bins)
+
+
 # -- the registry, forked readers, the notebook's measurements ---------------------------------
 def test_the_facade_hands_uris_to_packlab_cloud(server, data) -> None:
     import packlab

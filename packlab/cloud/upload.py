@@ -31,7 +31,13 @@ from packlab.layout.blend import (
     read_blend,
     writing_blend,
 )
-from packlab.pipeline.manifest import MANIFEST_FILE, as_writing, read_manifest, require_complete
+from packlab.pipeline.manifest import (
+    MANIFEST_FILE,
+    as_writing,
+    parse_manifest,
+    read_manifest,
+    require_complete,
+)
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
     parse_receipt,
@@ -45,7 +51,10 @@ def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesyste
                 overwrite: bool = False, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Upload a local folder: every directory shard (a folder with a ``manifest.json`` that
     lists files) whole, every other file through a temporary key; symlinks, hidden entries and
-    top-level names in ``skip`` are left out. Returns ``{"shards", "files", "bytes"}``."""
+    top-level names in ``skip`` are left out. A pack output (``dataset.json``) goes where
+    there is none, or where the same job is (an interrupted upload, finished sending only what
+    is missing); another job's is replaced only with ``overwrite``. Returns ``{"shards",
+    "files", "bytes"}`` (and ``kept``: shards already there)."""
     root = Path(local)
     target = resolve(uri, filesystem)
     if not root.is_dir():
@@ -63,6 +72,8 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
     dataset = read_manifest(folder)  # a pack output: incomplete on the store until the end
     if dataset is not None:
         require_complete(folder, dataset)
+        if not overwrite:
+            _refuse_another_job(dataset, target)
         children = [c for c in children if c.name != MANIFEST_FILE]
         put_object(json.dumps(as_writing(dataset), indent=2).encode(), target / MANIFEST_FILE)
     for child in children:
@@ -79,6 +90,16 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
     if dataset is not None:
         _drop_stale(target, {s["name"] for s in dataset["shards"]})
         put_object((folder / MANIFEST_FILE).read_bytes(), target / MANIFEST_FILE)  # last
+
+
+def _refuse_another_job(dataset: dict[str, Any], target: Location) -> None:
+    """Without ``overwrite``, a pack output goes only where nothing is, or where the very
+    same job is (an interrupted upload to finish), as a local pack output does."""
+    there = target / MANIFEST_FILE
+    if there.is_file() and parse_manifest(there.read_bytes(), there).get("job_hash") != \
+            dataset.get("job_hash"):
+        raise PacklabError(f"{target}: already holds another output ({MANIFEST_FILE}, ...); "
+                           "pass overwrite=True to replace it")
 
 
 def _already_there(local: Path, remote: Location) -> bool:

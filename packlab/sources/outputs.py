@@ -26,7 +26,7 @@ file       the check the command gives (a JSONL, an index, a ``.pbin``)
 
 An empty folder may always be written into. Without ``--overwrite`` an existing output is
 refused, except where the command resumes its own job (``pack``: the pipeline then checks it is
-the very same job).
+the very same job; for a URI, against the ``dataset.json`` on the store).
 """
 
 from __future__ import annotations
@@ -181,14 +181,29 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
         remove(staging)
     staging.mkdir(parents=True, exist_ok=True)
     local = staging / (location.name or "out")
+    if resume and not overwrite and kind == "dataset":
+        _stage_manifest(location, local)
     try:
         yield local
         upload(local, location, kind)
-    except BaseException:
+    except BaseException as exc:
         if not resume:  # a resumable job keeps its staged work for the same command
             remove(staging)
+        if isinstance(exc, PacklabError):  # about the staged copy: said of the user's URI
+            raise type(exc)(str(exc).replace(str(local), location.uri)) from None
         raise
     remove(staging)
+
+
+def _stage_manifest(location: Location, local: Path) -> None:
+    """The store's ``dataset.json`` in an empty staging folder, so the pipeline decides
+    "the very same job, finish it" or "another output, refuse" against what is on the store,
+    as it does for a local folder (an empty staging would replace any output silently)."""
+    there = location / MANIFEST_FILE
+    if (local / MANIFEST_FILE).exists() or not there.is_file():
+        return
+    local.mkdir(parents=True, exist_ok=True)
+    (local / MANIFEST_FILE).write_bytes(there.read_bytes())
 
 
 def upload(local: Path, location: Location, kind: str) -> dict[str, Any]:
