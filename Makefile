@@ -11,7 +11,7 @@ export HF_HOME      := $(CURDIR)/build/hf
 export RAY_AUTH_MODE := disabled
 
 # MosaicML streaming (MDS) needs numpy < 2.2 (and transformers < 5): it gets its own environment,
-# where notebook 11 runs its MDS measurement as a subprocess (packlab.measure.peers.mds_env).
+# where notebook 11 runs its MDS measurement as a subprocess (packlab.lab.measure.peers.mds_env).
 MDS_VENV  := .venv-mds
 MDS_STAMP := $(MDS_VENV)/.installed
 # the requirement lists at dotted keys of pyproject.toml, space-separated
@@ -46,7 +46,7 @@ $(MDS_STAMP): pyproject.toml
 	touch $@
 
 run: $(STAMP) $(MDS_STAMP)
-	$(BIN)/python -m packlab.notebooks run --scale $(SCALE)
+	$(BIN)/python -m packlab.lab.notebooks run --scale $(SCALE)
 
 # The tests start servers (a local S3 server, Ray, torch.distributed). Where we may (root, as in
 # CI), they run in a private network namespace whose only interface is loopback, so nothing a
@@ -60,7 +60,7 @@ test: $(STAMP) $(MDS_STAMP)
 	fi
 
 lab: $(STAMP)
-	$(BIN)/python -m packlab.lab
+	$(BIN)/python -m packlab.lab.jupyter
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

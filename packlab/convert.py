@@ -19,7 +19,6 @@ from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import get_format, open_shard, open_writer
 from packlab.pipeline.receipts import shard_bytes
-from packlab.tables import markdown_table  # noqa: F401 - notebook 01 and tests import it from here
 
 
 def converted_name(source: Path, source_format: str, target_format: str) -> str:

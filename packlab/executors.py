@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -29,7 +30,6 @@ from typing import Any, TypeVar
 
 from packlab.errors import PacklabError, one_line
 from packlab.progress import progress
-from packlab.results import build_dir
 
 EXECUTORS = ("process", "ray")
 T = TypeVar("T")
@@ -53,7 +53,8 @@ def ray_session(*, workers: int = 2, address: str | None = None,
     if address:
         options["address"] = address
     else:
-        folder = Path(temp_dir) if temp_dir is not None else build_dir() / "ray"
+        folder = (Path(temp_dir) if temp_dir is not None
+                  else Path(tempfile.gettempdir()) / f"packlab-ray-{os.getuid()}")
         folder.mkdir(parents=True, exist_ok=True)
         options.update(num_cpus=max(1, int(workers)), _temp_dir=str(folder.resolve()))
     try:

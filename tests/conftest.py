@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from packlab.bins import PackedBin, bin_digest, bins_equal
-from packlab.cloud.s3server import S3Server
 from packlab.errors import FormatError
 from packlab.formats import get_format, open_writer
+from packlab.lab.s3server import S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
@@ -244,7 +244,7 @@ class Child:
         return outcome[1]
 
 
-# -- jobs for packlab.measure.harness (importable: the measured child imports this module) ---
+# -- jobs for packlab.lab.measure.harness (importable: the measured child imports this module) ---
 def read_every_bin_and_keep(path: str) -> Iterator[str]:
     """``load``: open the shard, read bin 0; ``read``: read every bin and keep them all alive
     (each touched), so the phase's growth is what the kept bins cost."""

@@ -1,4 +1,4 @@
-"""Notebook 05's measurements (packlab.measure.latency, throughput, floors, rowgroups,
+"""Notebook 05's measurements (packlab.lab.measure.latency, throughput, floors, rowgroups,
 access_report): delivery, the Python floor, cold reads proven cold, epochs, verdicts."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from conftest import write_random_spool
 from packlab import open_dataset
 from packlab.bins import bins_equal
 from packlab.errors import PacklabError
-from packlab.measure.access_report import (
+from packlab.lab.measure.access_report import (
     headline_numbers,
     latency_table,
     mmap_finding,
@@ -24,16 +24,16 @@ from packlab.measure.access_report import (
     target_findings,
     throughput_table,
 )
-from packlab.measure.delivery import MIN_SAMPLES, Sink
-from packlab.measure.floors import MMAP_MODES, RamDataset, mmap_floors, python_floor
-from packlab.measure.latency import batched_access, random_access
-from packlab.measure.pagecache import drop_until_cold, resident_pages, shard_files
-from packlab.measure.reading import data_files
-from packlab.measure.rowgroups import row_group_miss, row_group_sweep, shuffled_epoch
-from packlab.measure.throughput import SAMPLERS, epoch_sampler, loader_rates, scan_rate
+from packlab.lab.measure.delivery import MIN_SAMPLES, Sink
+from packlab.lab.measure.floors import MMAP_MODES, RamDataset, mmap_floors, python_floor
+from packlab.lab.measure.latency import batched_access, random_access
+from packlab.lab.measure.pagecache import drop_until_cold, resident_pages, shard_files
+from packlab.lab.measure.reading import data_files
+from packlab.lab.measure.rowgroups import row_group_miss, row_group_sweep, shuffled_epoch
+from packlab.lab.measure.throughput import SAMPLERS, epoch_sampler, loader_rates, scan_rate
+from packlab.lab.tables import fmt_us
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.shards import write_shards
-from packlab.tables import fmt_us
 
 ROW_GROUP = 8
 
@@ -378,7 +378,7 @@ def test_the_raw_csr_floor_gathers_the_same_bins_from_the_same_files(
     """The floor is honest only if it moves what the format returns: the same tokens, mask and
     boundaries, gathered by numpy from the format's own files (its Layout); None for a format
     that decodes or gathers (no raw layout to compare with)."""
-    from packlab.measure.floors import raw_floor
+    from packlab.lab.measure.floors import raw_floor
 
     dataset = open_dataset(shards[fmt])
     raw = raw_floor(dataset)

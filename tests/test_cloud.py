@@ -23,9 +23,9 @@ from conftest import BUCKET, write_random_spool
 from packlab import cloud, open_dataset, open_shard, open_writer
 from packlab import open_dataset as open_local_dataset
 from packlab.cloud import sql, storage
-from packlab.cloud.s3server import HOST, CountingMiddleware, S3Server
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names, get_format, parquet
+from packlab.lab.s3server import HOST, CountingMiddleware, S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
@@ -552,7 +552,7 @@ def _packed_len(job) -> int:
 
 
 def test_bench_counts_bound_and_compares(server, data) -> None:
-    from packlab.measure import object_store as bench
+    from packlab.lab.measure import object_store as bench
 
     root, spool, assignment, _ = data
     written = bench.write_shards(server, spool, assignment, f"s3://{BUCKET}/bench/rg",

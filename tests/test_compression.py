@@ -1,4 +1,4 @@
-"""packlab.measure.compression and size: entropy, Parquet encodings (round trips, sizes, traps),
+"""packlab.lab.measure.compression and size: entropy, Parquet encodings (round trips, sizes, traps),
 verdicts, every format's size."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from packlab.errors import PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.arrow_lists import BinColumns
 from packlab.interop.bridge_metadata import PACK_METADATA_FILE
+from packlab.lab.measure import compression as C
+from packlab.lab.measure import size as S
+from packlab.lab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.materialize import iter_bins
-from packlab.measure import compression as C
-from packlab.measure import size as S
-from packlab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.packing import BinAssignment
 from packlab.pipeline.shards import RECEIPT_SUFFIX
 from packlab.spool import SpoolReader

@@ -17,11 +17,11 @@ import pytest
 from conftest import write_random_spool
 
 from packlab.errors import PacklabError
+from packlab.lab.sharding.coverage import coverage, seed_epoch
+from packlab.lab.sharding.launch import consume, launch, run_phases
 from packlab.materialize import iter_bins
 from packlab.packing import pack
-from packlab.sharded import ChunkPlan, ChunkProducer, coverage, spool_source
-from packlab.sharded.coverage import seed_epoch
-from packlab.sharded.launch import consume, launch, run_phases
+from packlab.sharded import ChunkPlan, ChunkProducer, spool_source
 from packlab.sharded.plan import chunk_path, marker_path
 
 pytest.importorskip("torch.distributed")

@@ -39,10 +39,10 @@ from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, format_names, get_format, open_shard
+from packlab.lab.measure.harness import run_job
+from packlab.lab.measure.jobs import format_imports
+from packlab.lab.measure.workload import Workload, make_workload
 from packlab.materialize import iter_bins
-from packlab.measure.harness import run_job
-from packlab.measure.jobs import format_imports
-from packlab.measure.workload import Workload, make_workload
 from packlab.packing import BinAssignment, pack
 from packlab.spool import SpoolReader
 
@@ -199,7 +199,7 @@ def test_a_writer_killed_mid_shard_leaves_nothing_and_a_rerun_completes(
 def write_growth(name: str, work: Workload, num_bins: int, out: Path) -> dict:
     """The write phase's own peak RSS growth and Arrow pool peak, and the raw bytes written
     (int32 tokens and uint8 masks); the shard is removed afterwards."""
-    report = run_job("packlab.measure.jobs:write_shard", name, work.spool, work.prefix(num_bins),
+    report = run_job("packlab.lab.measure.jobs:write_shard", name, work.spool, work.prefix(num_bins),
                      out, {}, imports=format_imports(name))
     phase = report["phases"]["write"]
     reader = open_shard(out)

@@ -20,10 +20,10 @@ from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format, open_shard
 from packlab.formats.legacy_npy_pickle import Reader, Writer
+from packlab.lab.measure.harness import run_job
+from packlab.lab.measure.jobs import format_imports
+from packlab.lab.measure.workload import make_workload
 from packlab.materialize import iter_bins
-from packlab.measure.harness import run_job
-from packlab.measure.jobs import format_imports
-from packlab.measure.workload import make_workload
 from packlab.packing import pack
 from packlab.safe_pickle import UnsafePickleError, load_pickled_npy
 
@@ -286,9 +286,9 @@ def test_random_bit_flips_never_escape_as_other_errors(
 # -- memory (the contract: it grows with the shard) ------------------------------------------
 def test_writer_holds_python_ints_not_five_bytes_a_token(tmp_path: Path) -> None:
     """Faithful to today's writer: every token a Python int in a list until np.save, measured
-    in a fresh process by packlab.measure.harness."""
+    in a fresh process by packlab.lab.measure.harness."""
     work = make_workload(tmp_path / "work", 2_000, pack_size=2048)
-    report = run_job("packlab.measure.jobs:write_shard", "legacy_npy_pickle", work.spool,
+    report = run_job("packlab.lab.measure.jobs:write_shard", "legacy_npy_pickle", work.spool,
                      work.prefix(2_000), tmp_path / "shard.npy", {},
                      imports=format_imports("legacy_npy_pickle"))
     grew = report["phases"]["write"]["peak_rss_phase_growth_bytes"]

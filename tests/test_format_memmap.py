@@ -17,9 +17,9 @@ from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import file_entry
 from packlab.formats import detect_format, open_shard
 from packlab.formats.memmap_v1 import CHECKSUMS, FILES, MANIFEST, MANIFEST_FORMAT, Reader, Writer
+from packlab.lab.measure.harness import run_job
+from packlab.lab.measure.jobs import format_imports
 from packlab.materialize import iter_bins
-from packlab.measure.harness import run_job
-from packlab.measure.jobs import format_imports
 from packlab.packing import pack
 
 
@@ -212,7 +212,7 @@ def test_validate_checks_padding_and_invariants(shard: tuple[Path, list[PackedBi
 # -- memory (the contract measures it with the count announced) ------------------------------
 def test_writer_memory_is_flat_without_a_bin_count_too(tmp_path: Path) -> None:
     """Unannounced, the writer grows its files and rewrites the headers at the end: memory
-    stays flat all the same (measured in a fresh process by packlab.measure.harness)."""
+    stays flat all the same (measured in a fresh process by packlab.lab.measure.harness)."""
     def growth(num_bins: int) -> int:
         out = tmp_path / f"s{num_bins}"
         report = run_job("conftest:write_repeated_bin", "memmap_v1", out, num_bins, 2048, False,

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
-from packlab.convert import bin_digests, convert, convert_shard, markdown_table
+from packlab.convert import bin_digests, convert, convert_shard
 from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format, open_shard
+from packlab.lab.tables import markdown_table
 from packlab.materialize import iter_bins
 from packlab.packing import ALGORITHMS, pack
 from packlab.pipeline.shards import write_shards

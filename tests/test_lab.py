@@ -16,8 +16,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from packlab.lab import LANGUAGE_INFO, committed_form, lab_arguments, normalize
-from packlab.notebooks import notebook_paths
+from packlab.lab.jupyter import LANGUAGE_INFO, committed_form, lab_arguments, normalize
+from packlab.lab.notebooks import notebook_paths
 
 NOTEBOOKS = notebook_paths()
 
@@ -73,7 +73,7 @@ def test_jupyterlab_saves_an_unedited_notebook_without_a_diff(tmp_path: Path) ->
     shutil.copy(original, tmp_path / original.name)
     port, token = _free_port(), "packlab-test"
     server = subprocess.Popen(
-        [sys.executable, "-m", "packlab.lab", "--no-browser", f"--ServerApp.port={port}",
+        [sys.executable, "-m", "packlab.lab.jupyter", "--no-browser", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp_path}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     base = f"http://127.0.0.1:{port}/api"

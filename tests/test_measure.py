@@ -1,4 +1,4 @@
-"""packlab.measure: the harness is honest (finds what is there, counts nothing that is not),
+"""packlab.lab.measure: the harness is honest (finds what is there, counts nothing that is not),
 the cold cache is really cold, and the benchmarks report what DESIGN.md promises."""
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from hypothesis import strategies as st
 from packlab.cli import main
 from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format, open_shard, open_writer
+from packlab.lab.measure import claims
+from packlab.lab.measure.delivery import percentiles
+from packlab.lab.measure.harness import job_name, profile, run_job
+from packlab.lab.measure.latency import latency
+from packlab.lab.measure.pagecache import drop_cache, drop_shard, resident_pages, shard_files
+from packlab.lab.measure.size import order0_entropy_bits, size_report
+from packlab.lab.measure.throughput import dataloader, scan
+from packlab.lab.measure.verdicts import claim_verdict
+from packlab.lab.measure.workload import make_workload
+from packlab.lab.tables import human_bytes, records_table
 from packlab.materialize import iter_bins
-from packlab.measure import claims
-from packlab.measure.delivery import percentiles
-from packlab.measure.harness import job_name, profile, run_job
-from packlab.measure.latency import latency
-from packlab.measure.pagecache import drop_cache, drop_shard, resident_pages, shard_files
-from packlab.measure.size import order0_entropy_bits, size_report
-from packlab.measure.throughput import dataloader, scan
-from packlab.measure.verdicts import claim_verdict
-from packlab.measure.workload import make_workload
-from packlab.tables import human_bytes, records_table
 
 MB = 1 << 20
 PREFERRED = ("memmap_v1", "parquet", "arrow_ipc", "binidx", "legacy_npy_pickle")
@@ -50,7 +50,7 @@ def shard(tmp_path: Path, spool, assignment) -> Path:
 # -- the memory harness --------------------------------------------------------------------
 @pytest.mark.parametrize("isolation", ["forkserver", "fork", "subprocess"])
 def test_harness_finds_a_touched_200mb_allocation_within_10_percent(isolation: str) -> None:
-    report = profile("packlab.measure.jobs:allocate", 200_000_000, isolation=isolation)
+    report = profile("packlab.lab.measure.jobs:allocate", 200_000_000, isolation=isolation)
     job = report["phases"]["job"]
     assert report["hwm_reset"]
     for key in ("peak_rss_growth_bytes", "peak_anon_growth_bytes"):
@@ -65,7 +65,7 @@ def test_harness_does_not_count_an_untouched_1gb_memory_map(tmp_path: Path) -> N
     sparse = tmp_path / "sparse.bin"
     with open(sparse, "wb") as f:
         f.truncate(1 << 30)
-    report = run_job("packlab.measure.jobs:map_untouched", sparse)
+    report = run_job("packlab.lab.measure.jobs:map_untouched", sparse)
     job = report["phases"]["job"]
     assert report["result"] == 1 << 30
     assert job["peak_rss_growth_bytes"] < 16 * MB
@@ -75,7 +75,7 @@ def test_harness_does_not_count_an_untouched_1gb_memory_map(tmp_path: Path) -> N
 def test_rss_sees_a_memmap_read_that_tracemalloc_misses(tmp_path: Path) -> None:
     data = tmp_path / "data.bin"
     data.write_bytes(np.random.default_rng(0).integers(0, 255, 64 * MB, dtype=np.uint8).tobytes())
-    job = profile("packlab.measure.jobs:read_memmap", data)["phases"]["job"]
+    job = profile("packlab.lab.measure.jobs:read_memmap", data)["phases"]["job"]
     assert job["peak_rss_growth_bytes"] >= 0.9 * 64 * MB
     assert job["peak_file_growth_bytes"] >= 0.9 * 64 * MB  # file-backed, not anonymous
     assert job["peak_anon_growth_bytes"] < 8 * MB
@@ -84,7 +84,7 @@ def test_rss_sees_a_memmap_read_that_tracemalloc_misses(tmp_path: Path) -> None:
 
 def test_rss_and_the_arrow_pool_see_an_arrow_allocation_that_tracemalloc_misses() -> None:
     n = 96 * MB
-    job = profile("packlab.measure.jobs:arrow_allocate", n)["phases"]["job"]
+    job = profile("packlab.lab.measure.jobs:arrow_allocate", n)["phases"]["job"]
     assert job["arrow_pool_peak_bytes"] >= n
     assert job["peak_anon_growth_bytes"] >= 0.9 * n
     assert job["python_heap_peak_bytes"] < 1 * MB
@@ -92,7 +92,7 @@ def test_rss_and_the_arrow_pool_see_an_arrow_allocation_that_tracemalloc_misses(
 
 def test_a_failing_job_is_a_packlab_error_naming_it(tmp_path: Path) -> None:
     with pytest.raises(PacklabError, match="open_and_read.*no such"):
-        run_job("packlab.measure.jobs:open_and_read", tmp_path / "missing.parquet")
+        run_job("packlab.lab.measure.jobs:open_and_read", tmp_path / "missing.parquet")
     with pytest.raises(PacklabError, match="importable"):
         job_name(lambda: None)
     with pytest.raises(PacklabError, match="module:function"):
@@ -100,7 +100,7 @@ def test_a_failing_job_is_a_packlab_error_naming_it(tmp_path: Path) -> None:
 
 
 def test_load_and_read_phases_of_a_real_shard(shard: Path) -> None:
-    from packlab.measure import load_memory
+    from packlab.lab.measure import load_memory
 
     out = load_memory(shard, via="reader", tracemalloc=False)
     reader = open_shard(shard)
@@ -113,7 +113,7 @@ def test_load_and_read_phases_of_a_real_shard(shard: Path) -> None:
 
 
 def test_write_memory_of_the_legacy_writer_grows_with_its_data(tmp_path: Path) -> None:
-    from packlab.measure import write_memory
+    from packlab.lab.measure import write_memory
 
     work = make_workload(tmp_path / "work", 300, pack_size=2048)
     out = write_memory("legacy_npy_pickle", work.spool, work.prefix(300),
@@ -270,7 +270,7 @@ def test_bench_cli_errors_are_one_line_exit_2(tmp_path: Path,
 
 # -- the sweep behind notebook 04 ----------------------------------------------------------------
 def test_memory_sweep_rows_and_a_capped_format(tmp_path: Path) -> None:
-    from packlab.measure import sweep
+    from packlab.lab.measure import sweep
 
     fmt = next(n for n in PREFERRED if n in format_names())
     rows = sweep.memory_sweep(tmp_path, [10, 20, 30], formats=[fmt], max_bins={fmt: 20},
@@ -287,7 +287,7 @@ def test_memory_sweep_rows_and_a_capped_format(tmp_path: Path) -> None:
 
 
 def test_sweep_tables_from_rows() -> None:
-    from packlab.measure import sweep
+    from packlab.lab.measure import sweep
 
     def row(fmt: str, bins: int, phase: str, rss: float, heap: float | None) -> dict:
         return {"format": fmt, "bins": bins, "phase": phase, "error": None,

@@ -10,9 +10,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from packlab.measure.verdicts import VERDICTS
-from packlab.notebooks import notebook_paths, notebooks_dir
-from packlab.summaries import notebook_markdown
+from packlab.lab.measure.verdicts import VERDICTS
+from packlab.lab.notebooks import notebook_paths, notebooks_dir
+from packlab.lab.summaries import notebook_markdown
 
 NOTEBOOKS = notebook_paths()
 
@@ -40,8 +40,8 @@ def test_notebook_is_committed_clean_and_follows_the_template(path: Path) -> Non
 @pytest.mark.notebook
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_at_ci_scale(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from packlab import results
-    from packlab.notebooks import execute
+    from packlab.lab import results
+    from packlab.lab.notebooks import execute
 
     monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path / "build"))
     monkeypatch.setenv("PACKLAB_DATA", str(tmp_path / "data"))

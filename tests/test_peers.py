@@ -13,8 +13,8 @@ import pytest
 from conftest import Child
 
 from packlab.errors import PacklabError
-from packlab.measure.peers import get_peer, mds_env, peer_names, side_by_side
-from packlab.measure.peers.base import (
+from packlab.lab.measure.peers import get_peer, mds_env, peer_names, side_by_side
+from packlab.lab.measure.peers.base import (
     COLUMNS,
     Peer,
     Reference,
@@ -22,9 +22,9 @@ from packlab.measure.peers.base import (
     bytes_of,
     reference_from,
 )
-from packlab.measure.peers.raw_csr import RawCsr, load_reference
-from packlab.measure.peers.run import compare, prepare, seeded_indices, verify
-from packlab.measure.peers.summary import findings, smallest_fast, table
+from packlab.lab.measure.peers.raw_csr import RawCsr, load_reference
+from packlab.lab.measure.peers.run import compare, prepare, seeded_indices, verify
+from packlab.lab.measure.peers.summary import findings, smallest_fast, table
 from packlab.packing import pack
 from packlab.synth import synthesize
 
@@ -213,7 +213,7 @@ def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from packlab.measure.peers.figure import MARKER_PX, place_labels, text_box
+    from packlab.lab.measure.peers.figure import MARKER_PX, place_labels, text_box
 
     rng = np.random.default_rng(0)
     xs = np.concatenate([rng.uniform(3, 5, 8), rng.uniform(10, 400, 6)])
@@ -238,8 +238,8 @@ def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> Non
 
 
 def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
-    from packlab.measure.delivery import Sink
-    from packlab.measure.peers.run import SETTLE, timed_loop
+    from packlab.lab.measure.delivery import Sink
+    from packlab.lab.measure.peers.run import SETTLE, timed_loop
 
     seen: dict[str, list[int]] = {"a": [], "b": [], "c": []}
 
@@ -264,8 +264,8 @@ def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
 
 def test_each_round_draws_the_order_of_the_systems_anew() -> None:
     # rotated, a system always followed the same neighbour (and paid for what it left behind)
-    from packlab.measure.delivery import Sink
-    from packlab.measure.peers.run import SETTLE, timed_loop
+    from packlab.lab.measure.delivery import Sink
+    from packlab.lab.measure.peers.run import SETTLE, timed_loop
 
     calls: list[tuple[str, int]] = []
 
@@ -291,8 +291,8 @@ def test_each_round_draws_the_order_of_the_systems_anew() -> None:
 def test_a_slow_system_reads_a_prefix_of_the_list_within_its_budget() -> None:
     import time
 
-    from packlab.measure.delivery import MIN_SAMPLES, Sink
-    from packlab.measure.peers.run import SETTLE, timed_loop
+    from packlab.lab.measure.delivery import MIN_SAMPLES, Sink
+    from packlab.lab.measure.peers.run import SETTLE, timed_loop
 
     seen: dict[str, list[int]] = {"slow": [], "fast": []}
 
@@ -316,7 +316,7 @@ def test_a_slow_system_reads_a_prefix_of_the_list_within_its_budget() -> None:
 
 
 def test_the_harness_runs_another_interpreter_only_in_a_subprocess() -> None:
-    from packlab.measure.harness import run_job
+    from packlab.lab.measure.harness import run_job
 
     with pytest.raises(PacklabError, match="python= needs isolation='subprocess'"):
-        run_job("packlab.measure.jobs:allocate", 1, python="/usr/bin/python3")
+        run_job("packlab.lab.measure.jobs:allocate", 1, python="/usr/bin/python3")

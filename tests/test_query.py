@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 from packlab import open_dataset
 from packlab.cli import main
 from packlab.errors import FormatError, InvariantError, PacklabError
+from packlab.lab.measure.queries import measure
+from packlab.lab.tamper import RULES, break_bin
 from packlab.layout import build_layout, known_splits
-from packlab.measure.queries import measure
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.query import connect, execute, query
 from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
-from packlab.query.tamper import RULES, break_bin
 from packlab.query.views import close
 from packlab.sources.checks import validate_path
 

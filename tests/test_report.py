@@ -13,9 +13,9 @@ import nbformat
 import pytest
 
 from packlab.formats import format_names, formats_where, get_format
-from packlab.measure import verdicts
-from packlab.results import finding
-from packlab.summaries import findings_table, front, notebook_markdown
+from packlab.lab.measure import verdicts
+from packlab.lab.results import finding
+from packlab.lab.summaries import findings_table, front, notebook_markdown
 
 matplotlib.use("Agg")
 
@@ -141,7 +141,7 @@ def _executed_notebook(path: Path) -> None:
 
 def test_write_report_front_page_and_notebook_pages(tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from packlab.report import write_report
+    from packlab.lab.report import write_report
 
     monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path / "build"))
     executed, results, out = tmp_path / "nb", tmp_path / "results", tmp_path / "report"
@@ -173,7 +173,7 @@ def test_plots_move_legends_off_the_data_and_label_bytes(tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     import matplotlib.pyplot as plt
 
-    from packlab import plots
+    from packlab.lab import plots
 
     monkeypatch.setenv("PACKLAB_BUILD", str(tmp_path))
     fig, (left, right) = plt.subplots(1, 2)

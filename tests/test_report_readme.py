@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from packlab.errors import PacklabError
-from packlab.notebooks import notebook_paths
-from packlab.summaries.record import (
+from packlab.lab.notebooks import notebook_paths
+from packlab.lab.summaries.record import (
     MARKER,
     RUN_FILE,
     load_run,
@@ -35,7 +35,7 @@ REQUIRED = ("run", "choose", "formats", "rule", "rfc", "targets")
 def test_the_readme_agrees_with_the_recorded_run() -> None:
     run, meta = load_run(recorded_dir())
     assert render_readme(README, run, meta) == README, (
-        "README and results/recorded/ disagree: run `python -m packlab.notebooks readme` "
+        "README and results/recorded/ disagree: run `python -m packlab.lab.notebooks readme` "
         "(or `record` after `make run`)")
     names = {m.group(2) for m in MARKER.finditer(README)}
     assert set(REQUIRED) <= names

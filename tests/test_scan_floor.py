@@ -16,8 +16,8 @@ import pytest
 from conftest import shard_per_format, write_random_spool
 
 from packlab.formats import format_names
+from packlab.lab.measure.throughput import RawRead, scan_rate
 from packlab.materialize import iter_bins
-from packlab.measure.throughput import RawRead, scan_rate
 from packlab.packing import pack
 
 # A scan through Python is many times slower than copying the same bytes out of the page

@@ -20,30 +20,28 @@ from hypothesis import strategies as st
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import is_temporary
+from packlab.lab.measure.sharding import chunks_touched, sweep_chunk_sizes
+from packlab.lab.sharding.coverage import coverage, epoch_table, fixed_epoch, seed_epoch
+from packlab.lab.sharding.megatron_sampler import (
+    MegatronPretrainingRandomSampler,
+    MegatronPretrainingSampler,
+    pretraining_batches,
+    random_batches,
+)
+from packlab.lab.sharding.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
 from packlab.materialize import iter_bins
-from packlab.measure.sharding import chunks_touched, sweep_chunk_sizes
 from packlab.packing import pack
 from packlab.sharded import (
     ChunkPlan,
     ChunkProducer,
     RankLocalSampler,
     RankShardedDataset,
-    coverage,
-    epoch_table,
     read_plan,
     spool_source,
     wait_for_chunk,
     write_chunk,
 )
-from packlab.sharded.coverage import fixed_epoch, seed_epoch
-from packlab.sharded.megatron_sampler import (
-    MegatronPretrainingRandomSampler,
-    MegatronPretrainingSampler,
-    pretraining_batches,
-    random_batches,
-)
 from packlab.sharded.plan import chunk_path, marker_path, write_plan
-from packlab.sharded.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
 
 PACK = 512
 SPC = 7  # samples per chunk (the bins of the spool below make 6-7 chunks)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from chat_tokenizers import build_tokenizers, chat
 
-from packlab.measure.tokenizing import (
+from packlab.lab.measure.tokenizing import (
     CORPUS_TOKENS,
     encode_floor,
     projected_hours,

@@ -1,4 +1,4 @@
-"""packlab.train: the model's block-diagonal causal attention, equal batches and losses from
+"""packlab.lab.train: the model's block-diagonal causal attention, equal batches and losses from
 every format, exact resume, both THD batch styles, the two traps, fresh-process runs."""
 
 from __future__ import annotations
@@ -13,14 +13,7 @@ torch = pytest.importorskip("torch")
 from packlab.collate import Collator  # noqa: E402
 from packlab.errors import PacklabError  # noqa: E402
 from packlab.formats import format_names  # noqa: E402
-from packlab.materialize import BinMaterializer, bin_masks, roll_whole_bin  # noqa: E402
-from packlab.packing import BinAssignment, pack  # noqa: E402
-from packlab.pipeline.shards import write_shards  # noqa: E402
-from packlab.samplers import ShuffleSampler  # noqa: E402
-from packlab.sources import open_dataset  # noqa: E402
-from packlab.spool import SpoolReader  # noqa: E402
-from packlab.synth import synthesize  # noqa: E402
-from packlab.train import (  # noqa: E402
+from packlab.lab.train import (  # noqa: E402
     ModelConfig,
     ResumeSampler,
     attention_mask,
@@ -31,18 +24,25 @@ from packlab.train import (  # noqa: E402
     thd_view,
     train,
 )
-from packlab.train.runs import (  # noqa: E402
+from packlab.lab.train.runs import (  # noqa: E402
     compare_curves,
     step_rows,
     step_time_spread,
     train_every_format,
 )
-from packlab.train.traps import (  # noqa: E402
+from packlab.lab.train.traps import (  # noqa: E402
     RolledMaskDataset,
     cross_attending_share,
     cross_sequence_change,
     roll_counts,
 )
+from packlab.materialize import BinMaterializer, bin_masks, roll_whole_bin  # noqa: E402
+from packlab.packing import BinAssignment, pack  # noqa: E402
+from packlab.pipeline.shards import write_shards  # noqa: E402
+from packlab.samplers import ShuffleSampler  # noqa: E402
+from packlab.sources import open_dataset  # noqa: E402
+from packlab.spool import SpoolReader  # noqa: E402
+from packlab.synth import synthesize  # noqa: E402
 
 PACK_SIZE = 512
 VOCAB = 512
@@ -416,7 +416,7 @@ def test_verdicts_follow_the_numbers() -> None:
     """The findings' verdicts are computed: the same rows with a format that adds a large data
     wait, or holds no more memory than the others, turn them."""
     from packlab.formats import formats_where
-    from packlab.train.report import findings, headline_numbers
+    from packlab.lab.train.report import findings, headline_numbers
 
     in_ram = formats_where("IN_RAM")[0]
     rows = [{"format": name, "workers": 0, "open_seconds": 0.01, "startup_seconds": startup,

@@ -240,7 +240,7 @@ def _strip_checksums(name: str, shard: Path) -> None:
 # -- what it costs (notebook 05) ----------------------------------------------------------------
 def test_integrity_costs_measure_every_check_and_the_rule_picks_the_defaults(
         written: dict[str, object]) -> None:
-    from packlab.measure.integrity import COSTS, defaults_rule, integrity_costs
+    from packlab.lab.measure.integrity import COSTS, defaults_rule, integrity_costs
 
     rows = {name: integrity_costs(written[name], samples=40, seed=1)  # type: ignore[arg-type]
             for name in ("memmap_v1", "parquet", "legacy_npy_pickle")}

@@ -8,7 +8,7 @@ throughput  sequential scan tokens/s (Python floor and raw read beside it), Data
             by workers (shuffled, THD collate)
 size        bytes on disk, per token, padding waste, ratio to raw unpadded and token entropy
 
-The same measurements notebook 05 makes (packlab.measure.latency, packlab.measure.throughput).
+The same measurements notebook 05 makes (packlab.lab.measure.latency, packlab.lab.measure.throughput).
 
 PATH is any dataset path (a shard, a directory of shards, an output layout with ``--split``,
 ``ROOT/splits/NAME``, a glob, a run folder; local or ``s3://``). Memory, latency and throughput
@@ -64,7 +64,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def measure_one(kind: str, path: str, args: argparse.Namespace) -> dict[str, Any]:
-    from packlab import measure
+    from packlab.lab import measure
 
     if kind == "memory":
         return measure.load_memory(path, via=args.via, tracemalloc=not args.no_tracemalloc)

@@ -25,7 +25,7 @@ runs begin and how long they are); this module does the rest for all of them:
   the reader is closed: each holds its map) and a count-down of the read advice; the dataset
   calls :meth:`~BinTable.item` directly (:mod:`packlab.dataset`).
 
-The raw CSR floor of notebook 05 (:mod:`packlab.measure.floors`) gathers the same bins from the
+The raw CSR floor of notebook 05 (:mod:`packlab.lab.measure.floors`) gathers the same bins from the
 same :class:`Layout` with plain numpy memory maps: one description of where the bytes are,
 two readers of it.
 """
@@ -528,7 +528,7 @@ class TableReads:
 
     def layout(self) -> Layout | None:
         """Where this shard's bins are, byte for byte (None when they are not slices of its
-        files): what the raw CSR floor (:class:`packlab.measure.floors.RawCsr`) reads."""
+        files): what the raw CSR floor (:class:`packlab.lab.measure.floors.RawCsr`) reads."""
         return self._layout()
 
     def _mapped(self) -> dict[Path, MappedFile] | None:

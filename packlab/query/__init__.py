@@ -6,7 +6,7 @@
 - :mod:`~packlab.query.run`: execute SQL, errors as one line, rows in batches;
 - :mod:`~packlab.query.questions`: the dataset card and named questions in SQL and in polars;
 - :mod:`~packlab.query.lazy`: polars lazy frames over the same shards;
-- :mod:`~packlab.measure.queries`: the questions as measured jobs (time and peak RSS, fresh process).
+- :mod:`~packlab.lab.measure.queries`: the questions as measured jobs (time and peak RSS, fresh process).
 
 ``packlab query "SELECT split, count(*) FROM bins GROUP BY split" --data OUT``.
 """

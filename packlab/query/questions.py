@@ -1,7 +1,7 @@
 """Questions asked of a packed dataset, each in SQL (DuckDB views) and in polars (lazy frames).
 
 The answers are compared as normalized rows: both engines must agree exactly before their time
-and memory are put side by side (:mod:`packlab.measure.queries`). The dataset card is the first
+and memory are put side by side (:mod:`packlab.lab.measure.queries`). The dataset card is the first
 table a reader wants: per split, bins, tokens, sequences, packing efficiency and the fraction of
 tokens that carry loss.
 """

@@ -8,15 +8,14 @@ a producer is still writing them, and every sample is served exactly once per ep
 - :mod:`~packlab.sharded.producer`: publishes the plan, then chunks; deletes consumed ones;
 - :mod:`~packlab.sharded.dataset`: the rank-aware map-style dataset and completion markers;
 - :mod:`~packlab.sharded.sampler`: the rank-local index space and its sampler (the fix);
-- :mod:`~packlab.sharded.seed_design`: seed 003's dataset as written, to measure it;
-- :mod:`~packlab.sharded.coverage`: duplicates and losses per epoch;
-- :mod:`~packlab.sharded.launch`: real ``torch.distributed`` (gloo) runs, always torn down.
+
+The lab measures it (``packlab.lab.sharding``: seed 003's design as written, Megatron's
+samplers, duplicates and losses per epoch, real ``torch.distributed`` runs).
 """
 
 from __future__ import annotations
 
 from packlab.sharded.chunks import load_chunk, wait_for_chunk, write_chunk
-from packlab.sharded.coverage import Coverage, coverage, epoch_table
 from packlab.sharded.dataset import (
     ConsumptionTracker,
     RankShardedDataset,
@@ -31,14 +30,11 @@ __all__ = [
     "ChunkPlan",
     "ChunkProducer",
     "ConsumptionTracker",
-    "Coverage",
     "RankLocalIndex",
     "RankLocalSampler",
     "RankShardedDataset",
     "collate_ids",
-    "coverage",
     "data_parallel_info",
-    "epoch_table",
     "load_chunk",
     "read_plan",
     "spool_source",

@@ -1,0 +1,385 @@
+"""The floors a read is judged against, measured in the same run as the read.
+
+- the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
+  (where its format's :class:`~packlab.formats.bintable.Layout` says they are) with plain numpy
+  memory maps and the index in RAM, all three columns copied into preallocated buffers as a
+  read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
+  in it: what the bytes cost through numpy, whatever the API;
+- the **Python floor**: the same access path (``PackedDataset.__getitem__`` / ``__getitems__``,
+  or a reader's ``read_bin``) over the same bins already in RAM as numpy CSR arrays
+  (:class:`RamShard`, :class:`RamDataset`): what any format costs at the least through that
+  path, so a format's own cost is its ratio to it;
+- **memcpy** of the bytes a read returned, and a **raw pread** of as many bytes at the bin's
+  relative position in the largest data file (readahead off; cold: the file evicted first):
+  :func:`byte_floors`, a second pass over the indices the format read, after it, so the
+  format's readahead does not slow them (a cold pread is timed right after each cold read
+  instead, :class:`Pread`: the device's load, shared with other jobs, changes faster than a
+  pass);
+- the cold floors of a **memory map** (:func:`mmap_floors`): one cold read four ways, and the
+  pages each really read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_right
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from packlab.bins import PackedBin
+from packlab.dataset import PackedDataset
+from packlab.errors import PacklabError
+from packlab.formats.bintable import BinTable, Layout, index_view, ram_table
+from packlab.lab.measure.delivery import Sink, percentiles
+from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
+from packlab.lab.measure.reading import is_dataset, open_source, readers_of, reads
+
+MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
+
+
+# -- the Python floor --------------------------------------------------------------------------
+class RamShard:
+    """One shard's bins held in RAM as CSR arrays (in the dtypes its reader returns);
+    ``read_bin`` returns views: the cheapest reader the dataset's access path can call."""
+
+    def __init__(self, reader: Any) -> None:
+        self.path = Path(reader.path)
+        self.pack_size = int(reader.pack_size)
+        lengths = np.asarray(reader.packed_lengths(), dtype=np.int64)
+        self.num_bins = int(lengths.shape[0])
+        if self.num_bins == 0:
+            raise PacklabError(f"{self.path}: no bins to hold in RAM")
+        self.token_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.token_offsets[1:])
+        self.num_tokens = int(self.token_offsets[-1])
+        starts: list[np.ndarray] = []
+        for b, packed in enumerate(reader.iter_bins()):
+            if b == 0:
+                self.input_ids = np.empty(self.num_tokens, dtype=packed.input_ids.dtype)
+                self.loss_mask = np.empty(self.num_tokens, dtype=packed.loss_mask.dtype)
+            lo, hi = self.token_offsets[b], self.token_offsets[b + 1]
+            if hi - lo != packed.packed_len:
+                raise PacklabError(f"{self.path}: bin {b} has {packed.packed_len} tokens, "
+                                   f"its reader's packed_lengths say {hi - lo}")
+            self.input_ids[lo:hi] = packed.input_ids
+            self.loss_mask[lo:hi] = packed.loss_mask
+            starts.append(np.asarray(packed.seq_start_id))
+        self.seq_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
+        np.cumsum([s.shape[0] for s in starts], out=self.seq_offsets[1:])
+        self.seq_start_id = np.concatenate(starts)
+        self._table: BinTable | None = None
+
+    def __len__(self) -> int:
+        return self.num_bins
+
+    def check_index(self, index: int) -> int:
+        if not -self.num_bins <= index < self.num_bins:
+            raise IndexError(f"{self.path} (in RAM): bin {index} out of range [0, {self.num_bins})")
+        return index % self.num_bins
+
+    def read_bin(self, index: int) -> PackedBin:
+        i = self.check_index(index)
+        t0, t1 = self.token_offsets[i], self.token_offsets[i + 1]
+        s0, s1 = self.seq_offsets[i], self.seq_offsets[i + 1]
+        return PackedBin(self.input_ids[t0:t1], self.loss_mask[t0:t1], self.seq_start_id[s0:s1])
+
+    def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
+        return [self.read_bin(int(i)) for i in np.asarray(indices).reshape(-1)]
+
+    def iter_bins(self) -> Any:
+        return (self.read_bin(i) for i in range(self.num_bins))
+
+    def packed_lengths(self) -> np.ndarray:
+        return np.diff(self.token_offsets)
+
+    def bin_table(self) -> BinTable:
+        """The bins as a table in RAM: the dataset reads them as it reads a mapped shard's."""
+        if self._table is None:
+            self._table = ram_table(self.input_ids, self.loss_mask, self.seq_start_id,
+                                    self.token_offsets, self.seq_offsets,
+                                    pack_size=self.pack_size, source=f"{self.path} (in RAM)")
+        return self._table
+
+    def close(self) -> None:
+        pass
+
+
+class RamDataset(PackedDataset):
+    """A :class:`PackedDataset` whose readers are :class:`RamShard` copies of another's: the
+    same ``locate`` / ``__getitem__`` / ``__getitems__`` code, with the bins already in RAM."""
+
+    def __init__(self, dataset: PackedDataset) -> None:
+        self._ram = [RamShard(reader) for reader in dataset.readers()]
+        super().__init__(list(zip(dataset.shards, dataset.formats, strict=True)),
+                         reader_options=dataset.reader_options)
+
+    def _open_readers(self) -> list[Any]:
+        return self._ram
+
+
+def floor_of(source: Any) -> RamDataset | RamShard:
+    """The Python floor of an open source: a dataset's bins in a :class:`RamDataset`, a
+    reader's in a :class:`RamShard`."""
+    return RamDataset(source) if is_dataset(source) else RamShard(source)
+
+
+def python_floor(path: str | os.PathLike[str], *, via: str = "dataset",
+                 **reader_options: Any) -> RamDataset | RamShard:
+    """The Python floor of the shards at ``path``: their bins, read once, held in RAM (to
+    pass as ``floor=`` to several measurements of the same shards)."""
+    source = open_source(path, via, reader_options)
+    try:
+        return floor_of(source)
+    finally:
+        source.close()
+
+
+def checked_floor(path: object, source: Any, floor: Any | None) -> Any:
+    """``floor`` if it holds the source's bins through the same path, else a new one."""
+    if floor is None:
+        return floor_of(source)
+    kind = "dataset" if is_dataset(source) else "reader"
+    if is_dataset(floor) != is_dataset(source):
+        raise PacklabError(f"{path}: the Python floor must be read as a {kind}, as the source is")
+    if len(floor) != len(source):
+        raise PacklabError(f"{path}: the Python floor holds {len(floor)} bins, the {kind} "
+                           f"{len(source)}")
+    return floor
+
+
+# -- the raw CSR floor --------------------------------------------------------------------------
+class RawCsr:
+    """Bins gathered straight from a shard's files: plain numpy memory maps (``np.memmap``
+    viewed as ``ndarray``, default advice), positions in RAM as memoryviews, each read copying
+    tokens (into int64), mask and boundaries (starts, then the packed length, as
+    :class:`~packlab.lab.measure.delivery.Sink` delivers an item or a bin) into preallocated
+    buffers. ``read(i)`` is
+    the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
+    describe their :class:`~packlab.formats.bintable.Layout` (the memory-mapped formats);
+    :func:`raw_floor` gives None for the others.
+    """
+
+    def __init__(self, layouts: list[Layout]) -> None:
+        self.layouts = layouts
+        longest = max(int(np.max(layout.packed_len)) for layout in layouts)
+        most = max(int(np.max(layout.num_seqs)) for layout in layouts)
+        self.ids = np.empty(longest, dtype=np.int64)
+        self.mask = np.empty(longest, dtype=np.uint8)
+        self.bounds = np.empty(most + 1, dtype=np.int32)
+        self._shard_reads = [self._reader_of(layout) for layout in layouts]
+        counts = [int(layout.packed_len.shape[0]) for layout in layouts]
+        self._firsts = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
+        self.read = self._shard_reads[0] if len(layouts) == 1 else self._read_any
+
+    def _read_any(self, i: int) -> None:
+        shard = bisect_right(self._firsts, i) - 1
+        self._shard_reads[shard](i - self._firsts[shard])
+
+    def read_batch(self, indices: Sequence[int]) -> None:
+        read = self.read
+        for i in indices:
+            read(i)
+
+    def _reader_of(self, layout: Layout) -> Any:
+        """The read of one shard: a closure over its maps, positions and the buffers."""
+        def column(c: Any) -> np.ndarray:
+            mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))
+            return mapped.view(np.ndarray)
+
+        ids, mask, starts = column(layout.tokens), column(layout.mask), column(layout.starts)
+        first = np.asarray(layout.token_start, dtype=np.int64)
+        t0s, t1s = index_view(first), index_view(first + layout.packed_len)
+        s0s = index_view(layout.seq_start)
+        s1s = index_view(np.asarray(layout.seq_start) + layout.num_seqs)
+        out_ids, out_mask, out_bounds = self.ids, self.mask, self.bounds
+        if layout.mask_start is not layout.token_start:  # the mask indexed apart (arrow_ipc)
+            m0s = index_view(layout.mask_start)
+
+            def read_apart(i: int) -> None:
+                t0 = t0s[i]
+                n = t1s[i] - t0
+                s0 = s0s[i]
+                k = s1s[i] - s0
+                m0 = m0s[i]
+                out_ids[:n] = ids[t0:t0 + n]
+                out_mask[:n] = mask[m0:m0 + n]
+                out_bounds[:k] = starts[s0:s0 + k]
+                out_bounds[k] = n
+
+            return read_apart
+
+        def read(i: int) -> None:
+            t0 = t0s[i]
+            t1 = t1s[i]
+            s0 = s0s[i]
+            s1 = s1s[i]
+            k = s1 - s0
+            out_ids[:t1 - t0] = ids[t0:t1]
+            out_mask[:t1 - t0] = mask[t0:t1]
+            out_bounds[:k] = starts[s0:s1]
+            out_bounds[k] = t1 - t0
+
+        return read
+
+
+def raw_floor(source: Any) -> RawCsr | None:
+    """The raw CSR floor of an open source, or None when a shard's bins are not slices of its
+    files (decoded, gathered from a spool or loaded whole: no raw layout to compare with)."""
+    layouts = []
+    for reader in readers_of(source):
+        describe = getattr(reader, "layout", None)
+        layout = describe() if describe is not None else None
+        if layout is None:
+            return None
+        layouts.append(layout)
+    return RawCsr(layouts)
+
+
+# -- memcpy and pread of the same bytes ----------------------------------------------------------
+class Pread:
+    """The raw ``pread`` floor: ``nbytes`` read with one system call at a bin's relative
+    position in ``big`` (the shard's largest data file; ``POSIX_FADV_RANDOM``: no readahead;
+    cold: ``big`` evicted until ``mincore`` finds no page first). ``worst``: the most pages found
+    resident before a cold pread."""
+
+    def __init__(self, big: Path, num_bins: int) -> None:
+        self.span = big.stat().st_size
+        self.big = big
+        self.num_bins = num_bins
+        self.worst = 0
+        self.fd = os.open(big, os.O_RDONLY)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # raw: no readahead
+
+    def time(self, index: int, nbytes: int, *, cold: bool) -> int:
+        offset = index * max(self.span - nbytes, 0) // max(self.num_bins - 1, 1)
+        if cold:
+            self.worst = max(self.worst, drop_until_cold([self.big]))
+        began = time.perf_counter_ns()
+        os.pread(self.fd, nbytes, offset)
+        return time.perf_counter_ns() - began
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def byte_floors(
+    floor: Any,
+    big: Path,
+    batches: np.ndarray,
+    sizes: np.ndarray,
+    *,
+    num_bins: int,
+    cold: bool,
+    sink: Sink,
+    pread_ns: np.ndarray | None = None,
+    python_ns: np.ndarray | None = None,
+) -> tuple[np.ndarray, int]:
+    """The floors' pass over the batches a format read and the bytes it returned, per bin:
+    the Python floor reading the same batch (delivered), a memcpy of the same bytes
+    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`).
+    ``python_ns`` / ``pread_ns``: timed already, beside the format's reads (then not here).
+    Returns nanoseconds per bin, shape ``(3, len(sizes))``, and the most pages found resident
+    before a cold pread."""
+    batch_size = batches.shape[1]
+    one, many = reads(floor)
+    src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
+    dst = np.ones_like(src)
+    ns = np.zeros((3, sizes.shape[0]), dtype=np.int64)
+    pread = Pread(big, num_bins) if pread_ns is None else None
+    try:
+        for k, nbytes in enumerate(sizes.tolist()):
+            batch = batches[k]
+            if python_ns is not None:
+                pass
+            elif batch_size == 1:
+                ns[0, k] = sink.timed(one, int(batch[0]))[0]
+            else:
+                ns[0, k] = sink.timed(many, batch.tolist(), batch=True)[0]
+            began = time.perf_counter_ns()
+            np.copyto(dst[:nbytes], src[:nbytes])
+            ns[1, k] = time.perf_counter_ns() - began
+            if pread is not None:
+                ns[2, k] = pread.time(int(batch[0]), nbytes, cold=cold)
+    finally:
+        if pread is not None:
+            pread.close()
+    if pread_ns is not None:
+        ns[2] = pread_ns
+    if python_ns is not None:
+        ns[0] = python_ns
+    return ns // batch_size, 0 if pread is None else pread.worst
+
+
+# -- the cold floors of a memory map ----------------------------------------------------------
+def read_ahead_kb(path: str | os.PathLike[str]) -> int | None:
+    """The read-ahead window (KB) of the block device holding ``path``, if sysfs tells."""
+    dev = os.stat(path).st_dev
+    base = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+    for queue in (base / "queue", base.parent / "queue", base / ".." / "queue"):
+        try:
+            return int((queue / "read_ahead_kb").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def mmap_floors(
+    path: str | os.PathLike[str],
+    *,
+    nbytes: int,
+    samples: int = 30,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Cold reads of ``nbytes`` at random page-aligned offsets of one file, four ways.
+
+    ``pread``: one system call. ``mmap``: a copy out of a read-only map with the default
+    advice (a fault reads the device's read-around window, however few bytes are wanted).
+    ``mmap_random``: the map advised ``MADV_RANDOM`` (one page per fault). ``mmap_random_willneed``:
+    also ``MADV_WILLNEED`` over the wanted range first (one read for the range), inside the
+    timer. The file is evicted until ``mincore`` finds no page before every read; the pages a
+    read left resident are counted (``<mode>_pages``: what it really read).
+    """
+    import mmap as mmap_module
+
+    size = os.path.getsize(path)
+    page = mmap_module.PAGESIZE
+    if nbytes <= 0 or size < nbytes + page:
+        raise PacklabError(f"{path}: {size} bytes, too small for reads of {nbytes}")
+    rng = np.random.default_rng(seed)
+    offsets = (rng.integers(0, size - nbytes, size=samples) // page * page).tolist()
+    span = -(-nbytes // page) * page
+    ns = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    pages = {mode: np.zeros(samples, dtype=np.int64) for mode in MMAP_MODES}
+    dst = np.empty(nbytes, dtype=np.uint8)
+    fd = os.open(path, os.O_RDONLY)
+    mapped = mmap_module.mmap(fd, 0, prot=mmap_module.PROT_READ)
+    view = np.frombuffer(mapped, dtype=np.uint8)
+    try:
+        for k, off in enumerate(offsets):
+            for mode in MMAP_MODES:
+                advice = mmap_module.MADV_NORMAL if mode == "mmap" else mmap_module.MADV_RANDOM
+                mapped.madvise(advice)
+                drop_until_cold([Path(path)])
+                began = time.perf_counter_ns()
+                if mode == "pread":
+                    os.pread(fd, nbytes, off)
+                else:
+                    if mode == "mmap_random_willneed":
+                        mapped.madvise(mmap_module.MADV_WILLNEED, off, min(span, size - off))
+                    np.copyto(dst, view[off:off + nbytes])
+                ns[mode][k] = time.perf_counter_ns() - began
+                pages[mode][k] = resident_pages(path)[0]
+    finally:
+        del view
+        mapped.close()
+        os.close(fd)
+    out: dict[str, Any] = {"path": str(path), "nbytes": nbytes, "samples": samples,
+                           "read_ahead_kb": read_ahead_kb(path)}
+    for mode in MMAP_MODES:
+        out.update(percentiles(ns[mode], f"{mode}_"))
+        out[f"{mode}_pages"] = float(np.median(pages[mode]))
+    return out

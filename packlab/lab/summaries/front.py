@@ -1,0 +1,268 @@
+"""The answer across notebooks: one row per format, a format per use case, the claims tables.
+
+Everything here is computed from one run's recorded results (``{notebook: results JSON}``, as
+:func:`packlab.lab.summaries.record.load_run` returns them) and the formats' facts; the report's
+front page and the README's generated blocks print the same Markdown. A notebook missing from
+the run leaves its cells ``n/a`` and its use case ``not measured``, never an error.
+
+Where the numbers come from: write and load peak memory, notebook 04 (largest size measured);
+warm and cold p50 of one random bin and their floors, and the warm sequential scan, notebook
+05; bytes per token on disk, notebook 03 (the same `chat` data as 05).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from packlab.formats import format_names, get_format
+from packlab.lab.measure.verdicts import NOT_MEASURED, RULE, badge
+from packlab.lab.tables import fmt_us, human_bytes, markdown_table
+
+Run = Mapping[str, Mapping[str, Any]]
+#: formats whose warm p50 is within this factor of the fastest tie for local training
+TIE = 1.10
+#: the figures that carry the answer (notebook figure names), with what each shows
+KEY_FIGURES = (
+    ("05_latency_floors", "One random bin, warm and cold, against the memcpy, pread and Python "
+                          "floors (notebook 05)"),
+    ("04_peak_memory_growth", "Peak memory writing and loading as the data grows (notebook 04)"),
+    ("03_bytes_per_token", "Bytes on disk per token, every format (notebook 03)"),
+)
+
+
+def _numbers(run: Run, suffix: str) -> Mapping[str, Any]:
+    """The numbers of the run's notebook named ``NN_suffix`` (empty when it did not run)."""
+    for name, recorded in run.items():
+        if name.split("_", 1)[-1] == suffix:
+            return recorded.get("numbers", {})
+    return {}
+
+
+def _peak(memory: Mapping[str, Any], fmt: str, phase: str) -> tuple[float | None, int | None]:
+    """Peak RSS growth of ``fmt`` in ``phase`` at the largest size it was measured at."""
+    pattern = re.compile(rf"^{re.escape(fmt)}_{phase}_peak_rss_growth_bytes_(\d+)$")
+    sizes = {int(m.group(1)): v for k, v in memory.items() if (m := pattern.match(k))}
+    if not sizes:
+        return None, None
+    bins = max(sizes)
+    return float(sizes[bins]), bins
+
+
+def format_rows(run: Run) -> list[dict[str, Any]]:
+    """One row per registered format: its measured numbers (None where not measured) and facts."""
+    memory, access = _numbers(run, "peak_memory"), _numbers(run, "random_access")
+    sizes = _numbers(run, "write_formats").get("bytes_per_token", {})
+    rows = []
+    for fmt in format_names():
+        facts = get_format(fmt).Reader
+        write, write_bins = _peak(memory, fmt, "write")
+        load, load_bins = _peak(memory, fmt, "load")
+        rows.append({
+            "format": fmt, "write_peak_bytes": write, "load_peak_bytes": load,
+            "memory_bins": write_bins or load_bins,
+            "write_slope": memory.get(f"{fmt}_write_loglog_slope"),
+            "warm_p50_us": access.get(f"{fmt}_warm_p50_us"),
+            "warm_floor_us": access.get(f"{fmt}_warm_python_floor_p50_us"),
+            "warm_raw_csr_us": access.get(f"{fmt}_warm_raw_csr_p50_us"),
+            "cold_p50_us": access.get(f"{fmt}_cold_p50_us"),
+            "cold_pread_us": access.get(f"{fmt}_cold_pread_p50_us"),
+            "scan_tokens_per_s": access.get(f"{fmt}_scan_warm_tokens_per_s"),
+            "bytes_per_token": sizes.get(fmt),
+            "read_by": list(facts.READ_BY), "in_ram": facts.IN_RAM,
+            "needs_spool": facts.NEEDS_SPOOL, "reads_in_place": facts.READS_IN_PLACE,
+        })
+    return rows
+
+
+def _us(value: float | None, floor: float | None, raw: float | None = None) -> str:
+    """A p50 with its floor(s) in parentheses: the raw CSR floor first where it was measured."""
+    if value is None:
+        return "n/a"
+    floors = [fmt_us(f) for f in (raw, floor) if f is not None]
+    return f"{fmt_us(value)} µs" + (f" ({' / '.join(floors)})" if floors else "")
+
+
+def format_table(run: Run) -> str:
+    """The per-format table, as Markdown."""
+    rows = format_rows(run)
+    bins = next((r["memory_bins"] for r in rows if r["memory_bins"]), None)
+    at = f" ({bins:,} bins)" if bins else ""
+    table = markdown_table(
+        ["format", f"write peak RSS{at}", f"load peak RSS{at}", "warm p50 (raw CSR / Python floor)",
+         "cold p50 (raw pread)", "scan, warm", "bytes/token", "read by"],
+        [[f"`{r['format']}`", human_bytes(r["write_peak_bytes"]),
+          human_bytes(r["load_peak_bytes"]), _us(r["warm_p50_us"], r["warm_floor_us"], r["warm_raw_csr_us"]),
+          _us(r["cold_p50_us"], r["cold_pread_us"]) if not r["in_ram"] else
+          "n/a (loads all at open)",
+          f"{r['scan_tokens_per_s'] / 1e6:,.0f} M tok/s" if r["scan_tokens_per_s"] else "n/a",
+          f"{r['bytes_per_token']:.2f}" if r["bytes_per_token"] is not None else "n/a",
+          ", ".join(r["read_by"]) or "packlab only"] for r in rows])
+    return table
+
+
+# -- a format per use case ---------------------------------------------------------------------
+def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[str] = ()
+            ) -> dict[str, Any]:
+    return {"use_case": use_case, "rule": rule, "format": fmt, "why": why if fmt else
+            NOT_MEASURED, "also": list(also)}
+
+
+def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
+            f"every bin at open); formats within {TIE:.2f}x of it tie, and the lowest cold p50 "
+            "among them wins")
+    fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
+           and r["cold_p50_us"] is not None]
+    if not fit:
+        return _choice("local training", rule, None, "")
+    fastest = min(r["warm_p50_us"] for r in fit)
+    tied = sorted((r for r in fit if r["warm_p50_us"] <= TIE * fastest),
+                  key=lambda r: r["cold_p50_us"])
+    best = tied[0]
+    why = (f"warm p50 {fmt_us(best['warm_p50_us'])} µs (Python floor "
+           f"{fmt_us(best['warm_floor_us'])}), cold {fmt_us(best['cold_p50_us'])} µs (raw pread "
+           f"{fmt_us(best['cold_pread_us'])}), writer peak {human_bytes(best['write_peak_bytes'])}"
+           f", load peak {human_bytes(best['load_peak_bytes'])}")
+    return _choice("local training", rule, best["format"], why, [r["format"] for r in tied[1:]])
+
+
+def _object_storage(rows: Sequence[Mapping[str, Any]], cloud: Mapping[str, Any]
+                    ) -> dict[str, Any]:
+    rule = ("the fewest bytes per token among formats read in place with ranged requests "
+            "(the others are downloaded whole before the first bin)")
+    fit = [r for r in rows if r["reads_in_place"] and r["bytes_per_token"] is not None]
+    if not fit:
+        return _choice("object storage", rule, None, "")
+    best = min(fit, key=lambda r: r["bytes_per_token"])
+    why = f"{best['bytes_per_token']:.2f} bytes/token"
+    if cloud:
+        why += (f"; a random access costs {cloud['max_requests_per_access']} GET of at most "
+                f"{cloud['max_bytes_over_row_group']:.2f}x one row group; opening cold fetched "
+                f"{human_bytes(cloud['parquet_cold_open_bytes'])} against "
+                f"{human_bytes(cloud['memmap_cold_open_bytes'])} for a downloaded format "
+                "(notebook 09)")
+    return _choice("object storage", rule, best["format"], why,
+                   [r["format"] for r in fit if r is not best])
+
+
+def _repacking(rows: Sequence[Mapping[str, Any]], writes: Mapping[str, Any]) -> dict[str, Any]:
+    rule = "the fewest bytes written per token (a repack rewrites what a format stores)"
+    fit = [r for r in rows if r["bytes_per_token"] is not None]
+    if not fit:
+        return _choice("repacking often", rule, None, "")
+    best = min(fit, key=lambda r: r["bytes_per_token"])
+    why = f"{best['bytes_per_token']:.3f} bytes/token"
+    if "repack_index_bytes" in writes:
+        why += (f"; a repack wrote {human_bytes(writes['repack_index_bytes'])} in "
+                f"{writes['repack_index_seconds']:.2f} s against "
+                f"{human_bytes(writes['repack_parquet_bytes'])} in "
+                f"{writes['repack_parquet_seconds']:.2f} s as Parquet (notebook 03)")
+    if best["needs_spool"]:
+        why += "; it reads its tokens from the spool, which must stay"
+    return _choice("repacking often", rule, best["format"], why)
+
+
+def _megatron(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    rule = "the lowest warm random-read p50 among formats Megatron-core reads as they are"
+    fit = [r for r in rows if "Megatron-core" in r["read_by"] and r["warm_p50_us"] is not None]
+    if not fit:
+        return _choice("Megatron pretrain tooling", rule, None, "")
+    best = min(fit, key=lambda r: r["warm_p50_us"])
+    why = (f"Megatron-core's `IndexedDataset` reads it unchanged; warm p50 "
+           f"{fmt_us(best['warm_p50_us'])} µs, {best['bytes_per_token']:.2f} bytes/token"
+           if best["bytes_per_token"] is not None else "Megatron-core reads it unchanged")
+    return _choice("Megatron pretrain tooling", rule, best["format"], why,
+                   [r["format"] for r in fit if r is not best])
+
+
+def recommendations(run: Run) -> list[dict[str, Any]]:
+    """A format per use case, each chosen from the run's numbers by the rule it states."""
+    rows = format_rows(run)
+    return [_local_training(rows), _object_storage(rows, _numbers(run, "cloud_storage")),
+            _repacking(rows, _numbers(run, "write_formats")), _megatron(rows)]
+
+
+def recommendations_table(run: Run) -> str:
+    return markdown_table(
+        ["use case", "format", "measured", "how it is chosen"],
+        [[r["use_case"], f"**`{r['format']}`**" + (
+            f" (tied: {', '.join(f'`{a}`' for a in r['also'])})"
+            if r["also"] and r["use_case"] == "local training" else "")
+          if r["format"] else NOT_MEASURED, r["why"], r["rule"]]
+         for r in recommendations(run)])
+
+
+# -- claims across notebooks -------------------------------------------------------------------
+def findings(run: Run, source: str | None = None) -> list[dict[str, str]]:
+    """Every finding of the run (of one ``source``: ``rfc``, ``target``, ``check``), each
+    with its notebook."""
+    return [{**f, "notebook": name} for name, recorded in run.items()
+            for f in recorded.get("findings", [])
+            if source is None or f.get("source", "check") == source]
+
+
+def claims_table(run: Run, source: str, *, colour: bool = False) -> str:
+    from packlab.lab.summaries import findings_table
+
+    return findings_table(findings(run, source), colour=colour, notebook=True)
+
+
+def verdict_counts(found: Sequence[Mapping[str, str]]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for f in found:
+        counts[f["verdict"]] = counts.get(f["verdict"], 0) + 1
+    return counts
+
+
+def counts_text(found: Sequence[Mapping[str, str]], *, colour: bool = False) -> str:
+    return ", ".join(f"{n} {badge(v) if colour else v}" for v, n in verdict_counts(found).items())
+
+
+def rule_text() -> str:
+    return RULE
+
+
+def peers_table(run: Run) -> str:
+    """Notebook 11: every system on the same bins, fastest (over its in-RAM floor) first."""
+    from packlab.lab.measure.peers import summary
+
+    rows = _numbers(run, "peers").get("rows")
+    if not rows:
+        return NOT_MEASURED
+    return markdown_table(
+        ["system", "columns", "warm p50", "x in-RAM floor", "bytes/token", "ran in"],
+        [[r["system"], r["columns"], f"{fmt_us(r['p50_us'])} µs", f"{r['x_floor']:.2f}x" if r["x_floor"] < 10 else f"{r['x_floor']:,.0f}x",
+          f"{r['bytes_per_token']:.2f}", r["environment"]] for r in summary.systems(rows)])
+
+
+# -- numbers the README quotes in its prose ---------------------------------------------------
+def legacy_load_text(run: Run) -> str:
+    """The legacy format's load peak at the RFC's 50k bins (notebook 04)."""
+    memory = _numbers(run, "peak_memory")
+    values = [memory[k] for f in format_names() if get_format(f).Reader.IN_RAM
+              and (k := f"{f}_load_rss_at_50k_bytes") in memory]
+    return human_bytes(values[0]) if values else "n/a"
+
+
+def repack_text(run: Run) -> str:
+    """What a repack wrote through the index against rewriting the bins (notebook 03)."""
+    n = _numbers(run, "write_formats")
+    if "repack_index_bytes" not in n:
+        return NOT_MEASURED
+    return (f"{human_bytes(n['repack_index_bytes'])} in {n['repack_index_seconds']:.2f} s "
+            f"against {human_bytes(n['repack_parquet_bytes'])} in "
+            f"{n['repack_parquet_seconds']:.2f} s as Parquet, notebook 03")
+
+
+def packing_text(run: Run) -> str:
+    """Each algorithm's distance to the lower bound and time at the largest N (notebook 02)."""
+    n = _numbers(run, "packing")
+    algorithms = list(n.get("sweep_loglog_slope", {}))
+    if not algorithms:
+        return NOT_MEASURED
+    size = max(n.get("sweep_sizes") or [0])
+    return (f"for {size:,} sequences, " + ", ".join(
+        f"`{a}` {100 * n[f'{a}_bins_over_lower_bound']:.3f}% over the lower bound in "
+        f"{n[f'{a}_seconds']:.2f} s" for a in algorithms))
