@@ -25,7 +25,7 @@ from typing import Any
 
 from packlab.files import json_default
 
-_REPO = Path(__file__).resolve().parent.parent
+_REPO = Path(__file__).resolve().parents[2]  # packlab/lab/results.py -> the checkout
 #: the id of the ``python -m packlab.lab.notebooks run`` a notebook runs in (kept in its results, so
 #: a recorded run is known to be one run)
 RUN_ENV = "PACKLAB_RUN"

@@ -25,7 +25,7 @@ from typing import Any
 
 from packlab.errors import PacklabError
 
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the folder holding packlab/
 HEAP_KEYS = ("python_heap_peak_bytes", "python_heap_end_bytes")
 _CONTEXT: Any = None
 
