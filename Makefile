@@ -26,7 +26,7 @@ mds-env: $(MDS_STAMP)
 # [tool.packlab] no_deps are installed without their declared dependencies (they would replace
 # the CPU torch, or downgrade protobuf) and without the Python check (megatron-bridge declares
 # >= 3.12; the packed-data modules the tests run work on 3.11).
-$(STAMP): pyproject.toml setup.py packlab/_views.c
+$(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e ".[torch,notebooks,test,peers]"

@@ -63,6 +63,11 @@ class PackedBin(NamedTuple):
         out[-1] = self.packed_len
         return out
 
+    def item(self) -> dict[str, np.ndarray]:
+        """The dict a Megatron-Bridge packed dataset returns for this bin (``dataset[i]``)."""
+        return {"input_ids": self.input_ids, "loss_mask": self.loss_mask,
+                "seq_boundaries": self.seq_boundaries()}
+
     def copy(self) -> PackedBin:
         return PackedBin(self.input_ids.copy(), self.loss_mask.copy(), self.seq_start_id.copy())
 

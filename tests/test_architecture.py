@@ -25,7 +25,7 @@ NOT_FORMAT_NAMES = {
 # the core, and the command line (8) on both.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "progress", "safe_pickle", "mapping", "bins", "invariants",
-     "executors", "_views"),
+     "executors"),
     ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
      "materialize"),
     ("formats",),
@@ -47,15 +47,13 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
-# the compiled extensions (packlab/*.c, built by setup.py): they import nothing of packlab
-EXTENSIONS = {module_name(p): p for p in sorted(ROOT.glob("*.c"))}
 
 
 def resolve(name: str) -> str | None:
     """The packlab module an import names (``packlab.x.y`` may be a name inside ``packlab.x``)."""
-    while name not in MODULES and name not in EXTENSIONS and "." in name:
+    while name not in MODULES and "." in name:
         name = name.rsplit(".", 1)[0]
-    return name if name in MODULES or name in EXTENSIONS else None
+    return name if name in MODULES else None
 
 
 def imports_of(module: str) -> set[str]:
@@ -81,7 +79,7 @@ def imports_of(module: str) -> set[str]:
     return found
 
 
-GRAPH = {m: imports_of(m) for m in MODULES} | {m: set() for m in EXTENSIONS}
+GRAPH = {m: imports_of(m) for m in MODULES}
 
 
 def layer_of(module: str) -> int:
@@ -94,9 +92,13 @@ def layer_of(module: str) -> int:
 
 
 def test_every_module_has_a_layer() -> None:
-    assert EXTENSIONS  # packlab._views
-    for module in [*MODULES, *EXTENSIONS]:
+    for module in MODULES:
         layer_of(module)
+
+
+def test_packlab_is_python_only() -> None:
+    """No compiled piece: the install needs no C compiler and nothing can go stale."""
+    assert not [p for p in ROOT.rglob("*") if p.suffix in (".c", ".h", ".cpp", ".pyx")]
 
 
 def test_the_core_imports_nothing_from_the_lab_or_the_commands() -> None:

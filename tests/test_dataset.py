@@ -332,6 +332,6 @@ def test_many_shards_make_each_table_read_once_per_process(name, packed, shard_d
 
 
 def _fresh_then_read(dataset: PackedDataset, indices: list[int]) -> tuple[bool, list[str]]:
-    """In a forked child: whether the dataset starts over (its first read maps its own
-    files), and the bins it then reads."""
-    return dataset._get == dataset._first_read, digests_of(dataset, indices)
+    """In a forked child: whether the dataset starts over (its first read opens its own
+    readers and maps its own files), and the bins it then reads."""
+    return dataset._readers is None and dataset._reads is None, digests_of(dataset, indices)

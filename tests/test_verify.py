@@ -62,10 +62,11 @@ def _flip(file: Path, offset: int, mask: int = 0x01) -> None:
 def _byte_of(shard: Path, column: str, b: int, position: int) -> tuple[Path, int]:
     """File and byte offset of value ``position`` of bin ``b``'s ``column`` (tokens or mask)."""
     layout = open_shard(shard).layout()
+    runs = layout.index.runs(b, b + 1)
     if column == "tokens":
-        c, first = layout.tokens, int(layout.token_start[b])
+        c, first = layout.tokens, int(runs.token_start[0])
     else:
-        c, first = layout.mask, int(layout.mask_start[b])
+        c, first = layout.mask, int(runs.mask_start[0])
     return Path(c.path), c.offset + np.dtype(c.dtype).itemsize * (first + position)
 
 
@@ -259,24 +260,32 @@ def test_integrity_costs_measure_every_check_and_the_rule_picks_the_defaults(
     assert cheap["verify_default"] and cheap["check_bin_default"]
 
 
-def test_the_structure_of_every_bin_is_checked_chunk_by_chunk() -> None:
-    """A reader's index is checked (and its boundaries built) a few thousand bins at a time:
-    the same boundaries whatever the chunk, and a broken bin in a later chunk named."""
-    from packlab.formats.bintable import boundaries
+def test_the_structure_of_every_bin_is_checked_chunk_by_chunk(monkeypatch) -> None:
+    """A table checks every bin's structure a few thousand bins at a time: the same table
+    whatever the chunk, and a broken bin in a later chunk named."""
+    from packlab.formats import table as tables
 
     lengths = np.array([5, 7, 3, 9, 4])
     counts = np.array([1, 2, 1, 3, 1])
     starts = np.array([0, 0, 4, 0, 0, 2, 6, 0], dtype=np.int32)
-    whole = boundaries(lengths, counts, starts, pack_size=16, source="s")
-    for chunk in (1, 2, 3):
-        parts = boundaries(lengths, counts, starts, pack_size=16, source="s", chunk=chunk)
-        assert all(np.array_equal(a, b) for a, b in zip(whole, parts, strict=True))
-    bounds, at = whole
-    assert bounds[at[3]:at[4]].tolist() == [0, 2, 6, 9]
+    token_offsets = np.concatenate(([0], np.cumsum(lengths)))
+    seq_offsets = np.concatenate(([0], np.cumsum(counts)))
+    tokens = np.arange(int(token_offsets[-1]), dtype=np.int32)
+    mask = np.zeros_like(tokens, dtype=np.uint8)
+
+    def table(values: np.ndarray) -> tables.BinTable:
+        return tables.BinTable(tokens, mask, values, tables.CsrIndex(token_offsets, seq_offsets),
+                               pack_size=16, source="s")
+
+    whole = [table(starts).item(b)["seq_boundaries"].tolist() for b in range(5)]
+    assert whole[3] == [0, 2, 6, 9]
     broken = starts.copy()
     broken[6] = 1  # bin 3's starts 0, 2, 1: not increasing
-    with pytest.raises(FormatError, match="s: bin 3: seq_start_id not strictly increasing"):
-        boundaries(lengths, counts, broken, pack_size=16, source="s", chunk=2)
+    for chunk in (1, 2, 3):
+        monkeypatch.setattr(tables, "CHUNK", chunk)
+        assert [table(starts).item(b)["seq_boundaries"].tolist() for b in range(5)] == whole
+        with pytest.raises(FormatError, match="s: bin 3: seq_start_id not strictly increasing"):
+            table(broken)
 
 
 def test_sequence_checksums_read_in_windows_match_each_sequence_hashed_alone(

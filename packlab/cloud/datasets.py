@@ -26,7 +26,6 @@ from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import get_format
-from packlab.mapping import FORKS
 
 
 def remote_shard(uri: str | Location, format: str | None = None, *, filesystem: Any = None,
@@ -74,14 +73,9 @@ class RemoteDataset(PackedDataset):
                          reader_options=reader_options)
         self.shards = list(self.locations)  # type: ignore[arg-type]  # URIs, not mangled Paths
 
-    def _open_readers(self) -> list[Any]:
-        if self._readers is None or self._fork != FORKS[0]:
-            self._readers = [
-                remote_shard(loc, format=name, cache_dir=self.cache_dir, **self.reader_options)
-                for loc, name in zip(self.locations, self.formats, strict=True)
-            ]
-            self._fork = FORKS[0]
-        return self._readers
+    def open_reader(self, shard: int) -> Any:
+        return remote_shard(self.locations[shard], format=self.formats[shard],
+                            cache_dir=self.cache_dir, **self.reader_options)
 
 
 def remote_dataset(uri: str | Location | Sequence[str | Location], *, split: str | None = None,

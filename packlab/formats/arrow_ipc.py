@@ -55,23 +55,27 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import AlignedWriter, fsync_file
 from packlab.formats.arrow_lists import (
     ARROW_ERRORS,
+    DTYPES,
     METADATA_KEY,
     BinColumns,
     ListBuffer,
+    ListIndex,
     LRUCache,
     check_schema,
     decode,
     dump_metadata,
+    list_buffers,
     load_metadata,
     parse_error,
     schema_with_metadata,
 )
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, starts_with
-from packlab.formats.bintable import (
+from packlab.formats.table import (
     Column,
     Layout,
+    Maps,
     TableReads,
-    check_bin_checksums,
+    check_checksums,
     refuse_unverifiable,
 )
 from packlab.mapping import MappedFile, sequential
@@ -245,6 +249,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         self._cache: LRUCache[int, BinColumns] | None = None
         self._table = None
+        self._sums: tuple[int, list[int]] | None = None  # the last batch's checksums
         self._pid = -1
         self._copied = False
         reader = self._file()
@@ -284,7 +289,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return self._reader
 
     def _handles(self) -> Sequence[str]:
-        return ("_source", "_reader", "_cache", "_table", "_base")
+        return ("_source", "_reader", "_cache", "_table", "_base", "_sums")
 
     def _index_from_metadata(self, pack_size: int | None) -> None:
         info = self.packlab
@@ -337,9 +342,10 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         zero_copy = self.packlab is not None and self.compression == "none"
         return LRUCache(None if zero_copy else self.cache_batches)
 
-    def _read_batch(self, k: int) -> tuple[pa.RecordBatch, dict[str, Any]]:
+    def _read_batch(self, k: int, reader: pa.ipc.RecordBatchFileReader | None = None
+                    ) -> tuple[pa.RecordBatch, dict[str, Any]]:
         try:
-            batch, custom = self._file().get_batch_with_custom_metadata(k)
+            batch, custom = (reader or self._file()).get_batch_with_custom_metadata(k)
         except ARROW_ERRORS as exc:
             raise FormatError(f"{self.path}: record batch {k}: {parse_error(exc)}") from None
         raw = custom.get(METADATA_KEY) if custom is not None else None
@@ -394,40 +400,43 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
     # -- the zero-copy reads: a table over the mapped file ----------------------------------------
-    def _layout(self) -> Layout | None:
-        """Every record batch's columns located in the mapped file, when the file allows
-        zero-copy reads (packlab's uncompressed files): values are whole-file columns, each
-        bin's runs where its batch's buffers are. None otherwise (decoded into the cache)."""
+    def _layout(self, maps: Maps) -> Layout | None:
+        """Where every record batch's buffers are in the mapped file, when the file allows
+        zero-copy reads (packlab's uncompressed files: lists of int32 / uint8 / int32 without
+        nulls); None otherwise (batches are decoded into the cache). Reads each batch's
+        message and list offsets, never its values."""
         if self._copied or self.packlab is None or self.compression != "none":
             return None
-        self._file()  # reopens in a forked worker
+        reader = self._file()  # this process's map (reopened in a forked worker), shared
         assert self._source is not None
-        base, size = self._base.address, self._source.size
-        parts: list[list[np.ndarray]] = [[] for _ in range(6)]
+        mapped = maps.files[self.path] = self._source
+        base = self._base
+        batches = []
         for k in range(self.num_batches):
-            batch, info = self._read_batch(k)
-            cols = self._checked(k, batch, info)
-            at = [a.__array_interface__["data"][0] - base for a in cols[:3]]
-            if not all(0 <= x < size for x in at) or at[0] % 4 or at[2] % 4:
-                self._copied = True  # decoded into memory (foreign types): no views
+            batch, info = self._read_batch(k, reader)
+            self._checked(k, batch, info)  # its place, counts (and CRC: verify_checksums)
+            spans = [list_buffers(batch.column(name), dtype, base.address, mapped.size)
+                     for name, dtype in DTYPES.items()]
+            if None in spans:
+                self._copied = True  # foreign types, nulls or offsets: decoded, not views
                 return None
-            tok, seq = cols.token_offsets, cols.seq_offsets
-            runs = (at[0] // 4 + tok[:-1], at[1] + tok[:-1], np.diff(tok), at[2] // 4 + seq[:-1],
-                    np.diff(seq))
-            for part, values in zip(parts, runs, strict=False):
-                part.append(values)
-            if self.verify and self.has_checksums:
-                parts[5].append(_bin_checksums(info, cols.rows, f"{self.path}: record batch {k}"))
+            batches.append((int(self.batch_offsets[k]), batch.num_rows, spans))
+        checksum = self._checksum if self.has_checksums else None
         p = self.path
-        token_start, mask_start, lengths, seq_start, counts = (np.concatenate(x)
-                                                               for x in parts[:5])
-        return Layout(Column(p, np.dtype("<i4"), 0, size // 4), Column(p, np.dtype("|u1"), 0, size),
-                      Column(p, np.dtype("<i4"), 0, size // 4), token_start, mask_start, lengths,
-                      seq_start, counts, self.pack_size, str(p),
-                      np.concatenate(parts[5]) if parts[5] else None)
+        return Layout(Column(p, np.dtype("<i4"), 0, mapped.size // 4),
+                      Column(p, np.dtype("|u1"), 0, mapped.size),
+                      Column(p, np.dtype("<i4"), 0, mapped.size // 4),
+                      ListIndex(maps, p, batches, self.num_bins), self.pack_size, str(p), checksum)
 
-    def _mapped(self) -> dict[Path, MappedFile] | None:
-        return {self.path: self._source} if self._source is not None else None
+    def _checksum(self, b: int) -> int:
+        """Bin ``b``'s recorded checksum, from its record batch's metadata (decoded once per
+        batch: the last batch's values kept)."""
+        k = int(self.batch_of(b))
+        if self._sums is None or self._sums[0] != k:
+            info = self._read_batch(k)[1]
+            rows = int(self.batch_offsets[k + 1] - self.batch_offsets[k])
+            self._sums = (k, _bin_checksums(info, rows, f"{self.path}: record batch {k}").tolist())
+        return self._sums[1][b - int(self.batch_offsets[k])]
 
     def checksums(self) -> np.ndarray | None:
         """Every bin's recorded checksum (uint64), or None for a file without them."""
@@ -487,10 +496,10 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
                 if self.packlab is not None:
                     self._check_batch(k, cols, info, first, tokens, seqs)
                 if self.has_checksums:  # each bin as stored, batch by batch (bounded memory)
-                    check_bin_checksums(
-                        partial(cols.bin, copy=False), cols.rows,
-                        _bin_checksums(info, cols.rows, f"{self.path}: record batch {k}"),
-                        source, first)
+                    check_checksums(map(partial(cols.bin, copy=False), range(cols.rows)),
+                                    _bin_checksums(info, cols.rows,
+                                                   f"{self.path}: record batch {k}").tolist(),
+                                    source, first)
                 first += cols.rows
                 tokens += int(cols.token_offsets[-1])
                 seqs += int(cols.seq_offsets[-1])
@@ -545,3 +554,4 @@ def _bin_checksums(info: dict[str, Any], rows: int, where: str) -> np.ndarray:
 def _schema_metadata(schema: pa.Schema, path: Path) -> dict[str, Any] | None:
     raw = (schema.metadata or {}).get(METADATA_KEY)
     return None if raw is None else load_metadata(raw, f"{path}: schema")
+

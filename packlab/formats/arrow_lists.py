@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import zlib
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
+from pathlib import Path
 from typing import Any, Generic, NamedTuple, TypeVar
 
 import numpy as np
@@ -22,6 +24,7 @@ import pyarrow as pa
 from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, PacklabError, one_line
 from packlab.files import parse_json
+from packlab.formats.table import BinIndex, Maps, Runs, lookup
 from packlab.invariants import check_csr
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -344,3 +347,68 @@ class LRUCache(Generic[K, V]):
     def stats(self) -> dict[str, Any]:
         return {"capacity": self.capacity, "size": len(self._items), "hits": self.hits,
                 "misses": self.misses}
+
+
+def list_buffers(column: pa.Array, dtype: np.dtype, base: int, size: int
+             ) -> tuple[int, int, int] | None:
+    """Where a list column's offsets and values are in the mapped file: ``(offsets byte,
+    first offset index, values byte)``; None when they cannot be read as views (another value
+    type, nulls, a buffer outside the file)."""
+    if (column.type != pa.list_(pa.from_numpy_dtype(dtype)) or column.null_count
+            or column.values.null_count or column.values.offset):
+        return None
+    offsets, values = column.buffers()[1], column.values.buffers()[1]
+    if offsets is None or values is None:
+        return None
+    at = (offsets.address - base, values.address - base)
+    if not all(0 <= a < size for a in at) or at[0] % 4 or at[1] % dtype.itemsize:
+        return None
+    return at[0], column.offset, at[1] // dtype.itemsize
+
+
+class ListIndex(BinIndex):
+    """An Arrow IPC file's record batches read in place (``arrow_ipc``'s zero-copy reads): each
+    batch's list offsets, mapped where the file holds them: bin ``b`` of
+    batch ``k`` (row ``r``) is ``values[offsets[r]:offsets[r + 1]]`` of each column, the values
+    counted from where the batch's values buffer starts in the file."""
+
+    __slots__ = ("num_bins", "firsts", "batches", "_arrays", "path")
+
+    def __init__(self, maps: Maps, path: Path, batches: list[Any], num_bins: int) -> None:
+        self.num_bins, self.path = num_bins, path
+        self.firsts = [first for first, _, _ in batches]
+        self.batches, self._arrays = [], []
+        for _, rows, spans in batches:
+            columns = [(path, np.dtype("<i4"), at + 4 * first, rows + 1)
+                       for at, first, _ in spans]
+            bases = [values for _, _, values in spans]
+            arrays = [maps.values(*c) for c in columns]
+            (tok, mask, seq), (tb, mb, sb) = (lookup(a) for a in arrays), bases
+            self.batches.append((tok, tb, mask, mb, seq, sb))
+            self._arrays.append((arrays, bases))
+
+    def locate(self, b: int) -> tuple[int, int, int, int, int]:
+        k = bisect_right(self.firsts, b) - 1
+        r = b - self.firsts[k]
+        tok, tb, mask, mb, seq, sb = self.batches[k]
+        return tb + tok[r], tb + tok[r + 1], mb + mask[r], sb + seq[r], sb + seq[r + 1]
+
+    def runs(self, lo: int, hi: int) -> Runs:
+        """Bins ``lo..hi-1``, batch by batch; the mask of each as long as its tokens."""
+        parts: list[list[np.ndarray]] = [[], [], [], [], []]
+        k = bisect_right(self.firsts, lo) - 1
+        while lo < hi:
+            first = self.firsts[k]
+            (tok, mask, seq), (tb, mb, sb) = self._arrays[k]
+            end = min(hi, first + len(tok) - 1)
+            rows = slice(lo - first, end - first + 1)
+            t, m, s = (a[rows].astype(np.int64) for a in (tok, mask, seq))
+            if not np.array_equal(np.diff(t), np.diff(m)):
+                b = lo + int(np.argmax(np.diff(t) != np.diff(m)))
+                raise FormatError(f"{self.path}: bin {b}: loss_mask and input_ids differ in "
+                                  "length (corrupted)")
+            for part, values in zip(parts, (t[:-1] + tb, np.diff(t), m[:-1] + mb, s[:-1] + sb,
+                                            np.diff(s)), strict=True):
+                part.append(values)
+            lo, k = end, k + 1
+        return Runs(*(np.concatenate(part) for part in parts))

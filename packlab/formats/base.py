@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -408,10 +408,14 @@ class ShardReader(FormatFacts, ABC):
         for i in range(self.num_bins):
             yield self.read_bin(i)
 
-    def bin_table(self) -> Any:
-        """This process's :class:`~packlab.formats.bintable.BinTable` when the shard's bins are
-        slices of its memory-mapped files (the datasets' one-call read path), else None."""
-        return None
+    def item(self, index: int) -> dict[str, np.ndarray]:
+        """Bin ``index`` as the dict a Megatron-Bridge packed dataset returns."""
+        return self.read_bin(index).item()
+
+    def item_read(self) -> Callable[[int], dict[str, np.ndarray]]:
+        """What a dataset calls for bin ``b`` of this shard (``0 <= b < num_bins``): a
+        memory-mapped format's table's own read, else :meth:`item`."""
+        return self.item
 
     def packed_lengths(self) -> np.ndarray:
         """Packed length of every bin (int64), from the index/metadata where possible."""

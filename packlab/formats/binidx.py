@@ -35,10 +35,10 @@ fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 Shards written before it have none (and no ``bin_checksum`` in the manifest): they read as
 before, and ``verify=True`` refuses them.
 
-The reader memory-maps the data files and keeps the index in RAM, every bin's starts
-included (:mod:`packlab.formats.bintable`: a cold bin reads its tokens and mask). It returns views
-that stay valid after the reader is closed or collected: each view holds a reference to its
-map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
+The reader maps every file and reads the index where it is, as megatron-core does
+(:mod:`packlab.formats.table`: nothing per bin is copied into the reader's memory). It returns
+views that stay valid after the reader is closed or collected: each view holds a reference to
+its map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
 closes its mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
 """
 
@@ -64,15 +64,18 @@ from packlab.formats.base import (
     read_directory_manifest,
     starts_with,
 )
-from packlab.formats.bintable import (
+from packlab.formats.table import (
+    BinIndex,
+    BinTable,
     Column,
     Layout,
+    Maps,
+    Runs,
     TableReads,
-    check_checksums,
+    lookup,
     refuse_unverifiable,
 )
-from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, load_array, sequential
+from packlab.mapping import load_array
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -88,7 +91,6 @@ PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 # megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
 DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
 CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
-_CHECK_CHUNK = 1 << 16  # bins per vectorized validation step
 
 
 class _IdxHeader:
@@ -352,10 +354,9 @@ def _starts_offset(num_bins: int) -> int:
 class Reader(BinidxFacts, TableReads, ShardReader):
     """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1).
 
-    On first read (in each process) the data files are mapped for random access and the index
-    (where each bin's tokens are, and its starts) is read into RAM and checked
-    (:mod:`packlab.formats.bintable`), so a cold read waits for the bin's tokens and mask.
-    ``verify=True``: each bin read is checked against its checksum.
+    On first read (in each process) the files are mapped and every bin's structure is checked
+    over the mapped index (:mod:`packlab.formats.table`). ``verify=True``: each bin read is
+    checked against its checksum.
     """
 
     @property
@@ -437,52 +438,27 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                 raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
                                   "(truncated or corrupted)")
 
-    def _layout(self) -> Layout:
-        """Where the bins are: the index read into RAM and checked against the data."""
-        n, p = self.num_bins, self.path
-        lengths, pointers, seq_offsets = self._load_index()
-        # checked whole before any read uses it: bins of at least one token, each following
-        # the previous in data.bin (as the lengths say) up to its end, and starts rising from
-        # 0 to num_seqs (bintable checks each bin's structure and runs, not their order)
-        stop = np.cumsum(lengths)
-        first = stop - lengths
-        bad = ((pointers != first * self.token_dtype.itemsize) | (lengths <= 0)
-               | (seq_offsets[:-1] < 0) | (seq_offsets[:-1] >= seq_offsets[1:])
-               | (seq_offsets[1:] > self.num_seqs))
-        if n and not bad.any() and (stop[-1] != self.num_tokens or seq_offsets[0] != 0
-                              or seq_offsets[-1] != self.num_seqs):
-            bad[-1] = True
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise FormatError(
-                f"{self.path}: bin {i}: index entry points outside the data (pointer "
-                f"{int(pointers[i])}, length {int(lengths[i])}, starts "
-                f"{int(seq_offsets[i])}:{int(seq_offsets[i + 1])}; corrupted)")
+    def _layout(self, maps: Maps) -> Layout:
+        """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
+        n, p, width = self.num_bins, self.path, self.token_dtype.itemsize
+        checksum = None
+        if self.has_checksums:
+            self.check_checksums_header()
+            checksum = lookup(maps.values(p / SUMS, "<u8", _SumsHeader.SIZE, n)).__getitem__
         return Layout(Column(p / DATA, self.token_dtype, 0, self.num_tokens),
                       Column(p / LOSS, np.dtype("|u1"), _LossHeader.SIZE, self.num_tokens),
                       Column(p / SEQS, np.dtype("<i4"), _starts_offset(n), self.num_seqs),
-                      first, first, lengths, seq_offsets[:-1], np.diff(seq_offsets),
-                      self.pack_size, str(self.path), self.checksums() if self.verify else None)
+                      _Index(maps, p, n, width, self.num_tokens, self.num_seqs),
+                      self.pack_size, str(self.path), checksum)
 
-    def checksums(self) -> np.ndarray | None:
-        """Every bin's recorded checksum (uint64), or None for a shard without them."""
-        if not self.has_checksums:
-            return None
+    def check_checksums_header(self) -> None:
+        """``checksums.bin``'s header against the shard (before its values are read)."""
         magic, version, nbins, algorithm = _unpack(self.path / SUMS, _SumsHeader)
         if (magic, version, nbins) != (_SumsHeader.MAGIC, _SumsHeader.VERSION, self.num_bins) \
                 or algorithm.rstrip(b"\x00") != CHECKSUM.encode():
             raise FormatError(f"{self.path / SUMS}: header ({magic!r}, version {version}, "
                               f"{nbins} bins, {algorithm!r}) does not match the shard's "
                               f"{self.num_bins} {CHECKSUM} checksums (corrupted)")
-        return load_array(self.path / SUMS, "<u8", _SumsHeader.SIZE, self.num_bins)
-
-    def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``data.idx``'s lengths and byte pointers, and the bins' sequence offsets (int64)."""
-        n = self.num_bins
-        lengths = load_array(self.path / INDEX, "<i4", _IdxHeader.SIZE, n).astype(np.int64)
-        pointers = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
-        seq_offsets = load_array(self.path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
-        return lengths, pointers, seq_offsets
 
     def info(self) -> dict[str, Any]:
         return {**super().info(), "token_dtype": self.token_dtype.name, "num_seqs": self.num_seqs}
@@ -499,50 +475,71 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
         if not np.array_equal(documents, np.arange(n + 1)):
             raise FormatError(f"{self.path / INDEX}: document indices are not 0..{n}")
-        all_lengths, pointers, seq_offsets = self._load_index()
-        itemsize = self.token_dtype.itemsize
-        token_offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(all_lengths, out=token_offsets[1:])
-        wrong = token_offsets[:-1] * itemsize != pointers
-        if wrong.any():
-            b = int(np.argmax(wrong))
-            raise FormatError(f"{self.path / INDEX}: bin {b}: byte pointer {int(pointers[b])} "
-                              "does not follow the lengths")
-        if token_offsets[-1] != self.num_tokens:
-            raise FormatError(f"{self.path / INDEX}: bins cover {int(token_offsets[-1])} tokens, "
-                              f"data.bin holds {self.num_tokens}")
-        layout = self._layout()  # every index entry inside the data
-        maps = [MappedFile(column.path) for column in layout[:3]]
-        tokens, loss, starts = (f.view(c.dtype, c.offset, c.count)
-                                for f, c in zip(maps, layout[:3], strict=True))
-        with sequential(*(f.map for f in maps)):
-            for lo in range(0, n, _CHECK_CHUNK):
-                hi = min(lo + _CHECK_CHUNK, n)
-                t0, t1 = int(token_offsets[lo]), int(token_offsets[hi])
-                so = seq_offsets[lo : hi + 1]
-                check_csr(token_offsets[lo : hi + 1] - t0, so - so[0], starts[so[0] : so[-1]],
-                          loss[t0:t1], pack_size=self.pack_size, source=str(self.path),
-                          first_bin=lo)
-                self._check_token_range(tokens[t0:t1], lo, token_offsets[lo : hi + 1] - t0)
-            if self.has_checksums:
-                table = self.bin_table()
-                assert table is not None
-                check_checksums(table, self.checksums())
+        maps = Maps()
+        layout = self._layout(maps)
+        table = BinTable.mapped(layout, maps, check=False)
+        limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
+        table.check_contents(token_limit=limit)  # every invariant of every bin
+        if layout.checksum is not None:
+            table.check_checksums(layout.checksum)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk(),
                 "bin_checksums": self.has_checksums}
 
-    def _check_token_range(self, tokens: np.ndarray, first_bin: int, offsets: np.ndarray) -> None:
-        if tokens.size == 0:
-            return
-        limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
-        bad = (tokens < 0) | (tokens >= limit)
-        if bad.any():
-            pos = int(np.argmax(bad))
-            b = first_bin + int(np.searchsorted(offsets, pos, side="right") - 1)
-            raise FormatError(f"{self.path / DATA}: bin {b}: token id {int(tokens[pos])} outside "
-                              f"[0, {limit})")
+
+class _Index(BinIndex):
+    """``data.idx``'s lengths and byte pointers, ``seq_starts.bin``'s offsets, mapped: bin
+    ``b``'s tokens are values ``pointer[b] / width`` and on, ``length[b]`` of them."""
+
+    __slots__ = ("num_bins", "lengths", "pointers", "seqs", "shift", "_lengths", "_pointers",
+                 "_seqs", "width", "num_tokens", "num_seqs", "path")
+
+    def __init__(self, maps: Maps, path: Path, n: int, width: int, num_tokens: int,
+                 num_seqs: int) -> None:
+        self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
+        self.path = path
+        lengths = (path / INDEX, "<i4", _IdxHeader.SIZE, n)
+        pointers = (path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
+        seqs = (path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
+        self._lengths, self._pointers, self._seqs = (maps.values(*c)
+                                                     for c in (lengths, pointers, seqs))
+        self.lengths, self.pointers, self.seqs = (lookup(values) for values in
+                                                  (self._lengths, self._pointers, self._seqs))
+        self.shift = width.bit_length() - 1
+
+    def locate(self, b: int) -> tuple[int, int, int, int, int]:
+        t0 = self.pointers[b] >> self.shift
+        seqs = self.seqs
+        return t0, t0 + self.lengths[b], t0, seqs[b], seqs[b + 1]
+
+    def runs(self, lo: int, hi: int) -> Runs:
+        """Bins ``lo..hi-1``. The bins fill ``data.bin`` in order, from its start to its end,
+        and their starts ``seq_starts.bin`` likewise: an entry that does not is damage."""
+        lengths = self._lengths[lo:hi].astype(np.int64)
+        pointers = self._pointers[lo:hi].astype(np.int64)
+        seqs = self._seqs[lo:hi + 1].astype(np.int64)
+        end = self.num_tokens * self.width
+        outside = (pointers < 0) | (pointers % self.width != 0) | (lengths <= 0) \
+            | (pointers + lengths * self.width > end) | (seqs[:-1] >= seqs[1:])
+        outside[0] |= lo == 0 and seqs[0] != 0
+        outside[-1] |= hi == self.num_bins and seqs[-1] != self.num_seqs
+        if outside.any():
+            b = int(np.argmax(outside))
+            raise FormatError(
+                f"{self.path}: bin {lo + b}: index entry points outside the data (pointer "
+                f"{int(pointers[b])}, length {int(lengths[b])}, starts "
+                f"{int(seqs[b])}:{int(seqs[b + 1])}; corrupted)")
+        previous = self._pointers[lo - 1] + self._lengths[lo - 1] * self.width if lo else 0
+        follows = np.concatenate(([previous], pointers[:-1] + lengths[:-1] * self.width))
+        stray = pointers != follows
+        stray[-1] |= hi == self.num_bins and pointers[-1] + lengths[-1] * self.width != end
+        if stray.any():
+            b = int(np.argmax(stray))
+            raise FormatError(f"{self.path / INDEX}: bin {lo + b}: byte pointer "
+                              f"{int(pointers[b])} does not follow the lengths (corrupted)")
+        first = pointers // self.width
+        return Runs(first, lengths, first, seqs[:-1], np.diff(seqs))
 
 
 def read_manifest(path: Path) -> dict[str, Any]:

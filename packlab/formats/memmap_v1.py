@@ -22,11 +22,11 @@ bins need not be known up front: when it is not, the header is rewritten at fina
 file hashed once more. The directory is built under a temporary name and published with ONE
 rename (the design's five renames can leave a mix after a crash).
 
-Reader: the manifest at construction; in each process, on first read, the data files mapped
-and the index (``packed_len``, ``seq_offsets``, the starts) read into RAM and checked, through
-:mod:`packlab.formats.bintable` (the read path of every memory-mapped format), so the reader
-pickles without them and a cold read waits for the bin's tokens and mask only. Bins are
-read-only views of the maps, valid after the reader is closed. ``verify=True`` checks each
+Reader: the manifest at construction; in each process, on first read, every file mapped and
+every bin's structure checked over the mapped index (``packed_len``, ``seq_offsets``), through
+:mod:`packlab.formats.table` (the read path of every memory-mapped format), so the reader
+pickles without them. Bins are read-only views of the maps, valid after the reader is closed;
+``seq_start_id`` comes back as int32 (the file's uint32 values, all below ``pack_size``). ``verify=True`` checks each
 bin's checksum and mask as it is read.
 """
 
@@ -53,15 +53,18 @@ from packlab.formats.base import (
     count_field,
     read_directory_manifest,
 )
-from packlab.formats.bintable import (
+from packlab.formats.table import (
+    BinIndex,
+    BinTable,
     Column,
     Layout,
+    Maps,
+    Runs,
     TableReads,
-    check_checksums,
+    lookup,
     refuse_unverifiable,
 )
-from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, load_array, sequential
+from packlab.mapping import sequential
 from packlab.safe_pickle import read_npy_header
 
 FORMAT = "memmap_v1"
@@ -272,10 +275,8 @@ class Reader(MemmapFacts, TableReads, ShardReader):
     """Lazy, picklable reader; O(1) access to any bin through the memory maps.
 
     Bins are read-only views of the maps (valid after the reader is closed: each keeps its
-    map alive). The index (``packed_len``, ``seq_offsets`` and every bin's starts: about 30
-    bytes per bin) is read into RAM and checked on first use (:mod:`packlab.formats.bintable`),
-    so a cold read waits for the bin's tokens and mask only. ``verify=True``: each bin read is
-    checked against its checksum (:meth:`~packlab.formats.bintable.BinTable.check`).
+    map alive). The index stays in its mapped files (:mod:`packlab.formats.table`).
+    ``verify=True``: each bin read is checked against its checksum.
     """
 
     @property
@@ -305,56 +306,33 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
 
-    def _layout(self) -> Layout:
-        """Where the bins are (headers checked, the index read into RAM and checked)."""
+    def _layout(self, maps: Maps) -> Layout:
+        """Where the bins are: the headers checked, the index mapped where it is."""
         at = self._check_headers()
         p, n = self.path, self.num_bins
-        lengths = load_array(p / FILES["packed_len"], "<u4", at["packed_len"], n)
-        offsets = load_array(p / FILES["seq_offsets"], "<u4", at["seq_offsets"], n + 1)
-        self._check_index(lengths, offsets)
+        checksum = None
+        if self.has_checksums:
+            checksum = lookup(maps.values(p / CHECKSUMS, CHECKSUM_DTYPE, self._checksums_at(), n))
         size = n * self.pack_size
-        first = np.arange(n, dtype=np.int64) * self.pack_size
-        offsets = offsets.astype(np.int64)
 
-        def column(name: str, count: int) -> Column:
-            return Column(p / FILES[name], DTYPES[name], at[name], count)
+        def column(name: str, count: int, dtype: np.dtype | None = None) -> Column:
+            return Column(p / FILES[name], dtype or DTYPES[name], at[name], count)
 
+        index = _Index(maps, column("packed_len", n), column("seq_offsets", n + 1),
+                       self.pack_size, self.num_seqs, str(p))
         return Layout(column("input_ids", size), column("loss_mask", size),
-                      column("seq_starts", self.num_seqs), first, first, lengths, offsets[:-1],
-                      np.diff(offsets), self.pack_size, str(self.path),
-                      self.checksums() if self.verify else None)
+                      column("seq_starts", self.num_seqs, np.dtype("<i4")), index,
+                      self.pack_size, str(p), None if checksum is None else checksum.__getitem__)
 
-    def checksums(self) -> np.ndarray | None:
-        """Every bin's recorded checksum (uint64), or None for a shard without them."""
-        if not self.has_checksums:
-            return None
+    def _checksums_at(self) -> int:
+        """Where ``checksums.npy``'s values start (its header checked against the shard)."""
         file = self.path / CHECKSUMS
         with open(file, "rb") as fp:
             header = read_npy_header(fp, source=str(file))
         if header.dtype != CHECKSUM_DTYPE or header.shape != (self.num_bins,):
             raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                               f"expected {CHECKSUM_DTYPE.str}[{self.num_bins}]")
-        return load_array(file, CHECKSUM_DTYPE, header.data_offset, self.num_bins)
-
-    def _check_index(self, lengths: np.ndarray, offsets: np.ndarray) -> None:
-        """Every packed_len in (0, pack_size], every bin's starts inside seq_starts."""
-        bad = (lengths == 0) | (lengths > self.pack_size)
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise self._corrupt(k, f"packed_len {int(lengths[k])} not in (0, {self.pack_size}]")
-        bad = (offsets[:-1] >= offsets[1:]) | (offsets[1:] > self.num_seqs)
-        if bad.any():
-            k = int(np.argmax(bad))
-            raise self._corrupt(k, f"seq_offsets [{int(offsets[k])}, {int(offsets[k + 1])}) "
-                                f"outside [0, {self.num_seqs}]")
-        if offsets[0] != 0 or offsets[-1] != self.num_seqs:
-            raise FormatError(f"{self.path / FILES['seq_offsets']}: runs from {int(offsets[0])} "
-                              f"to {int(offsets[-1])}, not 0 to num_seqs {self.num_seqs} "
-                              "(corrupted shard; run validate)")
-        if int(lengths.sum(dtype=np.int64)) != self.num_tokens:
-            raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
-                              f"{int(lengths.sum(dtype=np.int64))} tokens, the manifest says "
-                              f"{self.num_tokens} (corrupted shard; run validate)")
+        return int(header.data_offset)
 
     def _corrupt(self, index: int, what: str) -> FormatError:
         return FormatError(f"{self.path}: bin {index}: {what} (corrupted shard; run validate)")
@@ -363,26 +341,20 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         return {**super().info(), "num_seqs": self.num_seqs}
 
     def validate(self) -> dict[str, Any]:
-        """Sizes and checksums, headers, every invariant (vectorized), zero padding, and every
-        bin's checksum."""
+        """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
         verify_files(self.path, self.manifest["files"], checksums=True)
-        layout = self._layout()  # the headers and the whole index (_check_index)
-        lengths = np.asarray(layout.packed_len, dtype=np.int64)
-        offsets = np.concatenate((layout.seq_start, [self.num_seqs]))
-        source = str(self.path)
-        step = max(1, _VALIDATE_CHUNK_BYTES // (5 * self.pack_size))
-        maps = [MappedFile(column.path) for column in layout[:3]]
-        ids, mask, starts = (f.view(c.dtype, c.offset, c.count)
-                             for f, c in zip(maps, layout[:3], strict=True))
-        with sequential(*(f.map for f in maps)):
-            for a in range(0, self.num_bins, step):
-                self._validate_chunk(ids, mask, starts, lengths, offsets, a,
-                                     min(a + step, self.num_bins), source)
-            if self.has_checksums:
-                table = self.bin_table()
-                assert table is not None
-                check_checksums(table, self.checksums())
-        return {"format": FORMAT, "path": source, "num_bins": self.num_bins,
+        maps = Maps()
+        layout = self._layout(maps)
+        table = BinTable.mapped(layout, maps, check=False)
+        table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin
+        if int(table.packed_lengths().sum()) != self.num_tokens:
+            raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
+                              f"{int(table.packed_lengths().sum())} tokens, the manifest says "
+                              f"{self.num_tokens} (corrupted)")
+        self._check_padding(maps, layout, table.packed_lengths())
+        if layout.checksum is not None:
+            table.check_checksums(layout.checksum)
+        return {"format": FORMAT, "path": str(self.path), "num_bins": self.num_bins,
                 "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
                 "pack_size": self.pack_size, "checksums": True,
                 "bin_checksums": self.has_checksums}
@@ -404,31 +376,53 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             data_at[name] = header.data_offset
         return data_at
 
-    def _validate_chunk(self, all_ids: np.ndarray, all_mask: np.ndarray, all_starts: np.ndarray,
-                        lengths: np.ndarray, offsets: np.ndarray, a: int, b: int,
-                        source: str) -> None:
-        """Bins a..b: check_csr on the unpadded masks, tokens non-negative, padding zero."""
-        n = lengths[a:b]
-        bad = (n <= 0) | (n > self.pack_size)
-        if bad.any():
-            k = a + int(np.argmax(bad))
-            raise FormatError(f"{source}: bin {k}: packed_len {int(lengths[k])} not in "
-                              f"(0, {self.pack_size}] (corrupted)")
-        valid = np.arange(self.pack_size) < n[:, None]
+    def _check_padding(self, maps: Maps, layout: Layout, lengths: np.ndarray) -> None:
+        """Every position past a bin's packed_len is zero, tokens and mask."""
         p = self.pack_size
-        ids = all_ids[a * p:b * p].reshape(b - a, p)
-        mask = all_mask[a * p:b * p].reshape(b - a, p)
-        token_offsets = np.zeros(b - a + 1, dtype=np.int64)
-        np.cumsum(n, out=token_offsets[1:])
-        check_csr(token_offsets, offsets[a:b + 1] - offsets[a],
-                  all_starts[offsets[a]:offsets[b]].astype(np.int64), mask[valid],
-                  pack_size=self.pack_size, source=source, first_bin=a)
-        negative = (ids < 0).any(axis=1)
-        if negative.any():
-            raise FormatError(f"{source}: bin {a + int(np.argmax(negative))}: negative token id")
-        padded = (np.where(valid, 0, ids) != 0).any(axis=1) | (np.where(valid, 0, mask) != 0).any(
-            axis=1)
-        if padded.any():
-            raise FormatError(f"{source}: bin {a + int(np.argmax(padded))}: non-zero padding "
-                              "beyond packed_len (corrupted)")
+        step = max(1, _VALIDATE_CHUNK_BYTES // (5 * p))
+        ids, mask = maps.column(layout.tokens), maps.column(layout.mask)
+        with sequential(*(f.map for f in maps.files.values())):
+            for a in range(0, self.num_bins, step):
+                b = min(a + step, self.num_bins)
+                pad = np.arange(p) >= lengths[a:b, None]
+                rows = (ids[a * p:b * p].reshape(b - a, p), mask[a * p:b * p].reshape(b - a, p))
+                padded = np.zeros(b - a, dtype=bool)
+                for values in rows:
+                    padded |= (np.where(pad, values, 0) != 0).any(axis=1)
+                if padded.any():
+                    raise FormatError(f"{self.path}: bin {a + int(np.argmax(padded))}: non-zero "
+                                      "padding beyond packed_len (corrupted)")
 
+
+class _Index(BinIndex):
+    """``packed_len.npy`` and ``seq_offsets.npy``, mapped: bin ``b`` is row ``b`` of the
+    padded arrays, ``packed_len[b]`` values of it."""
+
+    __slots__ = ("num_bins", "lengths", "seqs", "stride", "_lengths", "_seqs", "num_seqs",
+                 "source")
+
+    def __init__(self, maps: Maps, lengths: Column, seqs: Column, stride: int, num_seqs: int,
+                 source: str) -> None:
+        self.num_bins, self.stride, self.num_seqs, self.source = lengths.count, stride, num_seqs, source
+        self._lengths, self._seqs = maps.column(lengths), maps.column(seqs)
+        self.lengths, self.seqs = lookup(self._lengths), lookup(self._seqs)
+
+    def locate(self, b: int) -> tuple[int, int, int, int, int]:
+        t0 = b * self.stride
+        seqs = self.seqs
+        return t0, t0 + self.lengths[b], t0, seqs[b], seqs[b + 1]
+
+    def runs(self, lo: int, hi: int) -> Runs:
+        """Bins ``lo..hi-1``: the starts must run from 0 to ``num_seqs`` in order."""
+        seqs = self._seqs[lo:hi + 1].astype(np.int64)
+        bad = seqs[:-1] >= seqs[1:]
+        if (lo == 0 and seqs[0] != 0) or (hi == self.num_bins and seqs[-1] != self.num_seqs):
+            bad[0 if lo == 0 and seqs[0] != 0 else -1] = True
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise FormatError(f"{self.source}: bin {lo + b}: seq_offsets [{int(seqs[b])}, "
+                              f"{int(seqs[b + 1])}) outside [0, {self.num_seqs}] (corrupted "
+                              "shard; run validate)")
+        first = np.arange(lo, hi, dtype=np.int64) * self.stride
+        return Runs(first, self._lengths[lo:hi].astype(np.int64), first, seqs[:-1],
+                    np.diff(seqs))

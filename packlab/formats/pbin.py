@@ -36,7 +36,7 @@ and no bins of its own), two uses:
    Files written before per-bin checksums have no ``checksums`` section (and no
    ``bin_checksum``): they read as before and ``verify=True`` refuses them. The reader uses the
    trailer's arrays (opening reads the header and footer only;
-   :mod:`packlab.formats.bintable` maps the file on the first read); it never needs the
+   :mod:`packlab.formats.table` maps the file on the first read); it never needs the
    pickle. ``validate`` unpickles the index (restricted) and checks it agrees.
 2. A plain Modalities file (:func:`packlab.formats.modalities.write_pbin` exports a spool as
    one; Modalities packs at train time) is *lossy* as a packlab shard: ``Reader(path,
@@ -62,13 +62,6 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, temporary_sibling
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field
 from packlab.formats.binidx import ScratchArray
-from packlab.formats.bintable import (
-    Column,
-    Layout,
-    TableReads,
-    check_checksums,
-    refuse_unverifiable,
-)
 from packlab.formats.modalities import (
     COPY_CHUNK,
     HEADER_SIZE,
@@ -80,8 +73,18 @@ from packlab.formats.modalities import (
     finish_output,
     open_output,
 )
+from packlab.formats.table import (
+    BinTable,
+    Column,
+    CsrIndex,
+    Layout,
+    Maps,
+    TableReads,
+    lookup,
+    refuse_unverifiable,
+)
 from packlab.invariants import check_csr
-from packlab.mapping import MappedFile, ReadAdvice, load_array, scan, sequential
+from packlab.mapping import MappedFile, ReadAdvice, scan
 
 FORMAT = "pbin"
 LAYOUT = "pbin_packlab_v1"
@@ -270,10 +273,9 @@ class _Documents(NamedTuple):
 class Reader(PbinFacts, TableReads, ShardReader):
     """Bins of a packlab pbin from its trailer (views, valid after close).
 
-    On first read (in each process) the file is mapped for random access and the trailer's
-    offsets and starts are read into RAM and checked (:mod:`packlab.formats.bintable`), so a
-    cold read waits for the bin's tokens and mask only. ``verify=True``: each bin read is
-    checked against its checksum.
+    On first read (in each process) the file is mapped and every bin's structure checked over
+    the trailer's mapped offsets (:mod:`packlab.formats.table`). ``verify=True``: each bin
+    read is checked against its checksum.
 
     A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
@@ -351,38 +353,20 @@ class Reader(PbinFacts, TableReads, ShardReader):
         base = self.file.index_offset
         return {name: base + where[0] for name, where in self.footer["sections"].items()}
 
-    def _layout(self) -> Layout | None:
-        """Where a packlab pbin's bins are: the trailer's offsets read into RAM and checked
-        (None for a plain pbin: its documents are served one by one)."""
+    def _layout(self, maps: Maps) -> Layout | None:
+        """Where a packlab pbin's bins are: the trailer's offsets and starts, mapped (None for
+        a plain pbin: its documents are served one by one)."""
         if self.footer is None:
             return None
-        at = self._at()
-        token_offsets = load_array(self.path, "<i8", at["token_offsets"], self.num_bins + 1)
-        seq_offsets = load_array(self.path, "<i8", at["seq_offsets"], self.num_bins + 1)
-        bad = ((token_offsets[:-1] < 0) | (token_offsets[:-1] >= token_offsets[1:])
-               | (token_offsets[1:] > self.num_tokens) | (seq_offsets[:-1] < 0)
-               | (seq_offsets[:-1] >= seq_offsets[1:]) | (seq_offsets[1:] > self.num_seqs))
-        if (token_offsets[0], token_offsets[-1], seq_offsets[0], seq_offsets[-1]) != (
-                0, self.num_tokens, 0, self.num_seqs):  # offsets cover all, from 0
-            bad[-1] = True
-        if bad.any():
-            i = int(np.argmax(bad))
-            raise FormatError(f"{self.path}: bin {i}: trailer offsets {int(token_offsets[i])}:"
-                              f"{int(token_offsets[i + 1])} / {int(seq_offsets[i])}:"
-                              f"{int(seq_offsets[i + 1])} fall outside the data (corrupted)")
-        first = token_offsets[:-1]
-        return Layout(Column(self.path, self.token_dtype, HEADER_SIZE, self.num_tokens),
-                      Column(self.path, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
-                      Column(self.path, np.dtype("<i4"), at["seq_starts"], self.num_seqs),
-                      first, first, np.diff(token_offsets), seq_offsets[:-1],
-                      np.diff(seq_offsets), self.pack_size, str(self.path),
-                      self.checksums() if self.verify else None)
-
-    def checksums(self) -> np.ndarray | None:
-        """Every bin's recorded checksum (uint64), or None for a file without them."""
-        if not self.has_checksums:
-            return None
-        return load_array(self.path, "<u8", self._at()["checksums"], self.num_bins)
+        at, n, p = self._at(), self.num_bins, self.path
+        index = CsrIndex(maps.values(p, "<i8", at["token_offsets"], n + 1),
+                         maps.values(p, "<i8", at["seq_offsets"], n + 1))
+        checksum = (lookup(maps.values(p, "<u8", at["checksums"], n)).__getitem__
+                    if self.has_checksums else None)
+        return Layout(Column(p, self.token_dtype, HEADER_SIZE, self.num_tokens),
+                      Column(p, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
+                      Column(p, np.dtype("<i4"), at["seq_starts"], self.num_seqs),
+                      index, self.pack_size, str(p), checksum)
 
     def _documents(self) -> _Documents:
         """A plain pbin's documents, mapped (once per process)."""
@@ -432,23 +416,20 @@ class Reader(PbinFacts, TableReads, ShardReader):
                           source=str(self.path), first_bin=lo)
             return self._summary()
         self._verify_checksum()
-        layout = self._layout()
-        offsets = np.concatenate((layout.token_start, [self.num_tokens]))
+        maps = Maps()
+        layout = self._layout(maps)
+        assert layout is not None
+        table = BinTable.mapped(layout, maps, check=False)
+        table.check_contents(token_limit=self.vocab_size  # every invariant of every bin
+                             or int(np.iinfo(self.token_dtype).max) + 1)
+        offsets = np.concatenate(([0], np.cumsum(table.packed_lengths())))
         width = self.file.token_width
         expected = np.stack([offsets[:-1] * width, np.diff(offsets) * width], axis=1)
         if index.shape != expected.shape or not np.array_equal(index, expected):
             raise FormatError(f"{self.path}: the pickled index disagrees with the packlab "
                               "trailer (corrupted)")
-        mapped = MappedFile(self.path)
-        tokens, loss, starts = (mapped.view(c.dtype, c.offset, c.count) for c in layout[:3])
-        seq_offsets = np.concatenate((layout.seq_start, [self.num_seqs]))
-        with sequential(mapped.map):
-            for lo in range(0, self.num_bins, _CHECK_CHUNK):
-                hi = min(lo + _CHECK_CHUNK, self.num_bins)
-                self._check_chunk(lo, hi, offsets, seq_offsets, tokens, loss, starts)
-            if self.has_checksums:
-                table = self.bin_table()
-                check_checksums(table, self.checksums())  # type: ignore[arg-type]
+        if layout.checksum is not None:
+            table.check_checksums(layout.checksum)
         return self._summary()
 
     def _summary(self) -> dict[str, Any]:
@@ -456,19 +437,6 @@ class Reader(PbinFacts, TableReads, ShardReader):
                 "pack_size": self.pack_size, "token_width": self.file.token_width,
                 "lossy": self.lossy, "bytes_on_disk": self.bytes_on_disk(),
                 "bin_checksums": self.has_checksums}
-
-    def _check_chunk(self, lo: int, hi: int, offsets: np.ndarray, seq_offsets: np.ndarray,
-                     tokens: np.ndarray, loss: np.ndarray, starts: np.ndarray) -> None:
-        tok = offsets[lo : hi + 1] - offsets[lo]
-        so = seq_offsets[lo : hi + 1]
-        t0, t1 = int(offsets[lo]), int(offsets[hi])
-        check_csr(tok, so - so[0], starts[so[0] : so[-1]], loss[t0:t1],
-                  pack_size=self.pack_size, source=str(self.path), first_bin=lo)
-        if self.vocab_size and t1 > t0 and int(tokens[t0:t1].max()) >= self.vocab_size:
-            pos = int(np.argmax(tokens[t0:t1] >= self.vocab_size))
-            b = lo + int(np.searchsorted(tok, pos, side="right") - 1)
-            raise FormatError(f"{self.path}: bin {b}: token id outside the vocabulary "
-                              f"[0, {self.vocab_size})")
 
     def _verify_checksum(self) -> None:
         assert self.footer is not None

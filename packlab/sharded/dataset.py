@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from packlab.dataset import item_from_bin
 from packlab.errors import InvariantError, PacklabError
 from packlab.files import staged
 from packlab.sharded.chunks import LoadedChunk, load_chunk, preload, wait_for_chunk
@@ -152,7 +151,7 @@ class RankShardedDataset:
     def __getitem__(self, local: int) -> dict[str, Any]:
         chunk, offset = self.index.locate(local)
         packed = self._chunk(chunk).bin(offset)
-        return {**item_from_bin(packed), "sample_id": chunk * self.plan.samples_per_chunk + offset,
+        return {**packed.item(), "sample_id": chunk * self.plan.samples_per_chunk + offset,
                 "chunk": chunk}
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:

@@ -1,7 +1,7 @@
 """The floors a read is judged against, measured in the same run as the read.
 
 - the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
-  (where its format's :class:`~packlab.formats.bintable.Layout` says they are) with plain numpy
+  (where its format's :class:`~packlab.formats.table.Layout` says they are) with plain numpy
   memory maps and the index in RAM, all three columns copied into preallocated buffers as a
   read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
   in it: what the bytes cost through numpy, whatever the API;
@@ -33,7 +33,7 @@ import numpy as np
 from packlab.bins import PackedBin
 from packlab.dataset import PackedDataset
 from packlab.errors import PacklabError
-from packlab.formats.bintable import BinTable, Layout, index_view, ram_table
+from packlab.formats.table import BinTable, CsrIndex, Layout, lookup
 from packlab.lab.measure.delivery import Sink, percentiles
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import is_dataset, open_source, readers_of, reads
@@ -82,10 +82,7 @@ class RamShard:
         return index % self.num_bins
 
     def read_bin(self, index: int) -> PackedBin:
-        i = self.check_index(index)
-        t0, t1 = self.token_offsets[i], self.token_offsets[i + 1]
-        s0, s1 = self.seq_offsets[i], self.seq_offsets[i + 1]
-        return PackedBin(self.input_ids[t0:t1], self.loss_mask[t0:t1], self.seq_start_id[s0:s1])
+        return self.table().bin(self.check_index(index))
 
     def read_bins(self, indices: Sequence[int] | np.ndarray) -> list[PackedBin]:
         return [self.read_bin(int(i)) for i in np.asarray(indices).reshape(-1)]
@@ -96,13 +93,17 @@ class RamShard:
     def packed_lengths(self) -> np.ndarray:
         return np.diff(self.token_offsets)
 
-    def bin_table(self) -> BinTable:
+    def table(self) -> BinTable:
         """The bins as a table in RAM: the dataset reads them as it reads a mapped shard's."""
         if self._table is None:
-            self._table = ram_table(self.input_ids, self.loss_mask, self.seq_start_id,
-                                    self.token_offsets, self.seq_offsets,
-                                    pack_size=self.pack_size, source=f"{self.path} (in RAM)")
+            self._table = BinTable(self.input_ids, self.loss_mask,
+                                   self.seq_start_id.astype(np.int32),
+                                   CsrIndex(self.token_offsets, self.seq_offsets),
+                                   pack_size=self.pack_size, source=f"{self.path} (in RAM)")
         return self._table
+
+    def item_read(self) -> Any:
+        return self.table().item
 
     def close(self) -> None:
         pass
@@ -117,8 +118,8 @@ class RamDataset(PackedDataset):
         super().__init__(list(zip(dataset.shards, dataset.formats, strict=True)),
                          reader_options=dataset.reader_options)
 
-    def _open_readers(self) -> list[Any]:
-        return self._ram
+    def open_reader(self, shard: int) -> RamShard:
+        return self._ram[shard]
 
 
 def floor_of(source: Any) -> RamDataset | RamShard:
@@ -159,19 +160,21 @@ class RawCsr:
     :class:`~packlab.lab.measure.delivery.Sink` delivers an item or a bin) into preallocated
     buffers. ``read(i)`` is
     the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
-    describe their :class:`~packlab.formats.bintable.Layout` (the memory-mapped formats);
+    describe their :class:`~packlab.formats.table.Layout` (the memory-mapped formats);
     :func:`raw_floor` gives None for the others.
     """
 
     def __init__(self, layouts: list[Layout]) -> None:
         self.layouts = layouts
-        longest = max(int(np.max(layout.packed_len)) for layout in layouts)
-        most = max(int(np.max(layout.num_seqs)) for layout in layouts)
+        self.runs = [layout.index.runs(0, layout.index.num_bins) for layout in layouts]
+        longest = max(int(np.max(runs.packed_len)) for runs in self.runs)
+        most = max(int(np.max(runs.num_seqs)) for runs in self.runs)
         self.ids = np.empty(longest, dtype=np.int64)
         self.mask = np.empty(longest, dtype=np.uint8)
         self.bounds = np.empty(most + 1, dtype=np.int32)
-        self._shard_reads = [self._reader_of(layout) for layout in layouts]
-        counts = [int(layout.packed_len.shape[0]) for layout in layouts]
+        self._shard_reads = [self._reader_of(layout, runs)
+                             for layout, runs in zip(layouts, self.runs, strict=True)]
+        counts = [int(runs.packed_len.shape[0]) for runs in self.runs]
         self._firsts = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
         self.read = self._shard_reads[0] if len(layouts) == 1 else self._read_any
 
@@ -184,20 +187,20 @@ class RawCsr:
         for i in indices:
             read(i)
 
-    def _reader_of(self, layout: Layout) -> Any:
+    def _reader_of(self, layout: Layout, runs: Any) -> Any:
         """The read of one shard: a closure over its maps, positions and the buffers."""
         def column(c: Any) -> np.ndarray:
             mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))
             return mapped.view(np.ndarray)
 
         ids, mask, starts = column(layout.tokens), column(layout.mask), column(layout.starts)
-        first = np.asarray(layout.token_start, dtype=np.int64)
-        t0s, t1s = index_view(first), index_view(first + layout.packed_len)
-        s0s = index_view(layout.seq_start)
-        s1s = index_view(np.asarray(layout.seq_start) + layout.num_seqs)
+        first = runs.token_start
+        t0s, t1s = lookup(first), lookup(first + runs.packed_len)
+        s0s = lookup(runs.seq_start)
+        s1s = lookup(runs.seq_start + runs.num_seqs)
         out_ids, out_mask, out_bounds = self.ids, self.mask, self.bounds
-        if layout.mask_start is not layout.token_start:  # the mask indexed apart (arrow_ipc)
-            m0s = index_view(layout.mask_start)
+        if not np.array_equal(runs.mask_start, first):  # the mask indexed apart (arrow_ipc)
+            m0s = lookup(runs.mask_start)
 
             def read_apart(i: int) -> None:
                 t0 = t0s[i]

@@ -12,7 +12,7 @@ One loop over the same seeded bins, each step timing, on the bin it reads (deliv
   cost of the checksum alone.
 
 Beside them, once: ``structure_ns_per_bin``, what checking every bin's structure costs when a
-reader builds its index (:mod:`packlab.formats.bintable`: once per process, before any bin
+reader builds its table (:mod:`packlab.formats.table`: once per process, before any bin
 is returned; None for formats without a table). :func:`defaults_rule` turns the figures into
 the defaults: a check is on by default when it costs at most ``budget`` (10%) of a read.
 """
@@ -70,7 +70,7 @@ def structure_cost(path: str | os.PathLike[str]) -> float | None:
         if getattr(source, "layout", None) is None or source.layout() is None:
             return None
         began = time.perf_counter_ns()
-        source.bin_table()
+        source.table()
         elapsed = time.perf_counter_ns() - began
         best = elapsed if best is None else min(best, elapsed)
         source.close()

@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 
-from packlab.dataset import item_from_bin
 from packlab.errors import PacklabError
 from packlab.lab.measure.delivery import Budget, Sink, percentiles
 from packlab.lab.measure.pagecache import read_all
@@ -39,7 +38,7 @@ RFC_BYTES_PER_ROW = 20e3  # every row of the RFC's table: ~20 KB of write memory
 
 
 def _read_item(reader: Any, index: int) -> dict[str, np.ndarray]:
-    return item_from_bin(reader.read_bin(index))
+    return reader.read_bin(index).item()
 
 
 def shuffled_epoch(

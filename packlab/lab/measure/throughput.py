@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from packlab.dataset import item_from_bin
 from packlab.errors import PacklabError
 from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.floors import checked_floor
@@ -179,10 +178,10 @@ class ReaderItems:
         return len(self.reader)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
-        return item_from_bin(self.reader.read_bin(index))
+        return self.reader.read_bin(index).item()
 
     def __getitems__(self, indices: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        return [item_from_bin(b) for b in self.reader.read_bins(indices)]
+        return [b.item() for b in self.reader.read_bins(indices)]
 
 
 def loader_rates(

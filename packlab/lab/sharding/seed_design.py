@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.dataset import item_from_bin
 from packlab.sharded.chunks import load_chunk
 from packlab.sharded.plan import ChunkPlan, check_world, chunk_path, marker_path
 
@@ -137,6 +136,6 @@ class SeedLazyShardedDataset:
             raise IndexError(f"No samples available for idx {idx} (chunk {chunk_idx})")
         actual = offset % len(samples)
         packed = samples[actual]
-        return {**item_from_bin(packed),
+        return {**packed.item(),
                 "sample_id": served_chunk * self.plan.samples_per_chunk + actual,
                 "chunk": served_chunk, "asked": int(idx)}
