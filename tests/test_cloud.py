@@ -20,9 +20,9 @@ import pyarrow.fs as pafs
 import pytest
 from conftest import BUCKET, write_random_spool
 
-from packlab import cloud, open_dataset, open_shard, open_writer
+from packlab import cloud, open_dataset, open_shard, open_writer, storage
 from packlab import open_dataset as open_local_dataset
-from packlab.cloud import sql, storage
+from packlab.cloud import sql
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names, get_format, parquet
 from packlab.lab.s3server import HOST, CountingMiddleware, S3Server
@@ -141,7 +141,7 @@ def test_any_fsspec_filesystem(data) -> None:
     write(open_writer("parquet", "memory://shards/a.parquet", filesystem=mem,
                             pack_size=512, row_group_size=16), bins)
     reader = open_shard("shards/a.parquet", filesystem=mem)
-    assert isinstance(reader, parquet.Reader) and reader.remote
+    assert isinstance(reader, parquet.Reader) and reader.location.local_path is None
     assert str(reader.path) == "memory://shards/a.parquet"
     assert [i.base_name for i in storage.resolve("shards", mem).walk_files()] == ["a.parquet"]
     same_bins(open_dataset("memory://shards", filesystem=mem), bins)
@@ -164,7 +164,7 @@ def test_every_format_round_trips(server, data, tmp_path: Path, name: str) -> No
     same_bins(ds, bins)
     reader = ds.readers()[0]
     if direct:  # read in place, nothing cached
-        assert isinstance(reader, parquet.Reader) and reader.remote
+        assert isinstance(reader, parquet.Reader) and reader.location.local_path is None
         assert not (tmp_path / "cache").exists()
     else:
         assert Path(reader.path).is_relative_to(tmp_path / "cache")
@@ -229,7 +229,7 @@ KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import packlab
-    from packlab.cloud import storage
+    from packlab import storage
     from packlab.bins import PackedBin
     storage.configure("s3", **{endpoint!r})
     rng = np.random.default_rng(0)
@@ -529,7 +529,7 @@ def test_the_facade_hands_uris_to_packlab_cloud(server, data) -> None:
     write(packlab.open_writer("parquet", uri, pack_size=512, row_group_size=8), bins)
     assert packlab.detect_format(uri) == "parquet"
     reader = packlab.open_shard(uri)
-    assert isinstance(reader, parquet.Reader) and reader.remote and len(reader) == len(bins)
+    assert isinstance(reader, parquet.Reader) and reader.location.local_path is None and len(reader) == len(bins)
     assert packlab.detect_format(f"s3://{BUCKET}/registry") == "parquet"
 
 

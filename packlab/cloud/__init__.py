@@ -21,7 +21,7 @@ Entry points (the facade :func:`packlab.open_dataset`, ``open_shard`` and ``open
 send URIs here): :func:`remote_writer`, :func:`remote_shard`, :func:`remote_dataset`
 (``split=`` through ``blend.json``), :func:`upload_shard`, :func:`download_shard`,
 :func:`upload_layout`, :func:`upload_tree`, :func:`sweep_temporaries`; DuckDB in :mod:`.sql`.
-Which store ``s3://`` means: :func:`packlab.cloud.storage.configure` (or ``AWS_ENDPOINT_URL``);
+Which store ``s3://`` means: :func:`packlab.storage.configure` (or ``AWS_ENDPOINT_URL``);
 for tests and notebooks, :class:`packlab.lab.s3server.S3Server` configures a local one.
 """
 

@@ -20,12 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud.discovery import find_shards, object_format, split_shards
-from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.cloud.transfer import download_shard, remote_manifest
 from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import get_format
+from packlab.storage import Location, is_remote, resolve
 
 
 def remote_shard(uri: str | Location, format: str | None = None, *, filesystem: Any = None,

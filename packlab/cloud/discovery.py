@@ -18,7 +18,6 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
-from packlab.cloud.storage import Location, resolve
 from packlab.cloud.transfer import MANIFEST, parse_manifest, remote_manifest
 from packlab.discovery import ShardRef, expect_format, is_ignored_name
 from packlab.errors import FormatError, PacklabError
@@ -28,6 +27,7 @@ from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards
 from packlab.pipeline.manifest import parse_manifest as parse_dataset_manifest
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SPOOL_VERSION
+from packlab.storage import Location, resolve
 
 
 def object_format(location: Location) -> str | None:

@@ -23,9 +23,9 @@ from typing import Any
 from fsspec.implementations.arrow import ArrowFSWrapper
 
 from packlab.cloud.discovery import find_shards, split_shards
-from packlab.cloud.storage import Location, as_arrow_filesystem, filesystem_for, resolve
 from packlab.errors import PacklabError
 from packlab.formats import get_format
+from packlab.storage import Location, as_arrow_filesystem, filesystem_for, resolve
 
 
 def _duckdb() -> Any:

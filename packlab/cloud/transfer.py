@@ -32,15 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.storage import (
+from packlab.errors import FormatError, PacklabError
+from packlab.files import TMP_MARKER, parse_json, staged, verify_files
+from packlab.storage import (
     Location,
     download_file,
     put_object,
     resolve,
     upload_file,
 )
-from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, parse_json, staged, verify_files
 
 MANIFEST = "manifest.json"
 

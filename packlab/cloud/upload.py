@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud.discovery import remote_size
-from packlab.cloud.storage import Location, put_object, resolve
 from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
@@ -45,6 +44,7 @@ from packlab.pipeline.receipts import (
     shard_bytes,
 )
 from packlab.pipeline.shards import SHARD_NAME
+from packlab.storage import Location, put_object, resolve
 
 
 def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,

@@ -6,7 +6,7 @@
 - a format whose writer ``STREAMS`` (Parquet), with ``direct=True`` (the default): its own
   writer, given the remote location: the file streams to a temporary key through
   ``pyarrow.fs`` and a server-side copy publishes it (no local disk; memory one row group
-  plus an upload part; why a temporary key: :mod:`packlab.cloud.storage`);
+  plus an upload part; why a temporary key: :mod:`packlab.storage`);
 - any other format (or ``direct=False``): :class:`UploadingWriter`, the format's own writer on
   a local staging folder, uploaded when finalized (:func:`upload_shard`: a directory shard's
   manifest last, a file through a temporary key). Local disk: one shard.
@@ -25,11 +25,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.storage import Location, resolve
 from packlab.cloud.transfer import upload_shard
 from packlab.errors import PacklabError
 from packlab.files import remove
 from packlab.formats import get_format
+from packlab.storage import Location, resolve
 
 
 class UploadingWriter:

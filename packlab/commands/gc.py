@@ -42,8 +42,8 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.cloud.storage import is_remote
     from packlab.errors import PacklabError
+    from packlab.storage import is_remote
 
     if is_remote(args.out):  # temporaries belong to writers on this machine
         raise PacklabError(f"{args.out}: gc sweeps a local directory (the temporaries of "

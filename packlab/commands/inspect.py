@@ -46,9 +46,9 @@ def is_spool(path: Path) -> bool:
 def spool_at(path: str) -> Any:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
     verified cache), or None when ``path`` is no spool."""
-    from packlab.cloud.storage import is_remote, resolve
     from packlab.sources.outputs import local_input
     from packlab.spool import MANIFEST, SpoolReader, is_spool_manifest
+    from packlab.storage import is_remote, resolve
 
     if is_remote(path):
         manifest = resolve(path) / MANIFEST

@@ -73,11 +73,11 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.cloud.storage import is_remote
     from packlab.formats import get_format
     from packlab.layout.splits import parse_fractions, parse_weights
     from packlab.packing import check_algorithm
     from packlab.sources.outputs import local_input, output, stage_spools
+    from packlab.storage import is_remote
 
     get_format(args.format)  # an unknown format fails before any work
     check_algorithm(args.algorithm)

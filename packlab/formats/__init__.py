@@ -79,7 +79,7 @@ def formats_where(fact: str) -> list[str]:
 
 
 def suffix_formats() -> dict[str, str]:
-    """File suffix -> format, for the one-file formats (how a remote object is recognised)."""
+    """File suffix -> format, for the one-file formats (how an object is known by its name)."""
     return {get_format(n).Reader.SUFFIX: n for n in format_names() if get_format(n).Reader.SUFFIX}
 
 

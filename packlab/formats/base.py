@@ -25,27 +25,23 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow.fs as pafs
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import fsync_path, publish, read_json, remove, temporary_sibling
+from packlab.files import read_json
 from packlab.invariants import check_bin
+from packlab.storage import Location, as_location
 from packlab.version import __version__
 
 
-def is_remote(path: Any) -> bool:
-    """A place on object storage (``packlab.cloud.storage.Location``: it says ``is_remote``);
-    a shard there is written and read through the location's own methods, never ``open``."""
-    return bool(getattr(path, "is_remote", False))
-
-
 def close_stream(stream: Any, where: object) -> None:
-    """Close an output stream to object storage (which completes its upload); a failure is one
-    line naming ``where``."""
+    """Close an output stream (on object storage, which completes its upload); a failure is
+    one line naming ``where``."""
     try:
         stream.close()
     except Exception as exc:  # noqa: BLE001 - pyarrow raises OSError or ArrowException
-        raise PacklabError(f"{where}: upload failed: {str(exc).splitlines()[0][:300]}") from None
+        raise PacklabError(f"{where}: writing failed: {str(exc).splitlines()[0][:300]}") from None
 
 
 #: the readers a format's ``READ_BY`` may name: stacks people train or query with
@@ -85,8 +81,8 @@ class FormatFacts:
     #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can
     #: stream straight to object storage (a temporary key, published by a server-side copy)
     STREAMS: ClassVar[bool] = False
-    #: the reader reads a remote file in place with ranged requests (else it is downloaded
-    #: into a verified local cache first)
+    #: the reader reads a file on object storage in place with ranged requests (else it is
+    #: downloaded into a verified local cache first)
     READS_IN_PLACE: ClassVar[bool] = False
     #: a shard is one Parquet file that SQL engines scan as it is (DuckDB ``read_parquet``,
     #: polars ``scan_parquet``), so ``packlab query`` reads it
@@ -168,13 +164,15 @@ def read_directory_manifest(shard: Path, name: str, *, kind: str,
 class ShardWriter(FormatFacts, ABC):
     """Streaming writer of one shard. Subclasses implement ``_open``, ``_write``, ``_close``.
 
-    ``path`` is a local path, or (for formats that ``STREAMS``) a remote location: the file is
-    streamed to a temporary key there and published by the location (see ``packlab.cloud``).
+    ``path``: a local path or a :class:`~packlab.storage.Location` (where the bytes go is the
+    Location's business: a format that ``STREAMS`` writes its one file through
+    :meth:`_sink`, published by the Location in one step; the others build files under the
+    local temporary ``tmp_path``, so their target must have a local path).
     """
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Location,
         *,
         pack_size: int,
         num_bins: int | None = None,
@@ -182,18 +180,23 @@ class ShardWriter(FormatFacts, ABC):
         metadata: dict[str, Any] | None = None,
         check: bool = True,
     ) -> None:
-        self.path = self._target(path)
+        self.target = as_location(path)
+        self.path = path if isinstance(path, Location) else Path(path)  # as messages name it
         self.pack_size = int(pack_size)
         if self.pack_size <= 0:
             raise PacklabError(f"{self.path}: pack_size must be positive, got {pack_size}")
+        if self.target.local_path is None and not self.STREAMS:
+            raise PacklabError(f"{self.path}: a {self.FORMAT} shard is built in a local folder "
+                               "(write it locally and upload it)")
         self.expected_bins = num_bins
         self.overwrite = overwrite
         self.metadata = dict(metadata or {})
         self.check = check
-        if self._target_exists() and not overwrite:
+        if self.target.exists() and not overwrite:
             raise PacklabError(f"{self.path}: already exists (pass overwrite=True to replace it)")
-        self._stream: Any = None  # a streaming writer's output to object storage
-        self.tmp_path = self._make_temporary()
+        self._stream: Any = None  # a streaming writer's output (closed by _finish_file)
+        self.tmp = self.target.temporary()
+        self.tmp_path: Path = self.tmp.local_path or Path(self.tmp.path)
         self.bins_written = 0
         self.tokens_written = 0
         self.seqs_written = 0
@@ -277,54 +280,25 @@ class ShardWriter(FormatFacts, ABC):
             "metadata": self.metadata,
         }
 
-    # -- where the shard goes: a local path, or a remote location for formats that STREAMS ----
-    def _target(self, path: str | os.PathLike[str]) -> Path:
-        if is_remote(path):
-            if not self.STREAMS:
-                raise PacklabError(f"{path}: a {self.FORMAT} shard is written locally and uploaded "
-                                   "(only formats that stream go to object storage directly)")
-            return path  # type: ignore[return-value]
-        return Path(path)
-
-    def _target_exists(self) -> bool:
-        if is_remote(self.path):
-            return bool(self.path.exists())
-        return self.path.exists() or self.path.is_symlink()
-
-    def _make_temporary(self) -> Path:
-        if is_remote(self.path):
-            return self.path.temporary()  # type: ignore[no-any-return]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        return temporary_sibling(self.path)
-
+    # -- where the shard goes: its Location's business ------------------------------------------
     def _sink(self) -> Any:
-        """Where a streaming format writes its one file: the local temporary's name, or an
-        output stream to the remote temporary key (closed by :meth:`_finish_file`)."""
-        if is_remote(self.tmp_path):
-            self._stream = self.tmp_path.open_output()
-            return self._stream
-        return str(self.tmp_path)
+        """The output stream a format that ``STREAMS`` writes its one file to (the temporary;
+        closed by :meth:`_finish_file`)."""
+        self._stream = self.tmp.open_output()
+        return self._stream
 
     def _finish_file(self) -> int:
-        """Make the written temporary durable (fsync, or complete the upload); its bytes."""
-        if not is_remote(self.tmp_path):
-            fsync_path(self.tmp_path)
-            return self.tmp_path.stat().st_size
+        """Close and sync the temporary a streaming format wrote; its bytes."""
         stream, self._stream = self._stream, None
         if stream is not None:
             close_stream(stream, self.path)
-        return int(self.tmp_path.size())
+        self.tmp.sync()
+        return int(self.tmp.size())
 
     def _publish(self) -> None:
-        if is_remote(self.path):
-            self.path.publish_from(self.tmp_path, overwrite=self.overwrite)
-        else:
-            publish(self.tmp_path, self.path, overwrite=self.overwrite)
+        self.target.publish_from(self.tmp, overwrite=self.overwrite)
 
     def _remove_temporary(self) -> None:
-        if not is_remote(getattr(self, "tmp_path", None)):
-            remove(self.tmp_path)
-            return
         stream, self._stream = getattr(self, "_stream", None), None
         if stream is not None:  # pyarrow cannot abort an upload: close it, then delete it
             try:
@@ -332,7 +306,7 @@ class ShardWriter(FormatFacts, ABC):
             except Exception:  # noqa: BLE001 - the shard is being abandoned anyway
                 pass
         try:
-            self.tmp_path.delete()
+            self.tmp.delete()
         except PacklabError:
             pass
 
@@ -360,12 +334,12 @@ class ShardReader(FormatFacts, ABC):
     valid after the reader is closed or collected (copies, or views that keep their buffer).
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        # A remote location (packlab.storage.Location: ``is_remote``) is kept as it is, so
-        # messages name its URI; its reader opens it through its filesystem.
-        self.path = path if is_remote(path) else Path(path)  # type: ignore[assignment]
-        if not (is_remote(path) or self.path.exists()
-                or str(path).startswith(("s3://", "gs://", "file://"))):
+    def __init__(self, path: str | os.PathLike[str] | Location, *, stat: bool = True) -> None:
+        """``stat=False``: the format's own opening finds out whether the shard is there
+        (a reader whose first request tells it anyway, as a Parquet footer's read does)."""
+        self.location = as_location(path)
+        self.path: Any = path if isinstance(path, Location) else Path(path)  # as messages name it
+        if stat and not self.location.exists():
             raise FormatError(f"{self.path}: no such file or directory")
         self.pack_size: int = 0
         self.num_bins: int = 0
@@ -437,9 +411,10 @@ class ShardReader(FormatFacts, ABC):
 
     def bytes_on_disk(self) -> int:
         """All bytes this shard occupies (every file of a directory shard)."""
-        if self.path.is_dir():
-            return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-        return self.path.stat().st_size
+        info = self.location.info()
+        if info.type == pafs.FileType.Directory:
+            return sum(int(f.size) for f in self.location.walk_files())
+        return int(info.size)
 
     def info(self) -> dict[str, Any]:
         """What ``packlab inspect`` prints."""

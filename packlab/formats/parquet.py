@@ -75,7 +75,6 @@ from packlab.formats.base import (
     ShardWriter,
     count_field,
     index_list,
-    is_remote,
     starts_with,
 )
 from packlab.formats.parquet_layout import (
@@ -92,7 +91,7 @@ VERSION = "packlab_parquet_v1"
 DEFAULT_ROW_GROUP_SIZE = 1000
 DEFAULT_CACHE_ROW_GROUPS = 4
 _MAGIC = b"PAR1"
-TAIL_BYTES = 64 << 10  # bytes of a remote file's tail read at open (pyarrow's own default)
+TAIL_BYTES = 64 << 10  # bytes of the file's tail read at open (pyarrow's own default)
 _FOOTER_TRAILER = 8  # <i4 footer length + b"PAR1"
 
 
@@ -251,12 +250,9 @@ class Reader(ParquetFacts, ShardReader):
         tail_bytes: int = TAIL_BYTES,
         verify: bool = False,
     ) -> None:
-        super().__init__(path)
-        self.remote = is_remote(path)
-        if self.remote and one_row_group_cache:
-            raise PacklabError(f"{path}: one_row_group_cache is a local baseline only")
+        super().__init__(path, stat=False)  # opening the footer is the first request
         self.tail_bytes = max(int(tail_bytes), _FOOTER_TRAILER)
-        self._footer: bytes | None = None  # a remote file's footer, kept to reopen it
+        self._footer: bytes | None = None  # the file's footer, kept to reopen it
         self._input: pa.NativeFile | None = None
         self._input_pid = -1
         self.size = 0
@@ -298,18 +294,41 @@ class Reader(ParquetFacts, ShardReader):
 
     # -- opening ------------------------------------------------------------------------------
     def _read_footer(self) -> pq.FileMetaData:
-        if self.remote:
-            return self._read_remote_footer()
-        if self.path.is_dir():
-            raise FormatError(f"{self.path}: is a directory, not a Parquet file")
+        """The size (a HEAD on object storage), the tail (one ranged read), and the rest of
+        the footer if it is longer."""
+        f = self._input = self._open_input()  # kept: the first row group reads through it
+        self.size = int(f.size())
+        if self.size < 12:
+            raise FormatError(f"{self.path}: {self.size} bytes, too short for Parquet")
+        tail = self._read_at(f, self.size - min(self.size, self.tail_bytes), self.size)
+        if tail[-4:] != _MAGIC:
+            raise FormatError(f"{self.path}: no Parquet magic at the end (truncated?)")
+        length = int.from_bytes(tail[-8:-4], "little")
+        need = length + _FOOTER_TRAILER
+        if need > self.size - 4:
+            raise FormatError(f"{self.path}: footer of {length} bytes in a file of "
+                              f"{self.size} (corrupted)")
+        if need > len(tail):
+            tail = self._read_at(f, self.size - need, self.size - len(tail)) + tail
+        self._footer = tail[-need:]
+        meta = self._parse_footer()
         try:
-            meta = pq.read_metadata(str(self.path))
             schema = meta.schema.to_arrow_schema()
         except ARROW_ERRORS as exc:
-            raise FormatError(f"{self.path}: not a readable Parquet file (truncated or "
-                              f"corrupted footer?): {parse_error(exc)}") from None
+            raise FormatError(f"{self.path}: not a readable Parquet file (corrupted "
+                              f"footer?): {parse_error(exc)}") from None
         check_schema(schema, str(self.path))
         return meta
+
+    def _open_input(self) -> pa.NativeFile:
+        """This process's random-access file (mapped where the Location allows it)."""
+        self._input_pid = os.getpid()
+        try:
+            return self.location.open_input(memory_map=self.memory_map)
+        except FormatError:
+            if self.location.is_dir():
+                raise FormatError(f"{self.path}: is a directory, not a Parquet file") from None
+            raise
 
     def _check_metadata(self, pack_size: int | None) -> None:
         info = self.packlab
@@ -328,28 +347,6 @@ class Reader(ParquetFacts, ShardReader):
             if info[key] != value:
                 raise FormatError(f"{self.path}: footer has {value} {key[4:]}, packlab metadata "
                                   f"says {info[key]} (inconsistent shard)")
-
-    def _read_remote_footer(self) -> pq.FileMetaData:
-        """HEAD for the size, then the tail (and the rest of the footer if it is longer)."""
-        f = self._input = self.path.open_input()  # kept: the first read needs no HEAD
-        self._input_pid = os.getpid()
-        self.size = int(f.size())
-        if self.size < 12:
-            raise FormatError(f"{self.path}: {self.size} bytes, too short for Parquet")
-        tail = self._read_at(f, self.size - min(self.size, self.tail_bytes), self.size)
-        if tail[-4:] != _MAGIC:
-            raise FormatError(f"{self.path}: no Parquet magic at the end (truncated?)")
-        length = int.from_bytes(tail[-8:-4], "little")
-        need = length + _FOOTER_TRAILER
-        if need > self.size - 4:
-            raise FormatError(f"{self.path}: footer of {length} bytes in a file of "
-                              f"{self.size} (corrupted)")
-        if need > len(tail):
-            tail = self._read_at(f, self.size - need, self.size - len(tail)) + tail
-        self._footer = tail[-need:]
-        meta = self._parse_footer()
-        check_schema(meta.schema.to_arrow_schema(), str(self.path))
-        return meta
 
     def _read_at(self, f: pa.NativeFile, start: int, end: int) -> bytes:
         try:
@@ -379,13 +376,11 @@ class Reader(ParquetFacts, ShardReader):
 
     def _open_file(self, verify: bool) -> pq.ParquetFile:
         try:
-            if not self.remote:
-                return pq.ParquetFile(str(self.path), metadata=self._meta,
-                                      memory_map=self.memory_map, page_checksum_verification=verify)
             meta = self._meta if self._meta is not None else self._parse_footer()
             if self._input is None or self._input_pid != os.getpid():
-                self._input, self._input_pid = self.path.open_input(), os.getpid()
-            # the three column chunks of a row group are adjacent: one coalesced ranged GET
+                self._input = self._open_input()
+            # the three column chunks of a row group are adjacent: one coalesced read (one
+            # ranged GET on object storage)
             return pq.ParquetFile(self._input, metadata=meta, pre_buffer=True,
                                   page_checksum_verification=verify)
         except ARROW_ERRORS as exc:
@@ -512,11 +507,11 @@ class Reader(ParquetFacts, ShardReader):
 
     @property
     def footer_bytes(self) -> int:
-        """A remote file's footer with its 8-byte trailer (what opening it fetched)."""
+        """The file's footer with its 8-byte trailer (what opening it fetched)."""
         return len(self._footer or b"")
 
     def bytes_on_disk(self) -> int:
-        return self.size if self.remote else super().bytes_on_disk()
+        return self.size
 
     def close(self) -> None:
         if self._pf is not None:

@@ -37,10 +37,10 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud import sql as remote_sql
-from packlab.cloud.storage import is_remote
 from packlab.errors import PacklabError, one_line
 from packlab.progress import progress_enabled
 from packlab.query.sources import PathLike, Shard, resolve_sources, sql_readable
+from packlab.storage import is_remote
 
 VIEWS = ("shards", "bins", "sequences", "violations", "tokens")
 

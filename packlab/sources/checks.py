@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud.datasets import fetch_spool
-from packlab.cloud.storage import Location
 from packlab.cloud.transfer import download_shard
 from packlab.errors import PacklabError
 from packlab.formats import get_format, open_shard
@@ -31,6 +30,7 @@ from packlab.layout.validate import (
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, parse_receipt
 from packlab.progress import progress_bar
 from packlab.sources.resolve import Shard, Source, resolve_source
+from packlab.storage import Location
 
 
 def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None = None

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud.datasets import fetch_spool
-from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.cloud.transfer import (
     MANIFEST,
     NoFileList,
@@ -57,6 +56,7 @@ from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
 from packlab.spool import is_spool_manifest
+from packlab.storage import Location, is_remote, resolve
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
 _FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}

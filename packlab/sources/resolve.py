@@ -22,7 +22,7 @@ a run folder                  ``ROOT/runs/<run_hash>``, ``ROOT/runs``, or any fo
 ============================  ==================================================================
 
 The result, a :class:`Source`, lists its shards (:class:`Shard`: path or
-:class:`~packlab.cloud.storage.Location`, format, place in its dataset, split and dataset
+:class:`~packlab.storage.Location`, format, place in its dataset, split and dataset
 names) and remembers the layout it came from, so ``validate`` can check counts against
 ``blend.json``. Nothing here reads a bin.
 """
@@ -44,7 +44,6 @@ from packlab.cloud.discovery import (
     remote_dataset_directories,
     split_shards,
 )
-from packlab.cloud.storage import Location, is_remote, resolve
 from packlab.discovery import PathLike, ShardRef, dataset_directories, find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json
@@ -58,6 +57,7 @@ from packlab.layout.blend import (
 )
 from packlab.layout.build import CONFIG_FILE
 from packlab.pipeline.manifest import MANIFEST_FILE, require_complete
+from packlab.storage import Location, is_remote, resolve
 
 
 @dataclass(frozen=True)

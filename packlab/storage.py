@@ -1,5 +1,8 @@
-"""URIs to filesystems: ``s3://bucket/key`` becomes a :class:`Location` (a pyarrow filesystem
-plus a path in it), and the few object-storage operations packlab needs, done safely.
+"""Where bytes live, local or on object storage, as one thing: a :class:`Location` (a pyarrow
+filesystem plus a path in it). ``s3://bucket/key`` and ``/data/out`` both become one; what
+reads and writes shards (the formats) does it through a Location's methods and never asks
+which kind it holds: a Location knows how to open, publish, sync and delete on its own
+filesystem (a rename and an fsync locally, a server-side copy on object storage).
 
 Why pyarrow's filesystems: Parquet reads and writes go through them natively (ranged reads,
 multipart uploads), DuckDB can be handed one, and they pickle, so a DataLoader worker or a
@@ -42,7 +45,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, HashedFile, staged
+from packlab.files import TMP_MARKER, HashedFile, fsync_path, publish, remove, staged
 
 CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -132,6 +135,12 @@ def as_arrow_filesystem(filesystem: Any) -> pafs.FileSystem:
     raise PacklabError(f"not a pyarrow or fsspec filesystem: {type(filesystem).__name__}")
 
 
+def as_location(path: str | os.PathLike[str] | Location) -> Location:
+    """``path`` as a :class:`Location`: itself if it is one, else resolved (a local path, or
+    a URI of a configured store)."""
+    return path if isinstance(path, Location) else resolve(path)
+
+
 def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> Location:
     """A :class:`Location` for a URI (``s3://bucket/key``), or for a path inside ``filesystem``.
 
@@ -181,14 +190,18 @@ class Location:
     path: str
     scheme: str = "s3"
 
-    is_remote = True  # ShardReader keeps such a path as it is
-
     @property
     def uri(self) -> str:
         return f"{self.scheme}://{self.path}"
 
     def __str__(self) -> str:
-        return self.uri
+        return self.path if self.is_local else self.uri
+
+    @property
+    def local_path(self) -> Path | None:
+        """This place as a local path, where it is one (files a format maps or writes in
+        place); None on object storage."""
+        return Path(self.path) if self.is_local else None
 
     def __repr__(self) -> str:
         return f"Location({self.uri!r})"
@@ -229,6 +242,8 @@ class Location:
             raise FormatError(f"{self}: cannot reach it: {_short(exc)}") from None
 
     def exists(self) -> bool:
+        if self.is_local:  # a dangling link is there too (it would be replaced)
+            return os.path.lexists(self.path)
         return self.info().type != pafs.FileType.NotFound
 
     def is_file(self) -> bool:
@@ -266,12 +281,15 @@ class Location:
         yield from (i for i in infos if i.type == pafs.FileType.File)
 
     # -- bytes ------------------------------------------------------------------------------
-    def open_input(self) -> pa.NativeFile:
-        """A random-access file (ranged reads on object storage)."""
+    def open_input(self, *, memory_map: bool = False) -> pa.NativeFile:
+        """A random-access file (ranged reads on object storage; ``memory_map``: a local file
+        mapped, not read)."""
         try:
+            if memory_map and self.is_local:
+                return pa.memory_map(self.path)
             return self.filesystem.open_input_file(self.path)
         except FileNotFoundError:
-            raise FormatError(f"{self}: no such file") from None
+            raise FormatError(f"{self}: no such file or directory") from None
         except (OSError, pa.ArrowException) as exc:
             raise FormatError(f"{self}: cannot open: {_short(exc)}") from None
 
@@ -295,8 +313,16 @@ class Location:
             return f.read_at(nbytes, offset)
 
     def temporary(self) -> Location:
-        """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing."""
+        """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing (a
+        local parent folder is made if missing)."""
+        if self.is_local:
+            Path(self.parent.path).mkdir(parents=True, exist_ok=True)
         return self.parent / f".{self.name}{TMP_MARKER}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def sync(self) -> None:
+        """Make a written file durable: fsync locally; an object is durable once closed."""
+        if self.is_local:
+            fsync_path(Path(self.path))
 
     def publish_from(self, tmp: Location, *, overwrite: bool) -> None:
         """Make the finished temporary ``tmp`` appear here in one step (:func:`publish_object`)."""
@@ -304,6 +330,9 @@ class Location:
 
     def delete(self) -> None:
         """Remove this object, or every object under this prefix; nothing if absent."""
+        if self.is_local:
+            remove(Path(self.path))
+            return
         info = self.info()
         try:
             if info.type == pafs.FileType.File:
@@ -326,10 +355,10 @@ def publish_object(tmp: Location, final: Location, *, overwrite: bool) -> None:
     if not overwrite and final.exists():
         tmp.delete()
         raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
+    if final.is_local:  # one rename (a directory replaced whole), the folder fsynced
+        publish(Path(tmp.path), Path(final.path), overwrite=True)
+        return
     try:
-        if final.is_local:
-            final.filesystem.move(tmp.path, final.path)  # a rename
-            return
         final.filesystem.copy_file(tmp.path, final.path)  # server-side CopyObject: atomic
     except (OSError, pa.ArrowException) as exc:
         tmp.delete()
