@@ -26,9 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, bin_digest
+from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError
-from packlab.formats import open_shard
+from packlab.formats import get_format
 from packlab.formats.base import index_list
 from packlab.mapping import forget_after_fork
 
@@ -87,7 +88,7 @@ class PackedDataset:
     # -- this process's readers ---------------------------------------------------------------
     def open_reader(self, shard: int) -> Any:
         """A reader of shard ``shard`` (a dataset over object storage opens it there)."""
-        return open_shard(self.shards[shard], format=self.formats[shard], **self.reader_options)
+        return get_format(self.formats[shard]).Reader(self.shards[shard], **self.reader_options)
 
     def readers(self) -> list[Any]:
         """This process's shard readers, opened on first use (and again in a forked child)."""
@@ -172,3 +173,11 @@ class PackedDataset:
         return (f"PackedDataset({len(self)} bins, {len(self.shards)} shards, "
                 f"formats={kinds}, pack_size={self.pack_size})")
 
+
+def bin_digests(source: PackedDataset | Any) -> list[str]:
+    """Content hash of every bin, in order, of a dataset (or of the local shards a path names:
+    a shard, a directory of shards). Hashes ignore storage dtypes
+    (:func:`packlab.bins.bin_digest`): formats storing uint16 or int32 tokens compare equal
+    when their bins do, which is how conversions and formats are compared."""
+    dataset = source if isinstance(source, PackedDataset) else PackedDataset(find_shards(source))
+    return [bin_digest(*packed) for reader in dataset.readers() for packed in reader.iter_bins()]

@@ -23,7 +23,6 @@ import math
 import os
 import pickle
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 from typing import Any, BinaryIO, NamedTuple
 
@@ -31,6 +30,7 @@ import numpy as np
 from numpy.lib import format as npy_format
 
 from packlab.errors import FormatError, PacklabError, one_line
+from packlab.storage import as_location
 
 # -- the only objects a pickle may name ------------------------------------------------------
 # numpy's own pickle constructors are not enough: a damaged or crafted stream can hand
@@ -264,10 +264,11 @@ def load_pickled_npy(path: str | os.PathLike[str]) -> np.ndarray:
     return array.view(np.ndarray)
 
 
-def npy_is_pickled(path: Path) -> bool:
-    """True when ``path`` is a ``.npy`` file whose header announces an object array."""
+def npy_is_pickled(location: Any) -> bool:
+    """True when ``location`` (a :class:`~packlab.storage.Location`) is a ``.npy`` file whose
+    header announces an object array."""
     try:
-        with open(path, "rb") as fp:
-            return read_npy_header(fp, source=str(path)).dtype == np.dtype(object)
+        with as_location(location).open_input() as fp:
+            return read_npy_header(fp, source=str(location)).dtype == np.dtype(object)
     except (OSError, PacklabError):
         return False

@@ -16,10 +16,11 @@ import pytest
 
 from packlab.bins import PackedBin, bin_digest, bins_equal
 from packlab.errors import FormatError
-from packlab.formats import get_format, open_writer
+from packlab.formats import get_format
 from packlab.lab.s3server import S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.sources import open_writer
 from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
 
 # Libraries that write to the home directory write into a throwaway folder instead.
@@ -248,7 +249,7 @@ class Child:
 def read_every_bin_and_keep(path: str) -> Iterator[str]:
     """``load``: open the shard, read bin 0; ``read``: read every bin and keep them all alive
     (each touched), so the phase's growth is what the kept bins cost."""
-    from packlab.formats import open_shard
+    from packlab.sources import open_shard
 
     reader = open_shard(path)
     first = reader.read_bin(0)

@@ -88,7 +88,7 @@ def check_tree(tree: Path, ref: Reference, read_options: dict[str, Any]) -> dict
     """Everything a user does with an output directory, each step recorded (never raises):
     shards read with the defaults, the dataset with ``read_options``."""
     from packlab import open_dataset
-    from packlab.formats import open_shard
+    from packlab.sources import open_shard
 
     report: dict[str, Any] = {"stages": [], "shards": {}}
     out = tree / "out"

@@ -443,7 +443,7 @@ def _pickle(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None
 def _forged(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None:
     """One token changed and the shard rewritten by its own writer, or one value of a shard's
     own manifest edited; then its receipt and dataset.json recomputed to vouch for it."""
-    from packlab.formats import open_shard
+    from packlab.sources import open_shard
 
     m.forged = True
     shard = rng.choice(_shards(tree, ref))
@@ -468,7 +468,7 @@ def _forged(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None
 
 
 def _rewrite(shard: Path, format: str, bins: list, pack_size: int, metadata: dict) -> None:
-    from packlab.formats import open_writer
+    from packlab.sources import open_writer
 
     with open_writer(format, shard, pack_size=pack_size, overwrite=True,
                      metadata=metadata) as writer:

@@ -24,12 +24,12 @@ NOT_FORMAT_NAMES = {
 # Layers 0-6 are the core (what a training job or a data pipeline imports); the lab (7) sits on
 # the core, and the command line (8) on both.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "version", "files", "progress", "safe_pickle", "mapping", "bins", "invariants",
-     "executors"),
+    ("errors", "version", "files", "storage", "progress", "safe_pickle", "mapping", "bins",
+     "invariants", "executors"),
     ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
      "materialize"),
     ("formats",),
-    ("dataset", "discovery", "samplers", "collate", "convert", "pipeline", "sharded", "interop"),
+    ("dataset", "discovery", "samplers", "collate", "pipeline", "sharded", "interop"),
     ("layout",),
     ("cloud",),
     ("sources", "query"),

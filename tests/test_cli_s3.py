@@ -16,7 +16,7 @@ import pytest
 from conftest import BUCKET, one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
-from packlab.convert import bin_digests
+from packlab.dataset import bin_digests
 from packlab.formats import format_names, get_format
 from packlab.lab.s3server import S3Server
 from packlab.spool import SpoolReader

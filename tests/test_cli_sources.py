@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli, write_random_spool
 
 from packlab import open_dataset
-from packlab.convert import bin_digests
+from packlab.dataset import bin_digests
 from packlab.errors import FormatError
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.sources import resolve_source

@@ -13,9 +13,9 @@ import pytest
 from conftest import one_error_line, run_cli, write_empty_spool
 
 from packlab.cli import main
-from packlab.formats import open_writer
 from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.sources import open_writer
 from packlab.spool import MANIFEST, SpoolReader
 from packlab.synth import synthesize
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import PacklabError
-from packlab.formats import detect_format, open_shard
+from packlab.formats import detect_format
 from packlab.formats.arrow_lists import BinColumns
 from packlab.interop.bridge_metadata import PACK_METADATA_FILE
 from packlab.lab.measure import compression as C
@@ -23,6 +23,7 @@ from packlab.lab.measure.verdicts import ratio_verdict, speed_word, words_agree
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment
 from packlab.pipeline.shards import RECEIPT_SUFFIX
+from packlab.sources import open_shard
 from packlab.spool import SpoolReader
 
 PACK = 1024

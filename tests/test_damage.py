@@ -15,9 +15,9 @@ from conftest import one_error_line, random_job, run_cli
 
 from packlab import open_dataset
 from packlab.errors import FormatError
-from packlab.formats import open_shard
 from packlab.pipeline.shards import write_shards
-from packlab.sources.checks import validate_path
+from packlab.sources import open_shard
+from packlab.sources.validate import validate_path
 
 
 @pytest.fixture(scope="module")

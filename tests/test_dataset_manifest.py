@@ -19,7 +19,7 @@ from packlab.layout import build_layout
 from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
-from packlab.sources.checks import validate_path
+from packlab.sources.validate import validate_path
 
 FORMATS = format_names()
 

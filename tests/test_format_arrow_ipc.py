@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, open_shard
+from packlab.formats import detect_format
 from packlab.formats.arrow_ipc import Reader, Writer
+from packlab.sources import open_shard
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, **options: object) -> dict:
@@ -294,7 +295,7 @@ _NO_PANDAS = textwrap.dedent("""
     import sys
     import numpy as np
     from packlab.bins import PackedBin
-    from packlab.formats import open_shard, open_writer
+    from packlab.sources import open_shard, open_writer
 
     packed = PackedBin(np.arange(5, dtype=np.int32), np.array([1, 0, 1, 1, 0], np.uint8),
                        np.array([0, 2], np.int32))

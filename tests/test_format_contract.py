@@ -38,12 +38,13 @@ from conftest import (
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import is_temporary
-from packlab.formats import detect_format, format_names, get_format, open_shard
+from packlab.formats import detect_format, format_names, get_format
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.lab.measure.workload import Workload, make_workload
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.sources import open_shard
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, open_shard
+from packlab.formats import detect_format
 from packlab.formats.legacy_npy_pickle import Reader, Writer
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
@@ -26,6 +26,7 @@ from packlab.lab.measure.workload import make_workload
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.safe_pickle import UnsafePickleError, load_pickled_npy
+from packlab.sources import open_shard
 
 
 def random_bins(n: int, pack_size: int, seed: int = 0) -> list[PackedBin]:

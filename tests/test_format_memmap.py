@@ -15,12 +15,13 @@ from hypothesis import strategies as st
 from packlab.bins import PackedBin, bin_checksum, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import file_entry
-from packlab.formats import detect_format, open_shard
+from packlab.formats import detect_format
 from packlab.formats.memmap_v1 import CHECKSUMS, FILES, MANIFEST, MANIFEST_FORMAT, Reader, Writer
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.sources import open_shard
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, *, announce: bool = True) -> None:

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import sha256_file
-from packlab.formats import detect_format, open_shard, packed_index
+from packlab.formats import detect_format, packed_index
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.sources import open_shard
 from packlab.spool import SpoolReader, SpoolWriter
 
 

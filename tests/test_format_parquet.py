@@ -19,9 +19,10 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, open_shard
+from packlab.formats import detect_format
 from packlab.formats.arrow_lists import dump_metadata
 from packlab.formats.parquet import OneRowGroupReader, Reader, Writer
+from packlab.sources import open_shard
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, **options: object) -> dict:

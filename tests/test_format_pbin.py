@@ -17,10 +17,11 @@ from hypothesis import strategies as st
 
 from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, modalities, open_shard, pbin
+from packlab.formats import detect_format, modalities, pbin
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.safe_pickle import UnsafePickleError
+from packlab.sources import open_shard
 from packlab.spool import SpoolReader
 
 

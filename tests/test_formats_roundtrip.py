@@ -14,15 +14,17 @@ from hypothesis import strategies as st
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
-from packlab.convert import bin_digests, convert, convert_shard
+from packlab.dataset import bin_digests
 from packlab.discovery import find_shards
 from packlab.errors import PacklabError
-from packlab.formats import format_names, get_format, open_shard
+from packlab.formats import format_names, get_format
 from packlab.lab.tables import markdown_table
 from packlab.materialize import iter_bins
 from packlab.packing import ALGORITHMS, pack
 from packlab.pipeline.shards import write_shards
-from packlab.sources.checks import validate_path
+from packlab.sources import open_shard
+from packlab.sources.convert import convert
+from packlab.sources.validate import validate_path
 
 FORMATS = format_names()
 TARGETS = [name for name in FORMATS if not get_format(name).Writer.NEEDS_SPOOL]
@@ -85,11 +87,11 @@ def test_any_format_to_any_other_and_back_is_identical(source, source_shards, tm
     back_format = source if source in TARGETS else TARGETS[0]
     for target in TARGETS:
         there = tmp_path / f"{source}-to-{target}"
-        row = convert_shard(original, there, format=target)
+        (row,) = convert(original, there, format=target)
         assert row["num_bins"] == len(reference) and row["bytes_after"] > 0
         assert digests(open_shard(there, format=target)) == reference, target
         back = tmp_path / f"{source}-to-{target}-back"
-        convert_shard(there, back, format=back_format)
+        convert(there, back, format=back_format)
         assert digests(open_shard(back, format=back_format)) == reference, target
 
 
@@ -120,10 +122,10 @@ def test_conversion_is_refused_exactly_into_formats_that_need_a_spool(target, so
     there = tmp_path / "x"
     if get_format(target).Writer.NEEDS_SPOOL:
         with pytest.raises(PacklabError, match="cannot be converted into"):
-            convert_shard(source, there, format=target)
+            convert(source, there, format=target)
         assert not there.exists()
     else:
-        convert_shard(source, there, format=target)
+        convert(source, there, format=target)
         assert digests(open_shard(there, format=target)) == digests(open_shard(source))
 
 

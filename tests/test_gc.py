@@ -23,7 +23,7 @@ from conftest import one_error_line, run_cli, write_random_spool
 
 from packlab.files import is_temporary, temporary_sibling
 from packlab.pipeline.manifest import read_manifest, writing_lock
-from packlab.sources.checks import validate_path
+from packlab.sources.validate import validate_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,7 +31,7 @@ from packlab.layout import (
     weighted_indices,
 )
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
-from packlab.sources.checks import validate_path
+from packlab.sources.validate import validate_path
 from packlab.spool import SpoolReader, SpoolWriter
 
 SPLITS = "train=0.8,valid=0.1,test=0.1"

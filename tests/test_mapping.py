@@ -15,7 +15,6 @@ from conftest import write_random_spool
 from packlab import mapping, open_dataset
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError
-from packlab.formats import open_shard
 from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import data_files
@@ -23,6 +22,7 @@ from packlab.mapping import MappedFile, ReadAdvice, load_array, scan
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.shards import write_shards
+from packlab.sources import open_shard
 from packlab.spool import SpoolReader
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from packlab.cli import main
 from packlab.errors import PacklabError
-from packlab.formats import format_names, get_format, open_shard, open_writer
+from packlab.formats import format_names, get_format
 from packlab.lab.measure import claims
 from packlab.lab.measure.delivery import percentiles
 from packlab.lab.measure.harness import job_name, profile, run_job
@@ -26,6 +26,7 @@ from packlab.lab.measure.verdicts import claim_verdict
 from packlab.lab.measure.workload import make_workload
 from packlab.lab.tables import human_bytes, records_table
 from packlab.materialize import iter_bins
+from packlab.sources import open_shard, open_writer
 
 MB = 1 << 20
 PREFERRED = ("memmap_v1", "parquet", "arrow_ipc", "binidx", "legacy_npy_pickle")

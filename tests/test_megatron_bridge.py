@@ -42,13 +42,13 @@ from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bri
 from packlab.bins import PackedBin
 from packlab.collate import Collator
 from packlab.errors import InvariantError
-from packlab.formats import format_names, open_shard
+from packlab.formats import format_names
 from packlab.interop.bridge_metadata import (
     PACK_METADATA_FILE,
     metadata_of_bins,
     read_pack_metadata,
 )
-from packlab.sources import open_dataset
+from packlab.sources import open_dataset, open_shard
 from packlab.spool import SpoolReader, SpoolWriter
 
 PACK_SIZE = 512

@@ -18,7 +18,7 @@ from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, shard_bytes, shard_checksum
 from packlab.pipeline.shards import shard_ranges, write_shards
-from packlab.sources.checks import validate_path
+from packlab.sources.validate import validate_path
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()

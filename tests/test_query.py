@@ -26,7 +26,7 @@ from packlab.query import connect, execute, query
 from packlab.query.lazy import frames
 from packlab.query.questions import QUESTIONS, answer, dataset_card, histogram
 from packlab.query.views import close
-from packlab.sources.checks import validate_path
+from packlab.sources.validate import validate_path
 
 SPLITS = "train=0.7,valid=0.2,test=0.1"
 

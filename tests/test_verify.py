@@ -21,10 +21,11 @@ from packlab import open_dataset
 from packlab.bins import PackedBin, bins_equal, records_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry
-from packlab.formats import format_names, formats_where, open_shard
+from packlab.formats import format_names, formats_where
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
+from packlab.sources import open_shard
 
 TABLE_FORMATS = ["memmap_v1", "binidx", "arrow_ipc", "pbin"]
 DAMAGED = 5  # the bin whose bytes are flipped

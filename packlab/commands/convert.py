@@ -3,7 +3,7 @@
 SRC is any dataset path (a shard, a directory of shards, an output layout with ``--split``,
 ``ROOT/splits/NAME``, a run folder, a glob; local or ``s3://``). One shard converts into the
 shard DST; anything else into the folder DST: one shard per source shard, a receipt beside
-each, ``dataset.json`` first and last (:mod:`packlab.sources.conversion`). DST is a local path
+each, ``dataset.json`` first and last (:mod:`packlab.sources.convert`). DST is a local path
 or a URI (written locally, then uploaded). Prints sizes before and after.
 """
 
@@ -31,24 +31,13 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.convert import check_target_format
-    from packlab.errors import PacklabError
-    from packlab.sources.conversion import convert_source
-    from packlab.sources.outputs import output
-    from packlab.sources.resolve import resolve_source
+    from packlab.sources.convert import convert
 
-    check_target_format(args.format, args.dst)  # unknown or impossible: before any work
-    source = resolve_source(args.src, split=args.split).only_split("convert")
-    if args.dst.rstrip("/") == source.given.rstrip("/"):
-        raise PacklabError(f"{args.dst}: DST is SRC (convert writes a new output)")
-    kind = "shard" if source.kind == "shard" else "dataset"
-    with output(args.dst, kind=kind, overwrite=args.overwrite, format=args.format) as local:
-        rows = convert_source(source, local, format=args.format, overwrite=args.overwrite)
+    rows = convert(args.src, args.dst, format=args.format, split=args.split,
+                   overwrite=args.overwrite)
     before = sum(r["bytes_before"] for r in rows)
     after = sum(r["bytes_after"] for r in rows)
     tokens = sum(r["num_tokens"] for r in rows)
-    for row in rows:
-        row["destination"] = _named(row["destination"], str(local), args.dst)
     if args.json:
         emit_json({"shards": rows, "bytes_before": before, "bytes_after": after,
                    "num_bins": sum(r["num_bins"] for r in rows), "num_tokens": tokens})
@@ -61,7 +50,3 @@ def run(args: argparse.Namespace) -> int:
           f"({ratio:.3f}x, {after / max(tokens, 1):.3f} B/token)")
     return 0
 
-
-def _named(path: str, local: str, given: str) -> str:
-    """A staged path as the destination the user named (its URI)."""
-    return given + path[len(local):] if path.startswith(local) else path

@@ -9,7 +9,6 @@ totals, per split, and one line per shard. Nothing is validated (``packlab valid
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -26,41 +25,10 @@ def add_parser(subparsers: Any) -> None:
     parser.set_defaults(run=run)
 
 
-def is_spool(path: Path) -> bool:
-    """A directory whose manifest says ``spool_v1``, or that holds spool files (maybe broken)."""
-    from packlab.spool import FILES, MANIFEST, SPOOL_VERSION
-
-    if not path.is_dir():
-        return False
-    manifest = path / MANIFEST
-    if manifest.is_file():
-        try:
-            data = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            data = None
-        if isinstance(data, dict) and ("version" in data or "format" in data):
-            return data.get("version") == SPOOL_VERSION
-    return any((path / name).exists() for name in FILES.values())
-
-
-def spool_at(path: str) -> Any:
-    """A reader of the spool at ``path`` (local, or on object storage: fetched into the
-    verified cache), or None when ``path`` is no spool."""
-    from packlab.sources.outputs import local_input
-    from packlab.spool import MANIFEST, SpoolReader, is_spool_manifest
-    from packlab.storage import is_remote, resolve
-
-    if is_remote(path):
-        manifest = resolve(path) / MANIFEST
-        if not (manifest.is_file() and is_spool_manifest(manifest.read_bytes())):
-            return None
-        return SpoolReader(local_input(path))
-    return SpoolReader(path) if is_spool(Path(path)) else None
-
-
 def inspect_path(path: str | Path, split: str | None = None) -> dict[str, Any]:
     """The description ``packlab inspect`` prints; FormatError for anything unreadable."""
     from packlab.sources.describe import describe_source
+    from packlab.sources.outputs import spool_at
     from packlab.sources.resolve import resolve_source
     from packlab.spool_stats import describe_spool
 

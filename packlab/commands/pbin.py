@@ -46,8 +46,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.commands.inspect import spool_at
-    from packlab.sources.outputs import local_input, output
+    from packlab.sources.outputs import local_input, output, spool_at
 
     width = args.token_width if args.token_width == "auto" else _width(args.token_width)
     spool = spool_at(args.src)

@@ -26,23 +26,15 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.commands.inspect import spool_at
-    from packlab.sources.checks import validate_path
+    from packlab.sources.validate import validate_path
 
-    spool = spool_at(args.path) if args.split is None else None
-    if spool is not None:
-        spool.verify()
-        result = {"path": args.path, "kind": "spool", "num_sequences": spool.num_sequences,
-                  "num_tokens": spool.num_tokens}
-        if args.json:
-            emit_json(result)
-        else:
-            print(f"valid: spool, {spool.num_sequences:,} sequences, {spool.num_tokens:,} "
-                  "tokens (files match the manifest's sizes and checksums)")
-        return 0
     result = validate_path(args.path, split=args.split)
     if args.json:
         emit_json(result)
+        return 0
+    if result["kind"] == "spool":
+        print(f"valid: spool, {result['num_sequences']:,} sequences, "
+              f"{result['num_tokens']:,} tokens (files match the manifest's sizes and checksums)")
         return 0
     for row in result["shards"]:
         checked = "manifest+receipt" if row["receipt"] else "manifest"

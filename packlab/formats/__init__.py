@@ -25,18 +25,22 @@ Adding a format (the whole checklist):
    pickling, arrays valid after close, truncation caught), and ``packlab pack``, ``convert``,
    ``validate``, object storage, the benchmarks and the notebooks pick the format up from here.
 
-Modules are imported on first use, so ``import packlab`` stays cheap.
+Modules are imported on first use, so ``import packlab`` stays cheap. Opening a shard or a
+writer anywhere (a local path, a URI) is :func:`packlab.open_shard` / :func:`packlab.open_writer`
+(:mod:`packlab.sources`); code that knows the format asks the registry for its class:
+``get_format(name).Reader(path, **options)``.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-from pathlib import Path
 from types import ModuleType
-from typing import Any
+
+import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
+from packlab.storage import Location, as_location
 
 # Detection order matters: the most specific formats first.
 _MODULES: dict[str, str] = {
@@ -94,25 +98,17 @@ def directory_shard_files() -> set[str]:
     return {f for n in format_names() for f in get_format(n).Reader.shard_files()}
 
 
-def detect_format(path: str | os.PathLike[str]) -> str:
-    """The name of the format of the local shard at ``path``; a clear error if none claims it."""
-    p = Path(path)
-    if not p.exists():
-        raise FormatError(f"{p}: no such file or directory")
+def detect_format(path: str | os.PathLike[str] | Location) -> str:
+    """The name of the format of the shard at ``path`` (a local path or a
+    :class:`~packlab.storage.Location`); a clear error if none claims it. Only the formats of
+    its kind are asked (a file: one-file formats; a folder: directory formats), each reading a
+    few bytes at most (one ranged request on object storage)."""
+    location = as_location(path)
+    kind = location.info().type
+    if kind == pafs.FileType.NotFound:
+        raise FormatError(f"{path}: no such file or directory")
     for name in format_names():
-        if get_format(name).Reader.detect(p):
+        reader = get_format(name).Reader
+        if reader.is_directory() == (kind == pafs.FileType.Directory) and reader.detect(location):
             return name
-    raise FormatError(f"{p}: not a shard of any known format ({', '.join(format_names())})")
-
-
-def open_shard(path: str | os.PathLike[str], format: str | None = None, **options: Any) -> Any:
-    """A reader for the local shard at ``path`` (format detected unless given). URIs:
-    :func:`packlab.open_shard`."""
-    name = format or detect_format(path)
-    return get_format(name).Reader(path, **options)
-
-
-def open_writer(format: str, path: str | os.PathLike[str], **options: Any) -> Any:
-    """A writer of format ``format`` at the local ``path`` (keyword options as the format takes
-    them). URIs: :func:`packlab.open_writer`."""
-    return get_format(format).Writer(path, **options)
+    raise FormatError(f"{path}: not a shard of any known format ({', '.join(format_names())})")

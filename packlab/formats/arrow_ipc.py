@@ -79,6 +79,7 @@ from packlab.formats.table import (
     refuse_unverifiable,
 )
 from packlab.mapping import MappedFile, sequential
+from packlab.storage import Location
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"
@@ -89,9 +90,9 @@ CODECS = ("none", "lz4", "zstd")
 _MAGIC = b"ARROW1"
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A file that starts with the Arrow IPC file magic."""
-    return starts_with(path, _MAGIC)
+    return starts_with(location, _MAGIC)
 
 
 class ArrowIpcFacts(FormatFacts):

@@ -100,9 +100,10 @@ class FormatFacts:
         return not cls.SUFFIX
 
     @classmethod
-    def detect(cls, path: Path) -> bool:
-        """Whether ``path`` is (or looks like: let the reader explain what is wrong) a shard of
-        this format; cheap, never raises."""
+    def detect(cls, location: Location) -> bool:
+        """Whether ``location`` (a file for a one-file format, a folder for the others: the
+        registry asks only those) is, or looks like, a shard of this format (let the reader
+        explain what is wrong); reads a few bytes at most, never raises."""
         raise NotImplementedError(f"{cls.__name__}.detect")
 
     @classmethod
@@ -134,12 +135,28 @@ def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
     return np.asarray(indices).reshape(-1).tolist()  # arrays, tensors, other sequences
 
 
-def starts_with(path: Path, magic: bytes) -> bool:
+def starts_with(location: Location, magic: bytes) -> bool:
     """A file whose first bytes are ``magic``: how single-file formats recognise themselves."""
-    if not path.is_file():
+    return _bytes_at(location, 0, len(magic)) == magic
+
+
+def ends_with(location: Location, magic: bytes, *, min_size: int = 0) -> bool:
+    """A file of at least ``min_size`` bytes whose last bytes are ``magic``."""
+    location = as_location(location)
+    try:
+        size = location.size()
+    except PacklabError:
         return False
-    with open(path, "rb") as f:
-        return f.read(len(magic)) == magic
+    return size >= max(min_size, len(magic)) and _bytes_at(location, size - len(magic),
+                                                           len(magic)) == magic
+
+
+def _bytes_at(location: Location, offset: int, count: int) -> bytes | None:
+    location = as_location(location)
+    try:
+        return location.read_range(offset, count) if location.is_file() else None
+    except (PacklabError, OSError):
+        return None
 
 
 def read_directory_manifest(shard: Path, name: str, *, kind: str,

@@ -76,6 +76,7 @@ from packlab.formats.table import (
     refuse_unverifiable,
 )
 from packlab.mapping import load_array
+from packlab.storage import Location
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -129,9 +130,9 @@ class _SumsHeader:
     SIZE = STRUCT.size  # 32
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
-    return path.is_dir() and starts_with(path / INDEX, _IdxHeader.MAGIC)
+    return starts_with(location / INDEX, _IdxHeader.MAGIC)
 
 
 class BinidxFacts(FormatFacts):

@@ -26,7 +26,6 @@ reason to move off this format).
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +36,7 @@ from packlab.files import fsync_file
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
 from packlab.invariants import check_bin
 from packlab.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
+from packlab.storage import Location
 
 FORMAT = "legacy_npy_pickle"
 SUFFIX = ".npy"
@@ -45,9 +45,9 @@ DTYPES = {"input_ids": np.dtype(np.int32), "loss_mask": np.dtype(np.uint8),
           "seq_start_id": np.dtype(np.int32)}
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A file named ``*.npy`` (its reader then explains what is wrong), or any pickled .npy."""
-    return path.is_file() and (path.suffix == SUFFIX or npy_is_pickled(path))
+    return location.suffix == SUFFIX or npy_is_pickled(location)
 
 
 class LegacyFacts(FormatFacts):

@@ -45,7 +45,7 @@ from numpy.lib import format as npy_format
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, fsync_file, read_json, verify_files
+from packlab.files import HashedFile, fsync_directory, fsync_file, parse_json, verify_files
 from packlab.formats.base import (
     FormatFacts,
     ShardReader,
@@ -66,6 +66,7 @@ from packlab.formats.table import (
 )
 from packlab.mapping import sequential
 from packlab.safe_pickle import read_npy_header
+from packlab.storage import Location
 
 FORMAT = "memmap_v1"
 SUFFIX = ""
@@ -87,15 +88,13 @@ _INT32_MAX = 2**31 - 1
 _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
-    if not path.is_dir():
-        return False
     try:
-        manifest = read_json(path / MANIFEST)
+        manifest = parse_json((location / MANIFEST).read_bytes(), location / MANIFEST)
         return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
     except FormatError:
-        return (path / FILES["input_ids"]).is_file()  # unfinished or damaged: let the reader say
+        return (location / FILES["input_ids"]).is_file()  # unfinished or damaged: the reader says
 
 
 class MemmapFacts(FormatFacts):

@@ -86,6 +86,7 @@ from packlab.safe_pickle import read_npy_header
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import MANIFEST as SPOOL_MANIFEST
 from packlab.spool import SpoolReader, read_spool_manifest
+from packlab.storage import Location
 
 FORMAT = "packed_index"
 SUFFIX = ""
@@ -96,9 +97,9 @@ INDICES = "seq_indices.npy"
 NEEDS_SPOOL = True
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A directory holding the two index files (its reader explains anything missing)."""
-    return path.is_dir() and (path / OFFSETS).is_file() and (path / INDICES).is_file()
+    return (location / OFFSETS).is_file() and (location / INDICES).is_file()
 
 
 class PackedIndexFacts(FormatFacts):

@@ -84,6 +84,7 @@ from packlab.formats.parquet_layout import (
     layout_named,
     with_options,
 )
+from packlab.storage import Location
 
 FORMAT = "parquet"
 SUFFIX = ".parquet"
@@ -95,9 +96,9 @@ TAIL_BYTES = 64 << 10  # bytes of the file's tail read at open (pyarrow's own de
 _FOOTER_TRAILER = 8  # <i4 footer length + b"PAR1"
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A file that starts with the Parquet magic (the reader then checks the schema)."""
-    return starts_with(path, _MAGIC)
+    return starts_with(location, _MAGIC)
 
 
 class ParquetFacts(FormatFacts):

@@ -60,7 +60,7 @@ import numpy as np
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, temporary_sibling
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field
+from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, ends_with
 from packlab.formats.binidx import ScratchArray
 from packlab.formats.modalities import (
     COPY_CHUNK,
@@ -85,6 +85,7 @@ from packlab.formats.table import (
 )
 from packlab.invariants import check_csr
 from packlab.mapping import MappedFile, ReadAdvice, scan
+from packlab.storage import Location
 
 FORMAT = "pbin"
 LAYOUT = "pbin_packlab_v1"
@@ -94,21 +95,10 @@ _CHECK_CHUNK = 1 << 16
 _COPY_VALUES = 1 << 20  # values moved per step from the scratch files into the trailer
 
 
-def detect(path: Path) -> bool:
+def detect(location: Location) -> bool:
     """A file named ``*.pbin``, or any file ending with packlab's pbin trailer magic."""
-    if not path.is_file():
-        return False
-    if path.suffix == SUFFIX:
-        return True
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            if f.tell() < HEADER_SIZE + TAIL.size:
-                return False
-            f.seek(-len(TRAILER_MAGIC), os.SEEK_END)
-            return f.read() == TRAILER_MAGIC
-    except OSError:
-        return False
+    return location.suffix == SUFFIX or ends_with(location, TRAILER_MAGIC,
+                                                  min_size=HEADER_SIZE + TAIL.size)
 
 
 class PbinFacts(FormatFacts):

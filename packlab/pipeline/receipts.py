@@ -21,7 +21,7 @@ from typing import Any
 
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, read_bytes, sha256_file, staged
-from packlab.formats import open_shard
+from packlab.formats import get_format
 
 RECEIPT_SUFFIX = ".receipt.json"
 VERIFY_MODES = ("receipt", "full")
@@ -172,7 +172,7 @@ def reusable_receipt(shard: Path, *, format: str, bins: tuple[int, int], pack_si
                 or receipt.get("pack_size") != pack_size):
             return None
         if verify == "full":
-            with open_shard(shard, format=format) as reader:
+            with get_format(format).Reader(shard) as reader:
                 reader.validate()
     except Exception:  # noqa: BLE001 - whatever a damaged shard raises, it is written again
         return None

@@ -40,7 +40,7 @@ from typing import Any
 from packlab.errors import FormatError, PacklabError
 from packlab.executors import run_jobs
 from packlab.files import TMP_MARKER, is_temporary, remove, sha256_file
-from packlab.formats import get_format, open_writer
+from packlab.formats import get_format
 from packlab.interop.bridge_metadata import (
     PACK_METADATA_FILE,
     metadata_of_assignment,
@@ -117,7 +117,7 @@ def write_shard(
         options.setdefault("assignment", part)
     metadata = {"spool": str(Path(spool).resolve()), "bins": [start, stop],
                 "vocab_size": reader.vocab_size}
-    with open_writer(format, out, pack_size=part.pack_size, num_bins=stop - start,
+    with get_format(format).Writer(out, pack_size=part.pack_size, num_bins=stop - start,
                      overwrite=overwrite, metadata=metadata, **options) as writer:
         done = 0
         if by_reference:

@@ -15,10 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packlab.convert import convert_reader
 from packlab.formats import formats_where, get_format
 from packlab.progress import progress_bar
 from packlab.sources import open_shard, resolve_source
+from packlab.sources.convert import convert_reader
 
 PathLike = str | os.PathLike[str]
 
@@ -58,7 +58,7 @@ def _shard(shard: Any) -> Shard:
 def sql_readable(shards: Sequence[Shard], folder: Path) -> list[Shard]:
     """The shards, each readable by SQL: a format SQL reads is left as it is; any other is
     transcoded bin by bin into ``folder`` (a private temporary folder) as the first format
-    that is (:func:`packlab.convert.convert_reader`), and read from there."""
+    that is (:func:`packlab.sources.convert.convert_reader`), and read from there."""
     target = formats_where("SQL_READABLE")[0]
     todo = [s for s in shards if not get_format(s.format).Reader.SQL_READABLE]
     if not todo:

@@ -86,12 +86,12 @@ def _write_jsonl(final: Path, plan: ChunkPlan, start: int, stop: int,
 
 def _write_parquet(final: Path, plan: ChunkPlan, chunk: int, start: int, stop: int,
                    bins: Iterable[PackedBin], overwrite: bool) -> Path:
-    from packlab.formats import open_writer
+    from packlab.formats import get_format
 
     if not plan.pack_size:
         raise PacklabError(f"{final}: a parquet chunk plan needs pack_size")
     metadata = {PLAN_TAG: {"chunk": chunk, "first_sample": start, "num_samples": stop - start}}
-    with open_writer("parquet", final, pack_size=plan.pack_size, num_bins=stop - start,
+    with get_format("parquet").Writer(final, pack_size=plan.pack_size, num_bins=stop - start,
                      overwrite=overwrite, metadata=metadata) as writer:
         for packed in bins:
             writer.write(packed)  # the writer refuses a bin beyond num_bins
@@ -184,10 +184,10 @@ class ParquetChunk:
 
     def __init__(self, path: Path, plan: ChunkPlan, chunk: int, start: int, stop: int
                  ) -> None:
-        from packlab.formats import open_shard
+        from packlab.formats import get_format
 
         self.chunk, self.first_sample, self.num_samples = chunk, start, stop - start
-        self.reader: Any = open_shard(path, format="parquet")
+        self.reader: Any = get_format("parquet").Reader(path)
         info = ((self.reader.packlab or {}).get("metadata") or {}).get(PLAN_TAG) or {}
         if (info.get("chunk"), info.get("first_sample"), self.reader.num_bins) != (
                 chunk, start, stop - start):

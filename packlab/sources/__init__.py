@@ -26,7 +26,7 @@ from packlab.cloud.datasets import RemoteDataset
 from packlab.dataset import PackedDataset
 from packlab.discovery import PathLike
 from packlab.errors import PacklabError
-from packlab.formats import detect_format as detect_local_format
+from packlab.formats import detect_format as shard_format
 from packlab.formats import get_format
 from packlab.sources.resolve import Shard, Source, resolve_source
 
@@ -78,7 +78,7 @@ def open_shard(path: str | os.PathLike[str] | Any, format: str | None = None,
     """A reader for one shard, local or remote (format detected unless given)."""
     if is_remote_source(path) or "filesystem" in options:
         return remote_shard(path, format, **options)
-    return get_format(format or detect_local_format(path)).Reader(path, **options)
+    return get_format(format or shard_format(path)).Reader(path, **options)
 
 
 def open_writer(format: str, path: str | os.PathLike[str] | Any, **options: Any) -> Any:
@@ -96,6 +96,4 @@ def open_writer(format: str, path: str | os.PathLike[str] | Any, **options: Any)
 def detect_format(path: str | os.PathLike[str] | Any) -> str:
     """The format of the shard (or of every shard of the dataset) at ``path``, local or
     remote; formats joined by ``+`` when a dataset mixes them."""
-    if not is_remote_source(path) and Path(os.fspath(path)).is_file():
-        return detect_local_format(path)  # the common case, without a directory listing
     return "+".join(resolve_source(path).formats)

@@ -48,14 +48,15 @@ from packlab.cloud.transfer import (
 )
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
-from packlab.files import remove, short_hash
+from packlab.files import parse_json, remove, short_hash
 from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.manifest import MANIFEST_FILE
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
-from packlab.spool import is_spool_manifest
+from packlab.spool import FILES as SPOOL_FILES
+from packlab.spool import SpoolReader, is_spool_manifest
 from packlab.storage import Location, is_remote, resolve
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
@@ -260,6 +261,25 @@ def local_input(path: str, *, what: str = "spool") -> Path:
                           "spool?): a spool is read from object storage only when its "
                           "manifest lists them; download it first") from None
 
+
+def spool_at(path: str) -> SpoolReader | None:
+    """A reader of the spool at ``path`` (local, or on object storage: fetched into the
+    verified cache first), or None when ``path`` is no spool: a folder whose manifest says
+    ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
+    what is wrong)."""
+    location = resolve(path)
+    manifest = location / MANIFEST
+    if manifest.is_file():
+        raw = manifest.read_bytes()
+        try:
+            declared = parse_json(raw, manifest)
+        except FormatError:
+            declared = None
+        if isinstance(declared, dict) and ("version" in declared or "format" in declared):
+            return SpoolReader(local_input(path)) if is_spool_manifest(raw) else None
+    if not any((location / name).exists() for name in SPOOL_FILES.values()):
+        return None
+    return SpoolReader(local_input(path))
 
 
 def local_copy(source: Source, folder: Path) -> Path:

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-Via = str  # "reader" (packlab.formats.open_shard) or "dataset" (packlab.open_dataset)
+Via = str  # "reader" (packlab.open_shard) or "dataset" (packlab.open_dataset)
 
 
 def resolve_via(via: str) -> str:
@@ -67,7 +67,7 @@ def open_items(path: str | os.PathLike[str], via: str, **options: Any) -> Any:
         from packlab.sources import open_dataset
 
         return open_dataset(path, **options)
-    from packlab.formats import open_shard
+    from packlab.sources import open_shard
 
     return open_shard(path, **options)
 
@@ -109,7 +109,7 @@ def write_shard(
     page cache), so the figure is the writer's memory, not the input's memory map (a fault on
     a file mapping can map a whole large folio, up to 2 MB, so this has to be frequent).
     """
-    from packlab.formats import get_format, open_writer
+    from packlab.formats import get_format
     from packlab.lab.measure.pagecache import mapping_ranges, release_ranges, shard_files
     from packlab.materialize import BinMaterializer
     from packlab.packing import BinAssignment
@@ -125,7 +125,7 @@ def write_shard(
         options.setdefault("assignment", assignment)
     yield "prepare"
     ranges: list[tuple[int, int]] = []
-    with open_writer(format, out, pack_size=plan.pack_size, num_bins=plan.num_bins,
+    with get_format(format).Writer(out, pack_size=plan.pack_size, num_bins=plan.num_bins,
                      overwrite=True, **options) as writer:
         for b in range(plan.num_bins):
             writer.write(materializer.materialize(b))

@@ -1,4 +1,7 @@
-"""``packlab convert`` over any dataset path: bin by bin, into one shard or a whole dataset.
+"""Convert: any dataset into another format, bin by bin (the one home of ``packlab convert``
+and of :func:`convert` in Python).
+
+Memory is bounded by the source reader's one bin plus the destination writer's buffer.
 
 A source that is one shard converts into one shard. Anything else (a directory of shards, a
 layout's split, a glob, a run folder; local or remote) converts into a folder that is a
@@ -11,14 +14,15 @@ conversion is refused by readers, and the folder is recognised (and replaceable 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from packlab.cloud.discovery import remote_size
-from packlab.convert import check_target_format, convert_reader, converted_name
 from packlab.errors import PacklabError
 from packlab.files import remove
+from packlab.formats import get_format
 from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.manifest import (
     completed,
@@ -27,10 +31,35 @@ from packlab.pipeline.manifest import (
     write_manifest,
     writing_lock,
 )
-from packlab.pipeline.receipts import finish_receipt, receipt_path
+from packlab.pipeline.receipts import finish_receipt, receipt_path, shard_bytes
 from packlab.progress import progress_bar
-from packlab.sources import open_shard
-from packlab.sources.resolve import Shard, Source
+from packlab.sources import open_shard, open_writer
+from packlab.sources.outputs import output
+from packlab.sources.resolve import Shard, Source, resolve_source
+
+
+def convert(src: Any, dst: str, *, format: str, split: str | None = None,
+            overwrite: bool = False, **format_options: Any) -> list[dict[str, Any]]:
+    """Convert the dataset ``src`` (any dataset path or URI, or a list: one shard converts into
+    the shard ``dst``, anything else into the folder ``dst``; a URI is written locally and
+    uploaded) into ``format``; ``overwrite`` replaces only packlab's own output of that kind.
+    One row per shard: source, destination (as named), sizes before and after."""
+    check_target_format(format, dst)  # unknown or impossible: before any work
+    source = resolve_source(src, split=split).only_split("convert")
+    if str(dst).rstrip("/") == source.given.rstrip("/"):
+        raise PacklabError(f"{dst}: DST is SRC (convert writes a new output)")
+    kind = "shard" if source.kind == "shard" else "dataset"
+    with output(str(dst), kind=kind, overwrite=overwrite, format=format) as local:
+        rows = convert_source(source, local, format=format, overwrite=overwrite,
+                              **format_options)
+    for row in rows:
+        row["destination"] = _named(row["destination"], str(local), str(dst))
+    return rows
+
+
+def _named(path: str, local: str, given: str) -> str:
+    """A staged path as the destination the user named (its URI)."""
+    return given + path[len(local):] if path.startswith(local) else path
 
 
 def convert_source(source: Source, dst: Path, *, format: str, overwrite: bool,
@@ -119,3 +148,66 @@ def _old_names(dst: Path) -> set[str]:
     except PacklabError:
         return set()
     return {s["name"] for s in manifest["shards"]} if manifest else set()
+
+
+def converted_name(source: Path, source_format: str, target_format: str) -> str:
+    """``shard_000000.parquet`` (parquet) -> ``shard_000000.arrow`` (arrow_ipc), say."""
+    name = source.name
+    old = get_format(source_format).Writer.SUFFIX
+    if old and name.endswith(old):
+        name = name[: -len(old)]
+    return name + get_format(target_format).Writer.SUFFIX
+
+
+def source_vocab_size(reader: Any) -> int | None:
+    """The vocabulary size a reader knows (lets a target pick a narrower token dtype)."""
+    vocab = getattr(reader, "vocab_size", None)
+    if vocab is None:
+        manifest = getattr(reader, "manifest", None) or getattr(reader, "packlab", None) or {}
+        vocab = (manifest.get("metadata") or {}).get("vocab_size") or manifest.get("vocab_size")
+    return int(vocab) if isinstance(vocab, int) else None
+
+
+def check_target_format(format: str, dst: object) -> None:
+    """Refuse a target format that cannot be produced from bins alone."""
+    if get_format(format).Writer.NEEDS_SPOOL:
+        raise PacklabError(f"{dst}: format {format!r} stores a reference to the spool, not "
+                           "tokens; it cannot be converted into (use `packlab pack` instead)")
+
+
+def convert_reader(
+    reader: Any,
+    dst: str | os.PathLike[str],
+    *,
+    format: str,
+    before: int,
+    overwrite: bool = False,
+    metadata: dict[str, Any] | None = None,
+    on_bin: Any = None,
+    **format_options: Any,
+) -> dict[str, Any]:
+    """Stream every bin of an open shard ``reader`` (local or remote) into a new shard at
+    ``dst``; ``before`` is the source's size in bytes, ``metadata`` more to record (the
+    shard's place in a converted dataset), ``on_bin()`` is called after each bin."""
+    check_target_format(format, dst)
+    began = time.perf_counter()
+    recorded = {"converted_from": {"path": str(reader.path), "format": reader.FORMAT},
+                "vocab_size": source_vocab_size(reader), **(metadata or {})}
+    with open_writer(format, dst, pack_size=reader.pack_size, num_bins=reader.num_bins,
+                     overwrite=overwrite, metadata=recorded, **format_options) as writer:
+        for packed in reader.iter_bins():
+            writer.write(packed)
+            if on_bin is not None:
+                on_bin()
+        manifest = writer.finalize()
+    return {
+        "source": str(reader.path),
+        "source_format": reader.FORMAT,
+        "destination": str(dst),
+        "format": format,
+        "num_bins": int(manifest.get("num_bins", reader.num_bins)),
+        "num_tokens": int(manifest.get("num_tokens", reader.num_tokens)),
+        "bytes_before": int(before),
+        "bytes_after": shard_bytes(Path(dst)),
+        "seconds": time.perf_counter() - began,
+    }
