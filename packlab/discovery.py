@@ -1,9 +1,11 @@
-"""Finding local shards: a shard, a directory of shards, a glob, or a list of those.
+"""Finding shards wherever they live: a shard, a directory of shards, a glob, or a list of
+those, on a local disk or on object storage, through one :class:`~packlab.storage.Location`.
 
 Every shard is returned with its format, detected by the registry
-(:func:`packlab.formats.detect_format`). In a directory, hidden temporaries, receipts and
-manifests (``*.json``), notes and layout folders are skipped; anything else that no format
-claims is an error, so a damaged shard is never silently left out.
+(:func:`packlab.formats.detect_format`: a few bytes read, one ranged request on object
+storage). In a directory, hidden temporaries, receipts and manifests (``*.json``), notes and
+layout folders are skipped; anything else that no format claims is an error, so a damaged shard
+is never silently left out.
 
 A spool beside the shards, or a folder of spools, is no shard and is skipped too: Nemotron's
 output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
@@ -13,15 +15,14 @@ A directory with a dataset manifest (``dataset.json``, :mod:`packlab.pipeline.ma
 its shards as listed there, refused while the job that writes it has not finished; a shard named
 by itself (a path, a glob match, a layout's link) must be listed in its folder's manifest, when
 the folder has one (:func:`placed`). :func:`dataset_directories` finds the outputs under a run
-folder.
+folder. A local shard comes back as a ``Path``, one on object storage as its ``Location``.
 
-Layouts (``splits/``, ``blend.json``), run folders and object storage sit above this module
-(:mod:`packlab.layout`, :mod:`packlab.cloud`); :mod:`packlab.sources.resolve` resolves them all.
+Layouts (``splits/``, ``blend.json``) and run folders sit above this module
+(:mod:`packlab.layout`); :mod:`packlab.sources.resolve` resolves them all.
 """
 
 from __future__ import annotations
 
-import glob as globlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,20 +30,17 @@ from typing import Any
 
 from packlab.errors import FormatError
 from packlab.files import is_temporary
-from packlab.formats import detect_format, get_format
-from packlab.pipeline.manifest import (
-    MANIFEST_FILE,
-    listed_shards,
-    read_manifest,
-    require_complete,
-)
+from packlab.formats import detect_format, directory_shard_files, format_names, get_format
+from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards, read_manifest, require_complete
 from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
+from packlab.storage import Location, resolve
 
 PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
 IGNORED_NAMES = {"splits", "runs", "receipts", "README", "README.md", "_SUCCESS"}
 IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
+DIRECTORY_MANIFEST = "manifest.json"  # what a directory shard writes last (its FormatFacts)
 
 
 class NoShardsError(FormatError):
@@ -59,7 +57,7 @@ class ShardRef(tuple):
 
     def __new__(cls, path: Any, format: str, bins: tuple[int, int] | None = None,
                 sha256: str | None = None) -> ShardRef:
-        ref = super().__new__(cls, (path, format))
+        ref = super().__new__(cls, (_named(path), format))
         ref.bins = bins
         ref.sha256 = sha256
         return ref
@@ -74,8 +72,16 @@ class ShardRef(tuple):
         return (self[0], self[1], self.bins, self.sha256)
 
 
+def _named(path: Any) -> Any:
+    """A shard as callers hold it: a local one as a ``Path``, one on object storage as its
+    ``Location``."""
+    if isinstance(path, Location):
+        return path.local_path or path
+    return path
+
+
 def is_ignored_name(name: str) -> bool:
-    """A name in a shard directory (or under a remote prefix) that is never a shard."""
+    """A name in a shard directory (or under a prefix) that is never a shard."""
     return name.startswith(".") or name in IGNORED_NAMES or name.endswith(IGNORED_SUFFIXES)
 
 
@@ -87,66 +93,136 @@ def expect_format(where: object, detected: str, wanted: str | None) -> str:
     return detected
 
 
-def _ignored(path: Path) -> bool:
-    return is_ignored_name(path.name) or is_temporary(path)
+def _ignored(location: Location) -> bool:
+    return is_ignored_name(location.name) or is_temporary(Path(location.name))
 
 
-def _detect(path: Path) -> str | None:
+def _detect(location: Location) -> str | None:
     try:
-        return detect_format(path)
+        return detect_format(location)
     except FormatError:
         return None
 
 
-def _is_main_entry(path: Path, name: str) -> bool:
-    """Whether ``path`` is the shard itself, not a companion file its format also claims."""
+def _is_main_entry(location: Location, name: str) -> bool:
+    """Whether ``location`` is the shard itself, not a companion file its format also claims."""
     suffix = get_format(name).Reader.SUFFIX
-    return path.name.endswith(suffix) if suffix else path.is_dir()
+    return location.name.endswith(suffix) if suffix else location.is_dir()
 
 
-def _is_spool(path: Path) -> bool:
+def _is_spool(location: Location) -> bool:
     """A spool directory, finished or not (Nemotron writes ``tokens.bin.tmp`` first): it holds
     a spool data file. (No shard format keeps files of those names.)"""
-    names = [*SPOOL_FILES.values()]
-    return path.is_dir() and any((path / n).exists() or (path / f"{n}.tmp").exists()
-                                 for n in names)
-
-
-def holds_spools(path: Path) -> bool:
-    """A spool, or a folder of nothing but spools (Nemotron's ``spool/``): never a shard."""
-    if _is_spool(path):
-        return True
-    if not path.is_dir() or path.is_symlink():
+    if not location.is_dir():
         return False
-    entries = [c for c in path.iterdir() if not c.name.startswith(".")]
+    names = {c.name for c in location.iterdir()}
+    return any(n in names or f"{n}.tmp" in names for n in SPOOL_FILES.values())
+
+
+def holds_spools(location: Location) -> bool:
+    """A spool, or a folder of nothing but spools (Nemotron's ``spool/``): never a shard."""
+    if _is_spool(location):
+        return True
+    if not location.is_dir() or location.is_link():
+        return False
+    entries = list(location.iterdir())
     return bool(entries) and all(_is_spool(c) for c in entries)
 
 
-def _stem(name: str) -> str:
-    return name.split(".", 1)[0]
+def is_shard_like(location: Any) -> bool:
+    """An entry of a shard directory that could be a shard (what a dataset manifest must
+    list): anything but hidden names, temporaries, receipts, notes, layout and spool folders."""
+    location = resolve(location)
+    return not _ignored(location) and not holds_spools(location)
 
 
-def shards_in_directory(directory: Path, *, format: str | None = None) -> list[tuple[Path, str]]:
+def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
+                format: str | None = None, filesystem: Any = None) -> list[ShardRef]:
+    """Resolve a shard, a directory of shards, a glob, or a list of those into shards with
+    their formats, in order (a URI, or a path in ``filesystem``, on object storage)."""
+    if isinstance(path, list | tuple):
+        return [ref for item in path for ref in find_shards(item, format=format,
+                                                             filesystem=filesystem)]
+    location = resolve(path, filesystem)
+    if not location.exists() and _has_magic(location):
+        return _globbed(location, format)
+    if not location.exists():
+        raise FormatError(f"{_shown(path)}: no such file or directory")
+    if not location.is_dir():
+        return [placed(location, expect_format(location, format or detect_format(location),
+                                               format))]
+    own = _detect(location)
+    if own is not None and _is_main_entry(location, own):
+        _refuse_unfinished(location, own)
+        return [placed(location, expect_format(location, own, format))]
+    manifest = read_manifest(location)
+    if manifest is not None:
+        return [ShardRef.listed(p, expect_format(p, manifest["format"], format), entry)
+                for p, entry in listed_shards(location, manifest, is_shard_like,
+                                              lambda p: p.tree_size())]
+    if holds_spools(location):
+        what = "a spool (spool_v1)" if _is_spool(location) else "a folder of spools (spool_v1)"
+        raise FormatError(f"{_shown(path)}: {what}, not packed shards: pack it first "
+                          "(`packlab pack`)")
+    shards = shards_in_directory(location, format=format)
+    if not shards:
+        raise NoShardsError(f"{_shown(path)}: no shards in this directory")
+    return shards
+
+
+def _shown(path: Any) -> str:
+    """A path as messages name it: as the caller gave it."""
+    return str(path.uri if isinstance(path, Location) and not path.is_local else path)
+
+
+def _has_magic(location: Location) -> bool:
+    return any(c in location.path for c in "*?[")
+
+
+def _globbed(location: Location, format: str | None) -> list[ShardRef]:
+    matches = location.glob()
+    if not matches:
+        raise FormatError(f"{location}: the pattern matches nothing")
+    picked: list[ShardRef] = []
+    manifests: Placements = {}
+    for match in matches:
+        if _ignored(match):
+            continue
+        name = detect_format(match)
+        if _is_main_entry(match, name):
+            picked.append(placed(match, expect_format(match, name, format), manifests))
+    if not picked:
+        raise FormatError(f"{location}: the pattern matches no shard")
+    return picked
+
+
+def shards_in_directory(directory: Location, *, format: str | None = None) -> list[ShardRef]:
     """The shards directly inside ``directory``, sorted by name, each with its format.
 
     Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
     that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
-    anything else unrecognised is an error, so a damaged shard is never silently left out.
+    anything else unrecognised is an error, so a damaged shard is never silently left out; a
+    folder holding a directory shard's files but not its manifest is an unfinished one.
 
     A directory without a dataset manifest (written before them) is checked as its receipts
     allow: a receipt must name its shard, and their bins must follow one another (a gap is a
     missing shard, an overlap a duplicated one); each shard then carries the bins its receipt
     gives it (:class:`ShardRef`), as a link into a dataset directory carries its manifest's.
     """
-    found: list[tuple[Path, str]] = []
-    unknown: list[Path] = []
+    children = [c for c in directory.iterdir() if not _ignored(c)]
+    parts = sorted({c.name for c in children} & (directory_shard_files() - {DIRECTORY_MANIFEST}))
+    if parts:
+        raise FormatError(f"{directory}: holds {', '.join(parts)} but no {DIRECTORY_MANIFEST}: "
+                          "a directory shard that did not finish (or not a shard); refused")
+    found: list[ShardRef] = []
+    unknown: list[Location] = []
     manifests: Placements = {}
-    for child in sorted(directory.iterdir()):
-        if _ignored(child) or holds_spools(child):
-            continue
-        if child.is_symlink() and not child.exists():
-            raise FormatError(f"{child}: broken link to {os.readlink(child)} (its shard is "
+    for child in children:
+        if child.is_link() and not child.resolved().exists():
+            raise FormatError(f"{child}: broken link to {child.link_target()} (its shard is "
                               "missing; rerun `packlab pack` to rewrite it)")
+        if holds_spools(child):
+            continue
         name = _detect(child)
         if name is None:
             unknown.append(child)
@@ -154,108 +230,73 @@ def shards_in_directory(directory: Path, *, format: str | None = None) -> list[t
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
         name = expect_format(child, name, format)
-        found.append(placed(child, name, manifests) if child.is_symlink()
-                     else ShardRef(child, name))
+        found.append(placed(child, name, manifests) if child.is_link() else ShardRef(child, name))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
         raise FormatError(f"{strays[0]}: not a shard of any known format (in a shard directory)")
-    targets: dict[Path, Path] = {}
-    for link in (p for p, _ in found if p.is_symlink()):
-        first = targets.setdefault(link.resolve(), link)
-        if first != link:
-            raise FormatError(f"{link}: links to the same shard as {first.name} ({link.resolve()})"
-                              ": its bins would be served twice")
-    places = receipt_places([p for p, _ in found if not p.is_symlink()])
+    _refuse_shared_targets([resolve(p) for p, _ in found])
+    places = receipt_places([p for p, _ in found if not resolve(p).is_link()])
     return [ShardRef(p, name, places[p]) if p in places else ref
             for ref in found for p, name in [ref]]
 
 
-
-def find_shards(path: PathLike | Sequence[PathLike], *, format: str | None = None
-                ) -> list[tuple[Path, str]]:
-    """Resolve a shard, a directory of shards, a glob, or a list of those into (path, format)."""
-    if isinstance(path, list | tuple):
-        out: list[tuple[Path, str]] = []
-        for item in path:
-            out.extend(find_shards(item, format=format))
-        return out
-    text = os.fspath(path)
-    p = Path(text)
-    if not p.exists() and globlib.has_magic(text):
-        matches = sorted(globlib.glob(text))
-        if not matches:
-            raise FormatError(f"{text}: the pattern matches nothing")
-        picked: list[tuple[Path, str]] = []
-        manifests: Placements = {}
-        for match in matches:
-            m = Path(match)
-            if _ignored(m):
-                continue
-            name = detect_format(m)
-            if _is_main_entry(m, name):
-                picked.append(placed(m, expect_format(m, name, format), manifests))
-        if not picked:
-            raise FormatError(f"{text}: the pattern matches no shard")
-        return picked
-    if not p.exists():
-        raise FormatError(f"{p}: no such file or directory")
-    if p.is_dir():
-        own = _detect(p)
-        if own is not None and _is_main_entry(p, own):
-            return [placed(p, expect_format(p, own, format))]
-        manifest = read_manifest(p)
-        if manifest is not None:
-            return [ShardRef.listed(path, expect_format(path, manifest["format"], format), entry)
-                    for path, entry in listed_shards(p, manifest, is_shard_like)]
-        if holds_spools(p):
-            what = "a spool (spool_v1)" if _is_spool(p) else "a folder of spools (spool_v1)"
-            raise FormatError(f"{p}: {what}, not packed shards: pack it first "
-                              "(`packlab pack`)")
-        shards = shards_in_directory(p, format=format)
-        if not shards:
-            raise NoShardsError(f"{p}: no shards in this directory")
-        return shards
-    return [placed(p, format or detect_format(p))]
+def _refuse_unfinished(location: Location, format: str) -> None:
+    """A directory shard's files without the manifest its writer publishes last: its upload
+    or its copy did not finish (a writer that dies never leaves one under its final name)."""
+    manifest = get_format(format).Reader.MANIFEST
+    if manifest and not (location / manifest).is_file():
+        parts = sorted(c.name for c in location.iterdir())
+        raise FormatError(f"{location}: holds {', '.join(parts)} but no {manifest}: a {format} "
+                          "shard whose upload or copy did not finish (or not a shard); refused")
 
 
-def is_shard_like(path: Path) -> bool:
-    """An entry of a shard directory that could be a shard (what a dataset manifest must
-    list): anything but hidden names, temporaries, receipts, notes, layout and spool folders."""
-    return not _ignored(path) and not holds_spools(path)
+def _refuse_shared_targets(shards: list[Location]) -> None:
+    """Two links to one shard would serve its bins twice."""
+    targets: dict[str, Location] = {}
+    for link in (s for s in shards if s.is_link()):
+        first = targets.setdefault(link.resolved().path, link)
+        if first != link:
+            raise FormatError(f"{link}: links to the same shard as {first.name} "
+                              f"({link.resolved()}): its bins would be served twice")
+
+
+def _stem(name: str) -> str:
+    return name.split(".", 1)[0]
 
 
 #: dataset manifests already read while placing shards, per directory: the manifest's entries
 #: by shard name (None: a directory without one), so placing N shards reads each manifest once
-Placements = dict[Path, "dict[str, dict[str, Any]] | None"]
+Placements = dict[str, "dict[str, dict[str, Any]] | None"]
 
 
-def placed(path: Path, format: str, manifests: Placements | None = None) -> ShardRef:
+def placed(shard: Any, format: str, manifests: Placements | None = None) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
     it lives in has a dataset manifest, the shard must be listed there and the dataset
     complete (a shard of an interrupted job is refused like the whole directory); where it has
     none (written before them), the shard is where its receipt puts it, if it has one.
     ``manifests`` keeps the manifests read across the calls of one walk."""
-    real = path.resolve() if path.is_symlink() else path
+    location = resolve(shard)
+    real = location.resolved() if location.is_link() else location
     directory = real.parent
-    if manifests is not None and directory in manifests:
-        entries = manifests[directory]
+    if manifests is not None and directory.path in manifests:
+        entries = manifests[directory.path]
     else:
         entries = _manifest_entries(directory)
         if manifests is not None:
-            manifests[directory] = entries
+            manifests[directory.path] = entries
     if entries is None:  # written before dataset manifests: where its receipt puts it
-        receipt = read_receipt(real)
+        receipt = read_receipt(_named(real))
         bins = None if receipt is None else receipt.get("bins")
-        return ShardRef(path, format, None if bins is None else (bins[0], bins[1]))
+        return ShardRef(location, format, None if bins is None else (bins[0], bins[1]))
     entry = entries.get(real.name)
     if entry is None:
         raise FormatError(f"{real}: not listed in {directory / MANIFEST_FILE} (copied in from "
                           "elsewhere?)")
-    return ShardRef.listed(path, format, entry)
+    return ShardRef.listed(location, format, entry)
 
 
-def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
+def _manifest_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
     """The complete dataset manifest of ``directory``, its entries by shard name (the first
     of a name), or None where there is none."""
     manifest = read_manifest(directory)
@@ -268,15 +309,23 @@ def _manifest_entries(directory: Path) -> dict[str, dict[str, Any]] | None:
     return entries
 
 
-def dataset_directories(path: Path) -> list[Path]:
+def dataset_directories(path: Any) -> list[Any]:
     """The directories under ``path`` (itself included) that hold a dataset manifest, in path
     order, not looking inside them: a run folder (``OUT/runs/<run_hash>``), ``OUT/runs``, or
-    any folder of pack outputs. Spool folders and links are not followed."""
-    if (path / MANIFEST_FILE).is_file():
-        return [path]
-    found: list[Path] = []
-    for child in sorted(path.iterdir()):
-        if child.is_dir() and not child.is_symlink() and not _ignored(child) \
-                and not holds_spools(child):
+    any folder of pack outputs. Spool folders and links are not followed; one-file shards are
+    known by name, without a request."""
+    location = resolve(path)
+    if (location / MANIFEST_FILE).is_file():
+        return [_named(location)]
+    suffixes = tuple(get_format(n).Reader.SUFFIX for n in _one_file_formats())
+    found: list[Any] = []
+    for child in location.iterdir():
+        if _ignored(child) or child.name.endswith(suffixes) or child.is_link():
+            continue
+        if child.is_dir() and not holds_spools(child):
             found.extend(dataset_directories(child))
     return found
+
+
+def _one_file_formats() -> list[str]:
+    return [n for n in format_names() if get_format(n).Reader.SUFFIX]

@@ -31,13 +31,15 @@ Listings skip hidden names (temporaries, and anything starting with ``.``).
 
 from __future__ import annotations
 
+import fnmatch
+import glob as globlib
 import hashlib
 import os
 import posixpath
 import re
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -155,7 +157,9 @@ def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> 
     if filesystem is not None:
         fs = as_arrow_filesystem(filesystem)
         return Location(fs, _clean(inner), scheme or _scheme_of_filesystem(fs))
-    if scheme in (None, "file"):
+    if scheme is None:  # a local path, kept as given (messages name it so)
+        return Location(pafs.LocalFileSystem(), str(Path(inner)), "file")
+    if scheme == "file":
         return Location(pafs.LocalFileSystem(), str(Path(inner).absolute()), "file")
     if not _clean(inner):
         raise PacklabError(f"{text}: no bucket in this URI")
@@ -194,6 +198,9 @@ class Location:
     def uri(self) -> str:
         return f"{self.scheme}://{self.path}"
 
+    def __hash__(self) -> int:  # pyarrow filesystems are not hashable; their paths are
+        return hash((self.scheme, self.path))
+
     def __str__(self) -> str:
         return self.path if self.is_local else self.uri
 
@@ -220,7 +227,8 @@ class Location:
 
     @property
     def parent(self) -> Location:
-        return Location(self.filesystem, posixpath.dirname(self.path), self.scheme)
+        parent = posixpath.dirname(self.path)
+        return Location(self.filesystem, parent or ("." if self.is_local else ""), self.scheme)
 
     def joinpath(self, *parts: str) -> Location:
         """A path below this one (``..`` allowed, resolved lexically as URIs are)."""
@@ -259,7 +267,17 @@ class Location:
         return int(info.size)
 
     def iterdir(self) -> Iterator[Location]:
-        """Children (files and prefixes) directly under this prefix, sorted, hidden ones skipped."""
+        """Children (files and prefixes) directly under this prefix, sorted, hidden ones skipped
+        (a local folder's links listed as they are, broken ones too)."""
+        if self.is_local:
+            try:
+                names = sorted(os.listdir(self.path))
+            except FileNotFoundError:
+                raise FormatError(f"{self}: no such file or directory") from None
+            except OSError as exc:
+                raise FormatError(f"{self}: cannot list it: {exc.strerror}") from None
+            yield from (self / n for n in names if not n.startswith("."))
+            return
         try:
             infos = self.filesystem.get_file_info(pafs.FileSelector(self.path, recursive=False))
         except FileNotFoundError:
@@ -270,6 +288,41 @@ class Location:
             name = posixpath.basename(info.path.rstrip("/"))
             if name and not name.startswith("."):
                 yield self / name
+
+    def is_link(self) -> bool:
+        """A symbolic link (a layout's ``splits/`` hold them; object storage has none)."""
+        return self.is_local and os.path.islink(self.path)
+
+    def link_target(self) -> str:
+        """What a link points at, as written in it."""
+        return os.readlink(self.path)
+
+    def resolved(self) -> Location:
+        """Where this path really is, links followed (itself on object storage)."""
+        return replace(self, path=os.path.realpath(self.path)) if self.is_local else self
+
+    def glob(self) -> list[Location]:
+        """What this path, a glob pattern, matches (sorted; ``*`` does not cross ``/``)."""
+        if self.is_local:
+            return [replace(self, path=p) for p in sorted(globlib.glob(self.path))]
+        parts = self.path.split("/")
+        fixed = next(i for i, part in enumerate(parts) if globlib.has_magic(part))
+        base = replace(self, path="/".join(parts[:fixed]))
+        found = set()
+        for info in base.walk_files():
+            pieces = info.path.split("/")
+            if len(pieces) >= len(parts):
+                candidate = "/".join(pieces[:len(parts)])
+                if fnmatch.fnmatchcase(candidate, self.path):
+                    found.add(candidate)
+        return [replace(self, path=p) for p in sorted(found)]
+
+    def tree_size(self) -> int:
+        """Bytes of this file, or of every file under this folder or prefix."""
+        info = self.info()
+        if info.type == pafs.FileType.File:
+            return int(info.size)
+        return sum(int(i.size) for i in self.walk_files())
 
     def walk_files(self) -> Iterator[pafs.FileInfo]:
         """Every file under this prefix (recursive), hidden names included."""

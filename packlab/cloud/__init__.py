@@ -18,8 +18,8 @@ shards                temporary key and a publishing copy          ``validate()`
 ====================  ===========================================  ==========================================
 
 Entry points (the facade :func:`packlab.open_dataset`, ``open_shard`` and ``open_writer``
-send URIs here): :func:`remote_writer`, :func:`remote_shard`, :func:`remote_dataset`
-(``split=`` through ``blend.json``), :func:`upload_shard`, :func:`download_shard`,
+send URIs here): :func:`remote_writer`, :func:`remote_shard`, :func:`upload_shard`,
+:func:`download_shard`,
 :func:`upload_layout`, :func:`upload_tree`, :func:`sweep_temporaries`; DuckDB in :mod:`.sql`.
 Which store ``s3://`` means: :func:`packlab.storage.configure` (or ``AWS_ENDPOINT_URL``);
 for tests and notebooks, :class:`packlab.lab.s3server.S3Server` configures a local one.
@@ -31,10 +31,8 @@ from packlab.cloud.datasets import (
     RemoteDataset,
     fetch_spool,
     is_remote_source,
-    remote_dataset,
     remote_shard,
 )
-from packlab.cloud.discovery import find_shards, read_remote_blend, split_shards
 from packlab.cloud.transfer import (
     default_cache_dir,
     download_shard,
@@ -46,7 +44,6 @@ from packlab.cloud.writers import UploadingWriter, remote_writer
 
 __all__ = [
     "RemoteDataset", "UploadingWriter", "default_cache_dir", "download_shard", "fetch_spool",
-    "find_shards", "is_remote_source", "read_remote_blend", "remote_dataset", "remote_shard",
-    "remote_writer", "split_shards", "sweep_temporaries", "upload_layout", "upload_shard",
-    "upload_tree",
+    "is_remote_source", "remote_shard", "remote_writer", "sweep_temporaries", "upload_layout",
+    "upload_shard", "upload_tree",
 ]

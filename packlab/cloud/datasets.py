@@ -1,6 +1,6 @@
 """Reading shards that live on object storage: open one, or one dataset over many.
 
-:func:`remote_dataset` returns a :class:`RemoteDataset`, the same map-style, picklable
+:func:`packlab.open_dataset` returns a :class:`RemoteDataset` for URIs, the same map-style, picklable
 :class:`~packlab.dataset.PackedDataset` as for local shards. Per shard, by the format contract
 (:class:`~packlab.formats.base.FormatFacts`):
 
@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.discovery import find_shards, object_format, split_shards
 from packlab.cloud.transfer import download_shard, remote_manifest
 from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
-from packlab.errors import FormatError, PacklabError
-from packlab.formats import get_format
+from packlab.errors import FormatError
+from packlab.formats import detect_format, get_format, suffix_formats
 from packlab.storage import Location, is_remote, resolve
 
 
@@ -34,7 +33,8 @@ def remote_shard(uri: str | Location, format: str | None = None, *, filesystem: 
     """A reader for the remote shard at ``uri``: in place when its format ``READS_IN_PLACE``
     (unless ``direct=False``), else from the verified local cache."""
     location = resolve(uri, filesystem)
-    name = format or object_format(location) or find_shards(location)[0][1]  # no request if named
+    # on object storage a one-file shard is known by its name (no request); else its bytes
+    name = format or suffix_formats().get(location.suffix) or detect_format(location)
     reader = get_format(name).Reader
     if reader.READS_IN_PLACE and direct:
         return reader(location, **options)
@@ -76,22 +76,6 @@ class RemoteDataset(PackedDataset):
     def open_reader(self, shard: int) -> Any:
         return remote_shard(self.locations[shard], format=self.formats[shard],
                             cache_dir=self.cache_dir, **self.reader_options)
-
-
-def remote_dataset(uri: str | Location | Sequence[str | Location], *, split: str | None = None,
-                   format: str | None = None, filesystem: Any = None,
-                   cache_dir: str | os.PathLike[str] | None = None,
-                   **reader_options: Any) -> RemoteDataset:
-    """Remote shards as one dataset; ``split`` resolves through the layout's ``blend.json``."""
-    if isinstance(uri, list | tuple):
-        if split is not None:
-            raise PacklabError("split= needs one output prefix, not a list")
-        shards = [s for u in uri for s in find_shards(u, filesystem=filesystem, format=format)]
-    elif split is not None:
-        shards = split_shards(resolve(uri, filesystem), split, format=format)
-    else:
-        shards = find_shards(uri, filesystem=filesystem, format=format)
-    return RemoteDataset(shards, cache_dir=cache_dir, reader_options=reader_options)
 
 
 def is_remote_source(path: Any) -> bool:

@@ -22,9 +22,10 @@ from typing import Any
 
 from fsspec.implementations.arrow import ArrowFSWrapper
 
-from packlab.cloud.discovery import find_shards, split_shards
+from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import get_format
+from packlab.layout.blend import layout_shards
 from packlab.storage import Location, as_arrow_filesystem, filesystem_for, resolve
 
 
@@ -121,7 +122,8 @@ def parquet_shards(uri: str | Location, *, split: str | None = None,
                    filesystem: Any = None) -> list[Location]:
     """The Parquet shards of a remote prefix, or of a layout's split; other formats refused."""
     location = resolve(uri, filesystem)
-    shards = split_shards(location, split) if split else find_shards(location)
+    shards = ([ref for _, ref in layout_shards(location, splits=[split])[split]] if split
+              else find_shards(location))
     other = [loc for loc, name in shards if not get_format(name).Reader.SQL_READABLE]
     if other:
         raise PacklabError(f"{other[0]}: not Parquet; SQL reads Parquet shards only")

@@ -18,7 +18,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.discovery import remote_size
 from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
@@ -116,7 +115,7 @@ def _already_there(local: Path, remote: Location) -> bool:
     except FormatError:
         return False
     same = all(mine.get(k) == theirs.get(k) for k in ("format", "bins", "bytes", "sha256"))
-    return same and remote.exists() and remote_size(remote) == shard_bytes(local)
+    return same and remote.exists() and remote.tree_size() == shard_bytes(local)
 
 
 def _drop_stale(target: Location, keep: set[str]) -> None:

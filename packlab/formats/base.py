@@ -152,9 +152,8 @@ def ends_with(location: Location, magic: bytes, *, min_size: int = 0) -> bool:
 
 
 def _bytes_at(location: Location, offset: int, count: int) -> bytes | None:
-    location = as_location(location)
     try:
-        return location.read_range(offset, count) if location.is_file() else None
+        return as_location(location).read_range(offset, count)
     except (PacklabError, OSError):
         return None
 

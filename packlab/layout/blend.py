@@ -33,9 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from packlab.discovery import find_shards
+from packlab.discovery import ShardRef, find_shards
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_versioned_json, read_versioned_json
+from packlab.files import parse_versioned_json
+from packlab.storage import Location, as_location
 
 BLEND_FILE = "blend.json"
 BLEND_VERSION = "packlab_blend_v1"
@@ -47,11 +48,13 @@ NANO3_KEYS = {"packed_train_data_path": "train", "packed_val_data_path": "valid"
               "packed_test_data_path": "test"}
 
 
-def read_blend(root: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``root/blend.json``, checked; None when there is none."""
-    path = Path(root) / BLEND_FILE
-    blend = read_versioned_json(path, version=BLEND_VERSION, kind="blend file")
-    return None if blend is None else check_blend(blend, path)
+def read_blend(root: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
+    """``root/blend.json`` (a local folder or a prefix on object storage), checked; None when
+    there is none."""
+    path = as_location(root) / BLEND_FILE
+    if not path.is_file():
+        return None
+    return parse_blend(path.read_bytes(), path)
 
 
 def parse_blend(data: str | bytes, where: object) -> dict[str, Any]:
@@ -90,15 +93,16 @@ def blend_format(blend: dict[str, Any]) -> str | None:
     return blend.get("format") or blend.get("packing", {}).get("format")
 
 
-def is_layout(root: str | os.PathLike[str]) -> bool:
+def is_layout(root: str | os.PathLike[str] | Location) -> bool:
     """Whether ``root`` is an output layout (a ``splits/`` folder or a ``blend.json``)."""
-    p = Path(root)
-    return p.is_dir() and ((p / SPLITS_DIR).is_dir() or (p / BLEND_FILE).is_file())
+    p = as_location(root)
+    return (p / BLEND_FILE).is_file() or (p / SPLITS_DIR).is_dir()
 
 
-def known_splits(root: str | os.PathLike[str]) -> list[str]:
-    """The splits of a layout, from ``splits/`` (or ``blend.json`` without it), in order."""
-    p = Path(root)
+def known_splits(root: str | os.PathLike[str] | Location) -> list[str]:
+    """The splits of a layout, from ``splits/`` (or ``blend.json`` without it: on object
+    storage, always), in order."""
+    p = as_location(root)
     blend = read_blend(p)
     if (p / SPLITS_DIR).is_dir():
         on_disk = {c.name for c in (p / SPLITS_DIR).iterdir()
@@ -134,22 +138,34 @@ def split_source(root: str | os.PathLike[str], split: str) -> Path | list[Path]:
     return [p / s for s in shards]
 
 
-def layout_shards(root: str | os.PathLike[str]) -> dict[str, list[tuple[str, Path]]]:
-    """Every split's shards as ``(name, path)``: link names under ``splits/<split>/`` (or the
-    blend's ``links`` without the folder), sorted as :func:`packlab.open_dataset` reads them."""
-    p = Path(root)
+def layout_shards(root: str | os.PathLike[str] | Location, *, format: str | None = None,
+                  splits: list[str] | None = None) -> dict[str, list[tuple[str, ShardRef]]]:
+    """The shards of every split (or of ``splits``) as ``(name, shard)``, in the order
+    :func:`packlab.open_dataset` reads them: the links under ``splits/<split>/`` by their
+    names, or, without the folder (a copy on object storage, a filesystem without links), the
+    blend's shard paths named by its ``links`` (their format the blend's, when it says)."""
+    p = as_location(root)
     blend = read_blend(p)
-    out: dict[str, list[tuple[str, Path]]] = {}
-    for split in known_splits(p):
-        if (p / SPLITS_DIR).is_dir():
+    linked = (p / SPLITS_DIR).is_dir()
+    out: dict[str, list[tuple[str, ShardRef]]] = {}
+    for split in splits if splits is not None else known_splits(p):
+        if linked:
             target = p / SPLITS_DIR / split
-            has = any(not c.name.startswith(".") for c in target.iterdir())
-            out[split] = [(q.name, q) for q, _ in find_shards(target)] if has else []
-        else:
-            assert blend is not None
-            entry = blend["splits"][split]
-            out[split] = [(name, p / s) for name, s in
-                          zip(entry.get("links", []), entry.get("shards", []), strict=True)]
+            has = target.is_dir() and any(True for _ in target.iterdir())
+            out[split] = [(Path(str(r[0])).name, r) for r in find_shards(target, format=format)
+                          ] if has else []
+            continue
+        assert blend is not None
+        entry = blend["splits"][split]
+        kind = blend_format(blend)
+        if format is not None and kind is not None and format != kind:
+            raise FormatError(f"{p}: a {kind} layout, not {format}")
+        paths = [p / s for s in entry.get("shards", [])]
+        refs = ([ShardRef(s, kind) for s in paths] if kind is not None
+                else find_shards(paths, format=format))
+        names = list(entry.get("links", []))
+        out[split] = [(names[k] if k < len(names) else Path(str(r[0])).name, r)
+                      for k, r in enumerate(refs)]
     return out
 
 

@@ -49,6 +49,7 @@ from typing import Any
 from packlab.errors import FormatError, PacklabError
 from packlab.files import json_default, parse_versioned_json, short_hash, staged
 from packlab.pipeline.receipts import shard_bytes
+from packlab.storage import Location, as_location
 from packlab.version import __version__
 
 MANIFEST_FILE = "dataset.json"
@@ -105,16 +106,13 @@ def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) 
     return final
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The dataset manifest of ``directory``, checked field by field; None when it has none."""
-    path = manifest_path(directory)
+def read_manifest(directory: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
+    """The dataset manifest of ``directory`` (a local folder or a prefix on object storage),
+    checked field by field; None when it has none."""
+    path = as_location(directory) / MANIFEST_FILE
     if not path.is_file():
         return None
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"{path}: unreadable dataset manifest: {exc.strerror}") from None
-    return parse_manifest(raw, path)
+    return parse_manifest(path.read_bytes(), path)
 
 
 def parse_manifest(raw: bytes, where: object) -> dict[str, Any]:

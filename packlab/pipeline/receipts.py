@@ -20,22 +20,22 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json, read_bytes, sha256_file, staged
+from packlab.files import parse_json, sha256_file, staged
 from packlab.formats import get_format
+from packlab.storage import Location, as_location
 
 RECEIPT_SUFFIX = ".receipt.json"
 VERIFY_MODES = ("receipt", "full")
 DIRECTORY_MANIFESTS = ("manifest.json", "index.json")
 
 
-def receipt_path(shard: Path) -> Path:
+def receipt_path(shard: Any) -> Any:
     return shard.parent / f"{shard.name}{RECEIPT_SUFFIX}"
 
 
-def shard_bytes(path: Path) -> int:
-    if path.is_dir():
-        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-    return path.stat().st_size
+def shard_bytes(path: Path | Location) -> int:
+    """All bytes of a shard: a file's, or every file's of a directory shard."""
+    return as_location(path).tree_size()
 
 
 def shard_checksum(path: Path) -> tuple[str, str]:
@@ -100,14 +100,14 @@ def placed_receipt(shard: Path, receipt: dict[str, Any], where: object) -> dict[
     return receipt
 
 
-def read_receipt(shard: Path) -> dict[str, Any] | None:
-    """The receipt beside ``shard`` (None without one), checked for what places the shard
-    (:func:`placed_receipt`). Cheap: no hash."""
-    where = receipt_path(shard)
+def read_receipt(shard: Path | Location) -> dict[str, Any] | None:
+    """The receipt beside ``shard`` (a local path, or an object on object storage; None
+    without one), checked for what places the shard (:func:`placed_receipt`). Cheap: no
+    hash."""
+    where = as_location(receipt_path(shard))
     if not where.is_file():
         return None
-    raw = read_bytes(where, unreadable="unreadable receipt")
-    return placed_receipt(shard, parse_receipt(raw, where), where)
+    return placed_receipt(shard, parse_receipt(where.read_bytes(), where), where)
 
 
 def receipt_places(shards: list[Path]) -> dict[Path, tuple[int, int]]:

@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.discovery import remote_size
 from packlab.errors import PacklabError
 from packlab.files import remove
 from packlab.formats import get_format
@@ -36,6 +35,7 @@ from packlab.progress import progress_bar
 from packlab.sources import open_shard, open_writer
 from packlab.sources.outputs import output
 from packlab.sources.resolve import Shard, Source, resolve_source
+from packlab.storage import as_location
 
 
 def convert(src: Any, dst: str, *, format: str, split: str | None = None,
@@ -83,7 +83,7 @@ def _bins(shard: Shard) -> int:
 def _convert_one(shard: Shard, dst: Path, format: str, overwrite: bool, bar: Any,
                  bins: tuple[int, int] | None, format_options: dict[str, Any]) -> dict[str, Any]:
     with open_shard(shard.path, format=shard.format) as reader:
-        before = remote_size(shard.path) if shard.remote else int(reader.bytes_on_disk())
+        before = as_location(shard.path).tree_size()
         row = convert_reader(reader, dst, format=format, before=before, overwrite=overwrite,
                              metadata={"bins": list(bins)} if bins is not None else None,
                              on_bin=lambda: bar.update(1), **format_options)

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from packlab.cloud.discovery import remote_size
-from packlab.pipeline.receipts import shard_bytes
 from packlab.sources import open_shard
 from packlab.sources.resolve import Shard, Source
+from packlab.storage import as_location
 
 
 def shard_info(shard: Shard) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def shard_info(shard: Shard) -> dict[str, Any]:
                 "pack_size": int(reader.pack_size)}
         if not shard.remote:
             info = {**dict(reader.info()), **info}
-    info["bytes_on_disk"] = remote_size(shard.path) if shard.remote else shard_bytes(shard.path)
+    info["bytes_on_disk"] = as_location(shard.path).tree_size()
     return info
 
 

@@ -33,17 +33,8 @@ import glob as globlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from packlab.cloud.discovery import find_shards as remote_find_shards
-from packlab.cloud.discovery import (
-    glob_remote,
-    read_remote_blend,
-    read_remote_dataset_manifest,
-    remote_dataset_directories,
-    split_shards,
-)
 from packlab.discovery import PathLike, ShardRef, dataset_directories, find_shards
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json
@@ -52,12 +43,11 @@ from packlab.layout.blend import (
     SPLITS_DIR,
     is_layout,
     known_splits,
+    layout_shards,
     read_blend,
-    split_source,
 )
 from packlab.layout.build import CONFIG_FILE
-from packlab.pipeline.manifest import MANIFEST_FILE, require_complete
-from packlab.storage import Location, is_remote, resolve
+from packlab.storage import Location, as_location, resolve
 
 
 @dataclass(frozen=True)
@@ -125,7 +115,8 @@ def resolve_source(path: PathLike | Location | Sequence[PathLike | Location], *,
                    split: str | None = None, format: str | None = None,
                    filesystem: Any = None) -> Source:
     """Resolve ``path`` (see the module docstring) into a :class:`Source`; one clear error
-    (naming the path) for anything that is not a dataset or not whole."""
+    (naming the path) for anything that is not a dataset or not whole. A local path and a URI
+    go the same way, through their :class:`~packlab.storage.Location`."""
     if isinstance(path, list | tuple):
         if not path:
             raise PacklabError("no shards: an empty list of paths")
@@ -135,152 +126,66 @@ def resolve_source(path: PathLike | Location | Sequence[PathLike | Location], *,
         parts = [resolve_source(p, format=format, filesystem=filesystem) for p in path]
         return Source(", ".join(p.given for p in parts), "list",
                       [s for p in parts for s in p.shards])
-    if is_remote(path) or filesystem is not None:
-        return _resolve_remote(resolve(path, filesystem), os.fspath(path) if not isinstance(
-            path, Location) else path.uri, split, format)
-    return _resolve_local(os.fspath(path), split, format)
-
-
-# -- local -------------------------------------------------------------------------------------
-def _resolve_local(text: str, split: str | None, format: str | None) -> Source:
-    p = Path(text)
-    if not p.exists() and not p.is_symlink() and globlib.has_magic(text):
-        _no_split(text, split, "a glob")
-        return Source(text, "glob", [_shard(r) for r in find_shards(text, format=format)])
-    if not p.exists():
-        raise FormatError(f"{p}: no such file or directory")
-    if p.is_dir() and is_layout(p) and not _holds_shards(p):
-        return _local_layout(p, split, format)
-    if p.is_dir() and p.parent.name == SPLITS_DIR and is_layout(p.parent.parent):
-        return _local_split_folder(p, split, format)
+    location = resolve(path, filesystem)
+    given = location.uri if isinstance(path, Location) else os.fspath(path)
+    if not location.exists() and not location.is_link() and globlib.has_magic(location.path):
+        _no_split(given, split, "a glob")
+        return Source(given, "glob", [_shard(r) for r in find_shards(location, format=format)])
+    if location.is_dir() and is_layout(location) and not _holds_shards(location):
+        return _layout(given, location, split, format)
+    folder = location.parent
+    if folder.name == SPLITS_DIR and is_layout(folder.parent):  # ROOT/splits/<split>
+        if split is not None and split != location.name:
+            raise FormatError(f"{location}: split {location.name!r}, not {split!r}")
+        inner = _layout(given, folder.parent, location.name, format)
+        return Source(given, "split", inner.shards, layout=folder.parent, blend=inner.blend)
     try:
-        refs = find_shards(p, format=format)
+        refs = find_shards(location, format=format)
     except FormatError:
-        below = dataset_directories(p) if p.is_dir() else []
-        if not below or below == [p]:
+        below = dataset_directories(location) if location.is_dir() else []
+        if not below or below == [_as_given(location)]:
             raise
-        return _run_folder(p, below, split, format, find_shards, _read_local)
-    kind = "shard" if len(refs) == 1 and Path(refs[0][0]) == p else "directory"
-    _no_split(text, split, "a shard" if kind == "shard" else "a directory of shards")
-    return Source(text, kind, [_shard(r) for r in refs])
+        return _run_folder(location, below, split, format)
+    kind = "shard" if len(refs) == 1 and str(refs[0][0]) == str(_as_given(location)) \
+        else "directory"
+    _no_split(given, split, "a shard" if kind == "shard" else "a directory of shards")
+    return Source(given, kind, [_shard(r) for r in refs])
 
 
-def _holds_shards(p: Path) -> bool:
+def _as_given(location: Location) -> Any:
+    """A location as discovery returns shards: a local one as a ``Path``."""
+    return location.local_path or location
+
+
+def _holds_shards(location: Location) -> bool:
     """A folder that is a layout root and also holds shards directly is read as shards."""
-    return any(c.name.startswith("shard_") for c in p.iterdir())
+    return any(c.name.startswith("shard_") for c in location.iterdir())
 
 
-def _local_layout(root: Path, split: str | None, format: str | None) -> Source:
+def _layout(given: str, root: Location, split: str | None, format: str | None) -> Source:
+    """A layout's splits (``split``: only that one; ``ROOT/splits/<split>`` names one too),
+    from its links or its ``blend.json``; splits no sequence fell into are noted, not read."""
     blend = read_blend(root)  # a layout still being written is refused here
-
-    def split_shards_here(name: str) -> list[tuple[Any, str]]:  # links, named as they are
-        return [(r, Path(r[0]).name) for r in find_shards(split_source(root, name),
-                                                          format=format)]
-
-    names = [split] if split is not None else known_splits(root)
-    return _layout(str(root), root, blend, names, split, split_shards_here)
-
-
-def _layout(given: str, root: Any, blend: dict[str, Any] | None, names: list[str],
-            split: str | None, shards_of: Any) -> Source:
-    """A layout's splits (``names``), each split's shards from ``shards_of(name)`` as
-    ``(ref, link name)``; splits no sequence fell into are noted, not read."""
+    known = known_splits(root)
+    if split is not None and split not in known:
+        raise FormatError(f"{root}: no split {split!r}; splits here: "
+                          f"{', '.join(known) or 'none'}")
+    names = [split] if split is not None else known
     shards: list[Shard] = []
     empty: list[str] = []
-    for name in names:
-        if split is None and _empty_in_blend(blend, name):
+    for name, found in layout_shards(root, format=format, splits=names).items():
+        if not found:
+            if split is not None:
+                raise FormatError(f"{root}: split {split!r} is empty (no sequence fell into "
+                                  "it)")
             empty.append(name)
             continue
         shards.extend(_shard(r, split=name, dataset=_dataset_of(link, blend), name=link)
-                      for r, link in shards_of(name))
+                      for link, r in found)
     if not shards:
         raise FormatError(f"{root}: the output layout holds no shards")
-    return Source(given, "layout" if split is None else "split", shards, layout=root,
-                  blend=blend, empty_splits=empty)
-
-
-def _local_split_folder(folder: Path, split: str | None, format: str | None) -> Source:
-    root = folder.parent.parent
-    if split is not None and split != folder.name:
-        raise FormatError(f"{folder}: split {folder.name!r}, not {split!r}")
-    source = _local_layout(root, folder.name, format)
-    return Source(str(folder), "split", source.shards, layout=root, blend=source.blend)
-
-
-def _read_local(path: Path) -> bytes | None:
-    return path.read_bytes() if path.is_file() else None
-
-
-# -- remote ------------------------------------------------------------------------------------
-def _resolve_remote(location: Location, given: str, split: str | None,
-                    format: str | None) -> Source:
-    if globlib.has_magic(location.path) and not location.exists():
-        _no_split(given, split, "a glob")
-        matches = glob_remote(given, location.filesystem)
-        if not matches:
-            raise FormatError(f"{given}: the pattern matches nothing")
-        return Source(given, "glob", [s for m in matches for s in _remote_shards(m, format)])
-    if location.is_file():
-        _no_split(given, split, "a shard")
-        return Source(given, "shard", _remote_shards(location, format))
-    blend = read_remote_blend(location)
-    if blend is not None:
-        return _remote_layout(location, blend, split, format, given)
-    if location.parent.name == SPLITS_DIR and not location.exists():
-        root = location.parent.parent
-        blend = read_remote_blend(root)
-        if blend is not None:
-            if split is not None and split != location.name:
-                raise FormatError(f"{location}: split {location.name!r}, not {split!r}")
-            inner = _remote_layout(root, blend, location.name, format, given)
-            return Source(given, "split", inner.shards, layout=root, blend=blend)
-    try:
-        shards = _remote_shards(location, format)
-    except FormatError:
-        below = remote_dataset_directories(location) if location.is_dir() else []
-        if not below or below == [location]:
-            raise
-        return _run_folder(location, below, split, format, remote_find_shards, _read_remote)
-    kind = "shard" if len(shards) == 1 and shards[0].path == location else "directory"
-    _no_split(given, split, "a shard" if kind == "shard" else "a directory of shards")
-    return Source(given, kind, shards)
-
-
-def _remote_shards(location: Location, format: str | None) -> list[Shard]:
-    found = [_shard(r) for r in remote_find_shards(location, format=format)]
-    if len(found) == 1 and found[0].path == location and found[0].bins is None:
-        return [_remote_placed(found[0])]
-    return found
-
-
-def _remote_placed(shard: Shard) -> Shard:
-    """A remote shard named by itself: as locally, its prefix's dataset manifest (if any)
-    must list it and be complete."""
-    parent = shard.path.parent
-    manifest = read_remote_dataset_manifest(parent)
-    if manifest is None:
-        return shard
-    require_complete(parent, manifest)
-    for entry in manifest["shards"]:
-        if entry["name"] == shard.path.name:
-            ref = ShardRef.listed(shard.path, shard.format, entry)
-            return _shard(ref)
-    raise FormatError(f"{shard.path}: not listed in {parent / MANIFEST_FILE}")
-
-
-def _remote_layout(root: Location, blend: dict[str, Any], split: str | None,
-                   format: str | None, given: str) -> Source:
-    def split_shards_here(name: str) -> list[tuple[Any, str]]:  # named by the blend's links
-        links = blend["splits"].get(name, {}).get("links", [])
-        return [(ref, links[k] if k < len(links) else ref[0].name)
-                for k, ref in enumerate(split_shards(root, name, format=format))]
-
-    names = [split] if split is not None else list(blend["splits"])
-    return _layout(given, root, blend, names, split, split_shards_here)
-
-
-def _read_remote(location: Location) -> bytes | None:
-    return location.read_bytes() if location.is_file() else None
+    return Source(given, "layout" if split is None else "split", shards,
+                  layout=_as_given(root), blend=blend, empty_splits=empty)
 
 
 # -- shared ------------------------------------------------------------------------------------
@@ -310,8 +215,8 @@ def _dataset_of(link: str, blend: dict[str, Any] | None) -> str | None:
     return inputs[0].get("name") if len(inputs) == 1 else None
 
 
-def _run_folder(folder: Any, directories: list[Any], split: str | None, format: str | None,
-                finder: Any, reader: Any) -> Source:
+def _run_folder(folder: Location, directories: list[Any], split: str | None,
+                format: str | None) -> Source:
     """Every pack output under ``folder`` (labelled by its ``config.json``, when a layout
     wrote it), or those of ``split``."""
     if not directories:
@@ -320,7 +225,7 @@ def _run_folder(folder: Any, directories: list[Any], split: str | None, format: 
     shards: list[Shard] = []
     seen: list[str] = []
     for directory in directories:
-        config = _config(directory, reader)
+        config = _config(as_location(directory))
         part_split = config.get("split")
         seen.append(str(part_split))
         if split is not None and part_split != split:
@@ -329,22 +234,20 @@ def _run_folder(folder: Any, directories: list[Any], split: str | None, format: 
         shards.extend(_shard(r, split=part_split, dataset=dataset,
                              name=f"{dataset}{LINK_SEPARATOR}{r[0].name}" if dataset
                              else _relative(r[0], folder))
-                      for r in finder(directory, format=format))
+                      for r in find_shards(directory, format=format))
     if not shards:
         raise FormatError(f"{folder}: no output of split {split!r} here (splits: "
                           f"{', '.join(sorted(set(seen))) or 'none'})")
-    return Source(str(folder), "run", shards)
+    return Source(str(_as_given(folder)), "run", shards)
 
 
-def _config(directory: Any, reader: Any) -> dict[str, Any]:
-    raw = reader(directory / CONFIG_FILE)
-    if raw is None:
+def _config(directory: Location) -> dict[str, Any]:
+    file = directory / CONFIG_FILE
+    if not file.is_file():
         return {}
-    config = parse_json(raw, directory / CONFIG_FILE, unreadable="unreadable")
+    config = parse_json(file.read_bytes(), file, unreadable="unreadable")
     return config if isinstance(config, dict) else {}
 
 
-def _relative(path: Any, root: Any) -> str:
-    if isinstance(path, Location):
-        return path.relative_to(root)
-    return Path(path).relative_to(root).as_posix()
+def _relative(path: Any, root: Location) -> str:
+    return as_location(path).relative_to(root)
