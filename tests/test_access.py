@@ -350,9 +350,9 @@ def test_notebook_tables_and_numbers_carry_every_format() -> None:
                               "first_batch_seconds": 0.5}]}
     assert "DataLoader 0 workers bins/s" in throughput_table(scans, loaders)
     numbers = headline_numbers(latency, scans, {}, loaders, [], {})
-    assert numbers["memmap_v1_warm_p50_us"] == 10.0
-    assert numbers["memmap_v1_dataloader_0_workers_bins_per_s"] == 900.0
-    assert numbers["memmap_v1_scan_warm_tokens_per_s"] == 2e8
+    assert numbers.formats["memmap_v1"].warm.p50_us == 10.0
+    assert numbers.formats["memmap_v1"].dataloader_bins_per_s[0] == 900.0
+    assert numbers.formats["memmap_v1"].scan_warm.tokens_per_s == 2e8
     assert fmt_us(12345.6) == "12,346" and fmt_us(None) == "n/a"
 
 

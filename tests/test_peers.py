@@ -23,8 +23,9 @@ from packlab.lab.measure.peers.base import (
     reference_from,
 )
 from packlab.lab.measure.peers.raw_csr import RawCsr, load_reference
-from packlab.lab.measure.peers.run import compare, prepare, seeded_indices, verify
+from packlab.lab.measure.peers.run import compare, prepare, verify
 from packlab.lab.measure.peers.summary import findings, smallest_fast, table
+from packlab.lab.measure.timing import seeded_indices
 from packlab.packing import pack
 from packlab.synth import synthesize
 

@@ -38,7 +38,7 @@ def _run(**overrides: Any) -> dict[str, dict[str, Any]]:
         sizes[fmt] = 5.0 - 0.1 * i
     run = {
         "03_write_formats": {"numbers": {"bytes_per_token": sizes}, "findings": []},
-        "04_peak_memory": {"numbers": memory, "findings": [
+        "04_peak_memory": {"numbers": memory, "parameters": {"sizes": [1000]}, "findings": [
             finding("RFC: legacy ~4 GB", "4.1 GB", verdicts.approx(4.1e9, 4e9))]},
         "05_random_access": {"numbers": access, "findings": [
             finding("binidx: warm within 1.1x", "1.05x", verdicts.holds(True), source="target")]},

@@ -3,10 +3,12 @@
 Every notebook ends with one :func:`record` call; tests and the report read the JSON back, so
 the words in a notebook's conclusion never drift from its numbers.
 
-A literal results file (``build/results/02_packing.json``)::
+The numbers are the notebook's typed record (:mod:`packlab.lab.records`), stored as its JSON
+under the record's name. A literal results file (``build/results/03_write_formats.json``)::
 
-    {"notebook": "02_packing", "parameters": {"num_sequences": 20000},
-     "numbers": {"ffd_efficiency": 0.9991, "ffd_seconds_1m": 0.84},
+    {"notebook": "03_write_formats", "record": "WriteFormats",
+     "parameters": {"num_sequences": 20000},
+     "numbers": {"bytes_per_token": {"parquet": 2.31, "memmap_v1": 5.04}, "num_bins": 4502},
      "findings": [{"claim": "FFD within 0.5% of the lower bound", "measured": "0.09%",
                    "verdict": "holds", "source": "target"}]}
 
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.files import json_default
+from packlab.lab.records.base import Record
 
 _REPO = Path(__file__).resolve().parents[2]  # packlab/lab/results.py -> the checkout
 #: the id of the ``python -m packlab.lab.notebooks run`` a notebook runs in (kept in its results, so
@@ -85,20 +88,24 @@ def _source(claim: str) -> str:
 
 def record(
     notebook: str,
-    numbers: dict[str, Any],
+    numbers: Record,
     *,
     parameters: dict[str, Any] | None = None,
     findings: list[dict[str, str]] | None = None,
 ) -> None:
-    """Write a notebook's headline numbers to :func:`results_path` (returns nothing, so a
-    notebook's last cell shows no stray output)."""
+    """Write a notebook's headline numbers, its typed record, to :func:`results_path` (returns
+    nothing, so a notebook's last cell shows no stray output)."""
+    if type(numbers).NOTEBOOK != notebook:
+        raise ValueError(f"{notebook}: its numbers must be its record, got "
+                         f"{type(numbers).__name__} (of {type(numbers).NOTEBOOK or 'no notebook'})")
     path = results_path(notebook)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "notebook": notebook,
+        "record": type(numbers).__name__,
         "run": os.environ.get(RUN_ENV),
         "parameters": parameters or {},
-        "numbers": numbers,
+        "numbers": numbers.to_json(),
         "findings": [{**f, "source": f.get("source") or _source(f["claim"])}
                      for f in findings or []],
     }

@@ -13,10 +13,13 @@ notebooks call the same functions):
 - :mod:`~packlab.lab.measure.delivery`: every timed read delivered inside its timer; percentiles;
 - :mod:`~packlab.lab.measure.reading`: what a benchmark reads through (dataset or reader), warmed
   or made to forget;
-- :mod:`~packlab.lab.measure.floors`: the Python floor (bins in RAM), memcpy and raw pread of the
-  same bytes, the cold floors of a memory map;
+- :mod:`~packlab.lab.measure.timing`: the one timing loop of random access (seeded indices, each
+  read timed alone and delivered, floors in the same loop, interleaved, budgets);
+- :mod:`~packlab.lab.measure.floors`: every floor (raw CSR numpy over the same files, the Python
+  floor: bins in RAM, memcpy and raw pread of the same bytes), the cold floors of a memory map;
 - :mod:`~packlab.lab.measure.latency`: random-access latency, warm and cold, floors beside it;
-  batched against single reads;
+  batched against single reads (notebook 05, ``packlab bench latency``);
+- :mod:`~packlab.lab.measure.integrity`: what integrity on read costs a warm read;
 - :mod:`~packlab.lab.measure.throughput`: sequential scan and DataLoader rates;
 - :mod:`~packlab.lab.measure.rowgroups`: Parquet row groups: shuffled epochs, misses, the RFC's
   row-group table measured;

@@ -1,5 +1,5 @@
 """Notebook 05's report: DESIGN.md's read targets and the RFC's row-group table judged from
-the numbers measured, the tables that show them, and the flat headline numbers it records.
+the numbers measured, the tables that show them, and the typed record it keeps.
 
 Every verdict is computed here from the rows of :mod:`~packlab.lab.measure.latency`,
 :mod:`~packlab.lab.measure.throughput`, :mod:`~packlab.lab.measure.rowgroups` and
@@ -11,6 +11,7 @@ the Python floor; ``IN_RAM``: no cold read), never from their names.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,17 @@ from packlab.lab.measure.floors import MMAP_MODES
 from packlab.lab.measure.rowgroups import RFC_BYTES_PER_ROW, RFC_ROW_GROUPS
 from packlab.lab.measure.throughput import steady_rate
 from packlab.lab.measure.verdicts import claim_verdict, holds
+from packlab.lab.records.random_access import (
+    Batched,
+    FormatAccess,
+    Integrity,
+    IntegrityRule,
+    Latency,
+    MmapProbe,
+    RandomAccess,
+    RowGroupSize,
+    Scan,
+)
 from packlab.lab.results import finding
 from packlab.lab.tables import fmt_us, human_bytes, markdown_table, times
 
@@ -332,39 +344,42 @@ def headline_numbers(
     sweep: Sequence[Mapping[str, Any]],
     epochs: Mapping[str, Mapping[str, Any]],
     mmap: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Every figure of notebook 05 under a flat, stable key (what ``results.record`` keeps)."""
-    out: dict[str, Any] = {}
-    if mmap is not None:
-        out.update({f"cold_{mode}_p50_us": mmap[f"{mode}_p50_us"] for mode in MMAP_MODES})
-        out["read_ahead_kb"] = mmap["read_ahead_kb"]
-    keys = ("p50_us", "p90_us", "p99_us", "mean_us", "python_floor_p50_us", "memcpy_p50_us",
-            "pread_p50_us", "ratio_to_python_floor", "ratio_to_pread", "samples",
-            "raw_csr_p50_us", "ratio_to_raw_csr")
-    for cache, per_format in latency.items():
-        for n, r in per_format.items():
-            out.update({f"{n}_{cache}_{k}": r[k] for k in keys})
-    for cache, per_format in scans.items():
-        for n, r in per_format.items():
-            out[f"{n}_scan_{cache}_tokens_per_s"] = r["tokens_per_s"]
-            out[f"{n}_scan_{cache}_ratio_to_floor"] = r.get("ratio_to_floor")
-    for n, b in batched.items():
-        out.update({f"{n}_batched_p50_us": b["batched_p50_us"],
-                    f"{n}_single_p50_us": b["single_p50_us"], f"{n}_batch_gain": b["gain"],
-                    f"{n}_raw_single_p50_us": b.get("raw_single_p50_us"),
-                    f"{n}_batch_gain_vs_raw": b.get("gain_vs_raw")})
-    for n, rows in loaders.items():
-        out.update({f"{n}_dataloader_{r['workers']}_workers_bins_per_s": steady_rate(r)
-                    for r in rows})
-    for r in sweep:
-        out.update({f"parquet_rg{r['row_group_size']}_{k}": r[k] for k in (
-            "bytes_on_disk", "write_peak_rss_growth_bytes", "write_peak_anon_growth_bytes",
-            "miss_p50_us",
-            "block_epoch_per_bin_us", "scan_tokens_per_s")})
-    for key, e in epochs.items():
-        slug = "_".join(key.replace(",", " ").split())
-        out[f"parquet_epoch_{slug}_seconds"] = e["epoch_seconds"]
-    if {"today", "packlab"} <= set(epochs):
-        out["parquet_shuffled_epoch_speedup"] = (epochs["today"]["epoch_seconds"]
-                                                 / epochs["packlab"]["epoch_seconds"])
-    return out
+    *,
+    integrity: Mapping[str, Mapping[str, Any]] | None = None,
+    rule: Mapping[str, Any] | None = None,
+    num_bins: int | None = None,
+) -> RandomAccess:
+    """Every figure of notebook 05 in its typed record (what ``results.record`` keeps)."""
+    names = list(dict.fromkeys([*latency.get("warm", {}), *latency.get("cold", {}),
+                                *scans.get("warm", {}), *batched, *loaders,
+                                *(integrity or {})]))
+    formats = {}
+    for n in names:
+        scan = {c: scans.get(c, {}).get(n) for c in ("warm", "cold")}
+        formats[n] = FormatAccess(
+            warm=_typed(Latency, latency.get("warm", {}).get(n)),
+            cold=_typed(Latency, latency.get("cold", {}).get(n)),
+            scan_warm=_typed(Scan, scan["warm"]), scan_cold=_typed(Scan, scan["cold"]),
+            batched=_typed(Batched, batched.get(n)),
+            dataloader_bins_per_s={r["workers"]: steady_rate(r) for r in loaders.get(n, [])},
+            integrity=_typed(Integrity, (integrity or {}).get(n)))
+    speedup = (epochs["today"]["epoch_seconds"] / epochs["packlab"]["epoch_seconds"]
+               if {"today", "packlab"} <= set(epochs) else None)
+    return RandomAccess(
+        formats=formats, num_bins=num_bins,
+        mmap=None if mmap is None else MmapProbe(
+            {mode: mmap[f"{mode}_p50_us"] for mode in MMAP_MODES}, mmap["read_ahead_kb"],
+            mmap["mmap_pages"], mmap["nbytes"]),
+        integrity_rule=_typed(IntegrityRule, rule),
+        row_groups=[_typed(RowGroupSize, r) for r in sweep],
+        epoch_seconds={k: e["epoch_seconds"] for k, e in epochs.items()},
+        shuffled_epoch_speedup=speedup,
+        row_group_decodes={k: epochs[k]["row_group_decodes"] for k in ("today", "packlab")
+                           if k in epochs})
+
+
+def _typed(cls: type, row: Mapping[str, Any] | None) -> Any:
+    """The fields of ``cls`` a measurement's row holds (None: not measured)."""
+    if row is None:
+        return None
+    return cls(**{f.name: row[f.name] for f in fields(cls) if f.name in row})

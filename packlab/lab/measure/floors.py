@@ -9,14 +9,14 @@
   or a reader's ``read_bin``) over the same bins already in RAM as numpy CSR arrays
   (:class:`RamShard`, :class:`RamDataset`): what any format costs at the least through that
   path, so a format's own cost is its ratio to it;
-- **memcpy** of the bytes a read returned, and a **raw pread** of as many bytes at the bin's
-  relative position in the largest data file (readahead off; cold: the file evicted first):
-  :func:`byte_floors`, a second pass over the indices the format read, after it, so the
-  format's readahead does not slow them (a cold pread is timed right after each cold read
-  instead, :class:`Pread`: the device's load, shared with other jobs, changes faster than a
-  pass);
+- **memcpy** of the bytes a read returned (:class:`Memcpy`: delivered as any read is), and a
+  **raw pread** of as many bytes at the bin's relative position in the largest data file
+  (:class:`Pread`: readahead off; cold: the file evicted first);
 - the cold floors of a **memory map** (:func:`mmap_floors`): one cold read four ways, and the
   pages each really read.
+
+Every floor is timed in the same run as what it judges, by the one loop of
+:mod:`packlab.lab.measure.timing`; :data:`FLOORS` names them (the keys and rows they report).
 """
 
 from __future__ import annotations
@@ -34,11 +34,15 @@ from packlab.bins import PackedBin
 from packlab.dataset import PackedDataset
 from packlab.errors import PacklabError
 from packlab.formats.table import BinTable, CsrIndex, Layout, lookup
-from packlab.lab.measure.delivery import Sink, percentiles
+from packlab.lab.measure.delivery import percentiles
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
-from packlab.lab.measure.reading import is_dataset, open_source, readers_of, reads
+from packlab.lab.measure.reading import is_dataset, open_source, readers_of
 
 MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
+#: every floor, in the order tables and rows list them
+FLOORS = ("raw_csr", "memcpy", "python_floor", "pread")
+FLOOR_LABELS = {"raw_csr": "raw CSR numpy (same files)", "memcpy": "memcpy of the same bytes",
+                "python_floor": "in-RAM Python floor", "pread": "raw pread of the same bytes"}
 
 
 # -- the Python floor --------------------------------------------------------------------------
@@ -187,6 +191,18 @@ class RawCsr:
         for i in indices:
             read(i)
 
+    def timed(self, indices: Sequence[int]) -> int:
+        """Nanoseconds of reading ``indices`` (one bin: a single read, nothing else in the
+        timer; several: the loop over them, one timer)."""
+        if len(indices) == 1:
+            i, read = indices[0], self.read
+            began = time.perf_counter_ns()
+            read(i)
+            return time.perf_counter_ns() - began
+        began = time.perf_counter_ns()
+        self.read_batch(indices)
+        return time.perf_counter_ns() - began
+
     def _reader_of(self, layout: Layout, runs: Any) -> Any:
         """The read of one shard: a closure over its maps, positions and the buffers."""
         def column(c: Any) -> np.ndarray:
@@ -269,52 +285,17 @@ class Pread:
         os.close(self.fd)
 
 
-def byte_floors(
-    floor: Any,
-    big: Path,
-    batches: np.ndarray,
-    sizes: np.ndarray,
-    *,
-    num_bins: int,
-    cold: bool,
-    sink: Sink,
-    pread_ns: np.ndarray | None = None,
-    python_ns: np.ndarray | None = None,
-) -> tuple[np.ndarray, int]:
-    """The floors' pass over the batches a format read and the bytes it returned, per bin:
-    the Python floor reading the same batch (delivered), a memcpy of the same bytes
-    (``np.copyto`` into a preallocated array) and a raw ``os.pread`` of them (:class:`Pread`).
-    ``python_ns`` / ``pread_ns``: timed already, beside the format's reads (then not here).
-    Returns nanoseconds per bin, shape ``(3, len(sizes))``, and the most pages found resident
-    before a cold pread."""
-    batch_size = batches.shape[1]
-    one, many = reads(floor)
-    src = np.ones(int(sizes.max()) + 1, dtype=np.uint8)
-    dst = np.ones_like(src)
-    ns = np.zeros((3, sizes.shape[0]), dtype=np.int64)
-    pread = Pread(big, num_bins) if pread_ns is None else None
-    try:
-        for k, nbytes in enumerate(sizes.tolist()):
-            batch = batches[k]
-            if python_ns is not None:
-                pass
-            elif batch_size == 1:
-                ns[0, k] = sink.timed(one, int(batch[0]))[0]
-            else:
-                ns[0, k] = sink.timed(many, batch.tolist(), batch=True)[0]
-            began = time.perf_counter_ns()
-            np.copyto(dst[:nbytes], src[:nbytes])
-            ns[1, k] = time.perf_counter_ns() - began
-            if pread is not None:
-                ns[2, k] = pread.time(int(batch[0]), nbytes, cold=cold)
-    finally:
-        if pread is not None:
-            pread.close()
-    if pread_ns is not None:
-        ns[2] = pread_ns
-    if python_ns is not None:
-        ns[0] = python_ns
-    return ns // batch_size, 0 if pread is None else pread.worst
+class Memcpy:
+    """The memcpy floor: a 'read' that returns ``nbytes`` of one preallocated array, so
+    delivering it (the same delivery as any read:
+    :meth:`~packlab.lab.measure.delivery.Sink.timed_arrays`) is one copy of as many bytes as
+    the bin holds."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.source = np.ones(max(int(max_bytes), 1), dtype=np.uint8)
+
+    def read(self, nbytes: int) -> tuple[np.ndarray]:
+        return (self.source[:nbytes],)
 
 
 # -- the cold floors of a memory map ----------------------------------------------------------

@@ -1,7 +1,8 @@
 """What integrity on read costs (issue 18, item 3): per bin, warm, measured side by side.
 
-One loop over the same seeded bins, each step timing, on the bin it reads (delivered, as
-:mod:`packlab.lab.measure.latency` delivers):
+One loop over the same seeded bins (the timing loop of :mod:`packlab.lab.measure.timing`),
+each step timing, on the bin it reads (delivered, as :mod:`packlab.lab.measure.latency`
+delivers):
 
 - ``read``: ``dataset[i]`` as opened by default (``verify=False``);
 - ``verified``: ``dataset[i]`` opened with ``verify=True`` (the per-bin checksum for the
@@ -30,8 +31,9 @@ from xxhash import xxh3_64_intdigest
 
 from packlab.errors import PacklabError
 from packlab.invariants import check_bin
-from packlab.lab.measure.delivery import Budget, Sink, percentiles
+from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.reading import data_files, format_of, open_source, readers_of, warm
+from packlab.lab.measure.timing import Lane, interleaved, seeded_indices
 
 COSTS = ("read", "verified", "check_bin", "xxh3", "crc32")
 
@@ -91,38 +93,38 @@ def integrity_costs(path: str | os.PathLike[str], *, samples: int = 500, seed: i
         checked[0]
     except PacklabError:
         checked = None
-    n = len(plain)
     sink = Sink(plain.pack_size)
     files = data_files(plain)
     warm(plain, files, sink)
     if checked is not None:
         warm(checked, [], sink)
     pack_size = max(int(r.pack_size) for r in readers_of(plain))
-    indices = np.random.default_rng(seed).integers(0, n, size=samples).tolist()
-    ns = np.zeros((len(COSTS), samples), dtype=np.int64)
-    taken, budget = samples, Budget(max_seconds)
-    for k, i in enumerate(indices):
-        j = indices[(k + samples // 2) % samples]  # the verified read: another bin
-        ns[0, k] = sink.timed(plain.__getitem__, i)[0]
-        if checked is not None:
-            ns[1, k] = sink.timed(checked.__getitem__, j)[0]
+
+    def check(i: int) -> int:
         item = plain[i]
-        starts = item["seq_boundaries"][:-1]
-        ns[2, k] = _timed(check_bin, item["input_ids"], item["loss_mask"], starts,
-                          pack_size=pack_size, source=str(path), bin_id=i)
-        ns[3, k], ns[4, k] = _hashes(item)
-        if budget.spent(k + 1):
-            taken = k + 1
-            break
+        return _timed(check_bin, item["input_ids"], item["loss_mask"],
+                      item["seq_boundaries"][:-1], pack_size=pack_size, source=str(path),
+                      bin_id=i)
+
+    lanes = [Lane("read", lambda i: sink.timed(plain.__getitem__, i)[0]),
+             Lane("check_bin", check, floor=True),
+             Lane("xxh3", lambda i: _hashes(plain[i])[0], floor=True),
+             Lane("crc32", lambda i: _hashes(plain[i])[1], floor=True)]
+    if checked is not None:  # the verified read: another bin
+        lanes.insert(1, Lane("verified", lambda i: sink.timed(checked.__getitem__, i)[0],
+                             shift=samples // 2))
+    timings = interleaved(lanes, seeded_indices(len(plain), samples, seed),
+                          max_seconds=max_seconds)
     plain.close()
+    taken = timings.samples("read")
     out: dict[str, Any] = {"path": str(path), "format": format_of(plain), "samples": taken,
                            "seed": seed, "verify_available": checked is not None,
                            "structure_ns_per_bin": structure_cost(path)}
-    for row, name in enumerate(COSTS):
+    for name in COSTS:
         if name == "verified" and checked is None:
             out.update({f"verified_{p}_us": None for p in ("p50", "p90", "p99", "mean")})
             continue
-        out.update(percentiles(ns[row, :taken], f"{name}_"))
+        out.update(timings.percentiles(name, f"{name}_"))
     base = out["read_p50_us"]
     out["verify_ratio"] = out["verified_p50_us"] / base if checked is not None else None
     for name in ("check_bin", "xxh3", "crc32"):

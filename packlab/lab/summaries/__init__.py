@@ -7,7 +7,8 @@ the numbers.
 
 - :func:`notebook_markdown`: a notebook's summary: its bullets (from the module
   ``packlab.lab.summaries.<name>`` when there is one: ``02_packing`` -> :mod:`.packing`, a function
-  ``bullets(numbers, parameters) -> list[str]``) and its findings as one table;
+  ``bullets(record, parameters) -> list[str]`` reading the notebook's typed record,
+  :mod:`packlab.lab.records`) and its findings as one table;
 - :func:`findings_table`: findings as a Markdown table, verdicts coloured or plain;
 - :mod:`.front`: the cross-notebook answer (per-format table, a format per use case, the RFC's
   claims, the targets), for the report's front page and the README;
@@ -41,7 +42,9 @@ def bullets(notebook: str, recorded: Mapping[str, Any]) -> list[str]:
         if exc.name != module_name(notebook):
             raise
         return []
-    return list(module.bullets(recorded["numbers"], recorded.get("parameters", {})))
+    from packlab.lab.records import load
+
+    return list(module.bullets(load(notebook, recorded), recorded.get("parameters", {})))
 
 
 def findings_table(findings: Sequence[Mapping[str, str]], *, colour: bool = True,

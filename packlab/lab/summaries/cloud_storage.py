@@ -5,19 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packlab.lab.records.cloud_storage import CloudStorage
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
-    sweep = n["access"]
+
+def bullets(n: CloudStorage, p: Mapping[str, Any]) -> list[str]:
+    sweep = n.access
     small, large = sweep[0], sweep[-1]
-    cold = {r["dataset"]: r for r in n["open"] if r["cache"] == "cold"}
-    warm = {r["dataset"]: r for r in n["open"] if r["cache"] == "warm"}
-    way = {r["way"]: r for r in n["write"]}
+    cold = {r["dataset"]: r for r in n.open if r["cache"] == "cold"}
+    warm = {r["dataset"]: r for r in n.open if r["cache"] == "warm"}
+    way = {r["way"]: r for r in n.write}
     ms_small, ms_large = small["modelled_s3_ms_per_access"], large["modelled_s3_ms_per_access"]
     advice = ("random access over S3 wants small row groups (sequential scans want large ones)"
               if ms_small < 0.8 * ms_large else "the row-group size barely matters at this scale")
     return [
         f"**Random Parquet access** costs one ranged GET of one row group: at most "
-        f"{n['max_requests_per_access']} request and {n['max_bytes_over_row_group']:.2f}x the row "
+        f"{n.max_requests_per_access} request and {n.max_bytes_over_row_group:.2f}x the row "
         "group's compressed bytes per access that misses the cached group; once per open, a HEAD "
         f"and one tail read ({max(r['open_bytes'] for r in sweep) / 1e3:.0f} kB here: 64 KiB or "
         f"the footer, whichever is larger; footers of {large['footer_bytes'] / 1e3:.1f}-"
@@ -42,7 +44,7 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         f"staged sent {way['memmap_v1 local+upload']['bytes_sent'] / 1e6:.2f} MB (padded rows). "
         "Every way publishes atomically: a failed or killed writer leaves nothing under the "
         "final key.",
-        f"**SQL**: DuckDB counted {n['duckdb_num_bins']:,} bins over s3:// in "
-        f"{n['duckdb_requests']} requests ({n['duckdb_bytes'] / 1e6:.2f} MB), with no network "
+        f"**SQL**: DuckDB counted {n.duckdb_num_bins:,} bins over s3:// in "
+        f"{n.duckdb_requests} requests ({n.duckdb_bytes / 1e6:.2f} MB), with no network "
         "extension.",
     ]

@@ -6,16 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packlab.lab.records.compression import Compression
+
 #: the label of today's Parquet (the RFC's, Nemotron's) among the sizes per format
 TODAY = "parquet dictionary"
 
 
 def default_bullet(n: Mapping[str, Any]) -> str:
     """The writer's default layout against today's, from the numbers that chose it."""
-    d, small = n["default_layout"], n["smallest_layout"]
+    d, small = n.default_layout, n.smallest_layout
     saving = d["saving"]
     chosen = ("the layout the numbers choose" if d["chosen_by_numbers"]
-              else f"**not** the layout the numbers choose (`{n['balanced']['real']['layout']}`)")
+              else f"**not** the layout the numbers choose (`{n.balanced['real']['layout']}`)")
     return (f"**packlab's default** (`layout=\"{d['name']}\"`, `{d['layout']}`), {chosen}: on "
             f"real text {saving['real']:.1%} smaller than today's zstd Parquet (chat "
             f"{saving['chat']:+.1%}, uniform ids {saving['uniform']:+.1%}: synthetic ids have no "
@@ -28,17 +30,17 @@ def default_bullet(n: Mapping[str, Any]) -> str:
             "Megatron-Bridge read every layout unchanged (packlab's tests).")
 
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
-    per_token, kinds = n["bytes_per_token"], list(n["bytes_per_token"])
-    pvl, mvl, zstd = n["parquet_vs_legacy"], n["memmap_vs_legacy"], n["zstd_ratio_to_raw"]
-    padding = n["memmap_padding"]
-    best, balanced, rfc = n["smallest_fast"], n["balanced"], n["rfc_layout"]
+def bullets(n: Compression, p: Mapping[str, Any]) -> list[str]:
+    per_token, kinds = n.bytes_per_token, list(n.bytes_per_token)
+    pvl, mvl, zstd = n.parquet_vs_legacy, n.memmap_vs_legacy, n.zstd_ratio_to_raw
+    padding = n.memmap_padding
+    best, balanced, rfc = n.smallest_fast, n.balanced, n.rfc_layout
     real = best["real"]
     fast = "reads as fast" if real["read_vs_reference"] >= p["read_tolerance"] else "reads slower"
     out = [
         f"**Every format** (chat data): legacy {per_token['chat']['legacy_npy_pickle']:.2f} "
         f"B/token, memmap {per_token['chat']['memmap_v1']:.2f} ({mvl['chat']:.2f}x legacy at "
-        f"{n['pack_efficiency']['chat']:.1%} pack efficiency), today's zstd Parquet "
+        f"{n.pack_efficiency['chat']:.1%} pack efficiency), today's zstd Parquet "
         f"{per_token['chat'][TODAY]:.2f} ({pvl['chat']:.2f}x legacy), packlab's default "
         f"Parquet {per_token['chat']['parquet']:.2f}. The legacy pickle's size depends on the ids "
         "(pickle writes small ints in fewer bytes): today's Parquet/legacy is "
@@ -51,7 +53,7 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         f"**zstd**: today's Parquet is {zstd['real']:.2f}x smaller than the raw bins on real "
         f"text, {zstd['chat']:.2f}x on chat, {zstd['uniform']:.2f}x on uniform ids; against "
         "Parquet without a codec only " + ", ".join(
-            f"{r['codec']} {r['ratio']:.2f}x" for r in n["codec_table"] if r["codec"] != "none")
+            f"{r['codec']} {r['ratio']:.2f}x" for r in n.codec_table if r["codec"] != "none")
         + " (pyarrow's dictionary encoding has already done most of the work).",
         f"**Smallest layout that reads as fast** (decode rate at least "
         f"{p['read_tolerance']:.0%} of the RFC layout's): "
@@ -65,16 +67,16 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
         f"{balanced['real']['read_vs_reference']:.2f}x, write rate "
         f"{balanced['real']['write_vs_reference']:.2f}x.",
         "**Against the entropy**: the smallest fast layout's token column is "
-        + ", ".join(f"{k} {n['smallest_fast_tokens_to_entropy'][k]:.2f}x" for k in kinds)
+        + ", ".join(f"{k} {n.smallest_fast_tokens_to_entropy[k]:.2f}x" for k in kinds)
         + " the order-0 entropy; the whole shard (mask and starts included) "
-        + ", ".join(f"{k} {n['smallest_fast_to_entropy'][k]:.2f}x" for k in kinds)
+        + ", ".join(f"{k} {n.smallest_fast_to_entropy[k]:.2f}x" for k in kinds)
         + ". Real text goes below the order-0 entropy (zstd finds repeats); Zipf ids (chat) "
-        f"stay near the byte-plane entropy ({n['byte_plane_entropy_bits']['chat']:.2f} bits), "
+        f"stay near the byte-plane entropy ({n.byte_plane_entropy_bits['chat']:.2f} bits), "
         "as far as byte-wise coding reaches.",
     ]
-    if "default_layout" in n:
+    if n.default_layout is not None:
         out.insert(4, default_bullet(n))
-    gain = max(n["uint16_gain_uniform"].values())
+    gain = max(n.uint16_gain_uniform.values())
     uniform = per_token["uniform"]
     out.append(f"**uint16 tokens** do not shrink Parquet (stored as INT32; at most {gain:+.1%} "
                "here); they halve `binidx`" + (

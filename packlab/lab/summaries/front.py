@@ -12,12 +12,20 @@ warm and cold p50 of one random bin and their floors, and the warm sequential sc
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from packlab.formats import format_names, get_format
 from packlab.lab.measure.verdicts import NOT_MEASURED, RULE, badge
+from packlab.lab.records import (
+    CloudStorage,
+    Packing,
+    PeakMemory,
+    Peers,
+    RandomAccess,
+    WriteFormats,
+    of_run,
+)
 from packlab.lab.tables import fmt_us, human_bytes, markdown_table
 
 Run = Mapping[str, Mapping[str, Any]]
@@ -32,43 +40,32 @@ KEY_FIGURES = (
 )
 
 
-def _numbers(run: Run, suffix: str) -> Mapping[str, Any]:
-    """The numbers of the run's notebook named ``NN_suffix`` (empty when it did not run)."""
-    for name, recorded in run.items():
-        if name.split("_", 1)[-1] == suffix:
-            return recorded.get("numbers", {})
-    return {}
-
-
-def _peak(memory: Mapping[str, Any], fmt: str, phase: str) -> tuple[float | None, int | None]:
-    """Peak RSS growth of ``fmt`` in ``phase`` at the largest size it was measured at."""
-    pattern = re.compile(rf"^{re.escape(fmt)}_{phase}_peak_rss_growth_bytes_(\d+)$")
-    sizes = {int(m.group(1)): v for k, v in memory.items() if (m := pattern.match(k))}
-    if not sizes:
-        return None, None
-    bins = max(sizes)
-    return float(sizes[bins]), bins
-
-
 def format_rows(run: Run) -> list[dict[str, Any]]:
     """One row per registered format: its measured numbers (None where not measured) and facts."""
-    memory, access = _numbers(run, "peak_memory"), _numbers(run, "random_access")
-    sizes = _numbers(run, "write_formats").get("bytes_per_token", {})
+    memory = of_run(run, PeakMemory)
+    access = of_run(run, RandomAccess)
+    writes = of_run(run, WriteFormats)
+    sizes = writes.bytes_per_token if writes is not None else {}
     rows = []
     for fmt in format_names():
         facts = get_format(fmt).Reader
-        write, write_bins = _peak(memory, fmt, "write")
-        load, load_bins = _peak(memory, fmt, "load")
+        held = memory.formats.get(fmt) if memory is not None else None
+        write, write_bins = held.write.largest() if held else (None, None)
+        load, load_bins = held.load.largest() if held else (None, None)
+        measured = access.formats.get(fmt) if access is not None else None
+        warm = measured.warm if measured else None
+        cold = measured.cold if measured else None
+        scan = measured.scan_warm if measured else None
         rows.append({
             "format": fmt, "write_peak_bytes": write, "load_peak_bytes": load,
             "memory_bins": write_bins or load_bins,
-            "write_slope": memory.get(f"{fmt}_write_loglog_slope"),
-            "warm_p50_us": access.get(f"{fmt}_warm_p50_us"),
-            "warm_floor_us": access.get(f"{fmt}_warm_python_floor_p50_us"),
-            "warm_raw_csr_us": access.get(f"{fmt}_warm_raw_csr_p50_us"),
-            "cold_p50_us": access.get(f"{fmt}_cold_p50_us"),
-            "cold_pread_us": access.get(f"{fmt}_cold_pread_p50_us"),
-            "scan_tokens_per_s": access.get(f"{fmt}_scan_warm_tokens_per_s"),
+            "write_slope": held.write.loglog_slope if held else None,
+            "warm_p50_us": warm.p50_us if warm else None,
+            "warm_floor_us": warm.python_floor_p50_us if warm else None,
+            "warm_raw_csr_us": warm.raw_csr_p50_us if warm else None,
+            "cold_p50_us": cold.p50_us if cold else None,
+            "cold_pread_us": cold.pread_p50_us if cold else None,
+            "scan_tokens_per_s": scan.tokens_per_s if scan else None,
             "bytes_per_token": sizes.get(fmt),
             "read_by": list(facts.READ_BY), "in_ram": facts.IN_RAM,
             "needs_spool": facts.NEEDS_SPOOL, "reads_in_place": facts.READS_IN_PLACE,
@@ -128,7 +125,7 @@ def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return _choice("local training", rule, best["format"], why, [r["format"] for r in tied[1:]])
 
 
-def _object_storage(rows: Sequence[Mapping[str, Any]], cloud: Mapping[str, Any]
+def _object_storage(rows: Sequence[Mapping[str, Any]], cloud: CloudStorage | None
                     ) -> dict[str, Any]:
     rule = ("the fewest bytes per token among formats read in place with ranged requests "
             "(the others are downloaded whole before the first bin)")
@@ -137,28 +134,26 @@ def _object_storage(rows: Sequence[Mapping[str, Any]], cloud: Mapping[str, Any]
         return _choice("object storage", rule, None, "")
     best = min(fit, key=lambda r: r["bytes_per_token"])
     why = f"{best['bytes_per_token']:.2f} bytes/token"
-    if cloud:
-        why += (f"; a random access costs {cloud['max_requests_per_access']} GET of at most "
-                f"{cloud['max_bytes_over_row_group']:.2f}x one row group; opening cold fetched "
-                f"{human_bytes(cloud['parquet_cold_open_bytes'])} against "
-                f"{human_bytes(cloud['memmap_cold_open_bytes'])} for a downloaded format "
+    if cloud is not None:
+        why += (f"; a random access costs {cloud.max_requests_per_access} GET of at most "
+                f"{cloud.max_bytes_over_row_group:.2f}x one row group; opening cold fetched "
+                f"{human_bytes(cloud.parquet_cold_open_bytes)} against "
+                f"{human_bytes(cloud.memmap_cold_open_bytes)} for a downloaded format "
                 "(notebook 09)")
     return _choice("object storage", rule, best["format"], why,
                    [r["format"] for r in fit if r is not best])
 
 
-def _repacking(rows: Sequence[Mapping[str, Any]], writes: Mapping[str, Any]) -> dict[str, Any]:
+def _repacking(rows: Sequence[Mapping[str, Any]], writes: WriteFormats | None
+               ) -> dict[str, Any]:
     rule = "the fewest bytes written per token (a repack rewrites what a format stores)"
     fit = [r for r in rows if r["bytes_per_token"] is not None]
     if not fit:
         return _choice("repacking often", rule, None, "")
     best = min(fit, key=lambda r: r["bytes_per_token"])
     why = f"{best['bytes_per_token']:.3f} bytes/token"
-    if "repack_index_bytes" in writes:
-        why += (f"; a repack wrote {human_bytes(writes['repack_index_bytes'])} in "
-                f"{writes['repack_index_seconds']:.2f} s against "
-                f"{human_bytes(writes['repack_parquet_bytes'])} in "
-                f"{writes['repack_parquet_seconds']:.2f} s as Parquet (notebook 03)")
+    if writes is not None and writes.repack_index_bytes is not None:
+        why += f"; a repack wrote {_repack(writes)} (notebook 03)"
     if best["needs_spool"]:
         why += "; it reads its tokens from the spool, which must stay"
     return _choice("repacking often", rule, best["format"], why)
@@ -180,8 +175,8 @@ def _megatron(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 def recommendations(run: Run) -> list[dict[str, Any]]:
     """A format per use case, each chosen from the run's numbers by the rule it states."""
     rows = format_rows(run)
-    return [_local_training(rows), _object_storage(rows, _numbers(run, "cloud_storage")),
-            _repacking(rows, _numbers(run, "write_formats")), _megatron(rows)]
+    return [_local_training(rows), _object_storage(rows, of_run(run, CloudStorage)),
+            _repacking(rows, of_run(run, WriteFormats)), _megatron(rows)]
 
 
 def recommendations_table(run: Run) -> str:
@@ -228,7 +223,8 @@ def peers_table(run: Run) -> str:
     """Notebook 11: every system on the same bins, fastest (over its in-RAM floor) first."""
     from packlab.lab.measure.peers import summary
 
-    rows = _numbers(run, "peers").get("rows")
+    peers = of_run(run, Peers)
+    rows = peers.rows if peers is not None else None
     if not rows:
         return NOT_MEASURED
     return markdown_table(
@@ -240,29 +236,32 @@ def peers_table(run: Run) -> str:
 # -- numbers the README quotes in its prose ---------------------------------------------------
 def legacy_load_text(run: Run) -> str:
     """The legacy format's load peak at the RFC's 50k bins (notebook 04)."""
-    memory = _numbers(run, "peak_memory")
-    values = [memory[k] for f in format_names() if get_format(f).Reader.IN_RAM
-              and (k := f"{f}_load_rss_at_50k_bytes") in memory]
+    memory = of_run(run, PeakMemory)
+    values = [m.load.rss_at_50k_bytes for f, m in (memory.formats.items() if memory else ())
+              if get_format(f).Reader.IN_RAM and m.load.rss_at_50k_bytes is not None]
     return human_bytes(values[0]) if values else "n/a"
+
+
+def _repack(writes: WriteFormats) -> str:
+    return (f"{human_bytes(writes.repack_index_bytes)} in {writes.repack_index_seconds:.2f} s "
+            f"against {human_bytes(writes.repack_parquet_bytes)} in "
+            f"{writes.repack_parquet_seconds:.2f} s as Parquet")
 
 
 def repack_text(run: Run) -> str:
     """What a repack wrote through the index against rewriting the bins (notebook 03)."""
-    n = _numbers(run, "write_formats")
-    if "repack_index_bytes" not in n:
+    writes = of_run(run, WriteFormats)
+    if writes is None or writes.repack_index_bytes is None:
         return NOT_MEASURED
-    return (f"{human_bytes(n['repack_index_bytes'])} in {n['repack_index_seconds']:.2f} s "
-            f"against {human_bytes(n['repack_parquet_bytes'])} in "
-            f"{n['repack_parquet_seconds']:.2f} s as Parquet, notebook 03")
+    return f"{_repack(writes)}, notebook 03"
 
 
 def packing_text(run: Run) -> str:
     """Each algorithm's distance to the lower bound and time at the largest N (notebook 02)."""
-    n = _numbers(run, "packing")
-    algorithms = list(n.get("sweep_loglog_slope", {}))
-    if not algorithms:
+    packing = of_run(run, Packing)
+    if packing is None or not packing.algorithms:
         return NOT_MEASURED
-    size = max(n.get("sweep_sizes") or [0])
+    size = max(packing.sweep_sizes or [0])
     return (f"for {size:,} sequences, " + ", ".join(
-        f"`{a}` {100 * n[f'{a}_bins_over_lower_bound']:.3f}% over the lower bound in "
-        f"{n[f'{a}_seconds']:.2f} s" for a in algorithms))
+        f"`{a}` {100 * r.bins_over_lower_bound:.3f}% over the lower bound in "
+        f"{r.seconds:.2f} s" for a, r in packing.algorithms.items()))

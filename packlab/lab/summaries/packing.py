@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packlab.lab.records.packing import Packing
+
 SHORT = {"first_fit_decreasing": "FFD", "best_fit_decreasing": "BFD",
          "first_fit_shuffle": "first-fit shuffle", "next_fit": "next-fit"}
 
@@ -13,26 +15,27 @@ def _name(algorithm: str) -> str:
     return SHORT.get(algorithm, algorithm)
 
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
-    algorithms = list(n["sweep_loglog_slope"])
-    closest = n["closest_algorithms"]
+def bullets(n: Packing, p: Mapping[str, Any]) -> list[str]:
+    algorithms = n.algorithms
+    closest = n.closest_algorithms
+    best = algorithms[closest[0]]
     tie = " (a tie)" if len(closest) > 1 else ""
-    over = {a: 100 * n[f"{a}_bins_over_lower_bound"] for a in algorithms}
-    trap = n["trap"]
+    over = {a: 100 * r.bins_over_lower_bound for a, r in algorithms.items()}
+    trap = n.trap
     return [
         f"**Closest to the bound**: {' and '.join(f'`{a}`' for a in closest)}{tie}, with "
-        f"{n[f'{closest[0]}_num_bins']:,} bins against a lower bound of "
-        f"{n['lower_bound_bins']:,} ({over[closest[0]]:.3f}% over) for "
+        f"{best.num_bins:,} bins against a lower bound of "
+        f"{n.lower_bound_bins:,} ({over[closest[0]]:.3f}% over) for "
         f"{p['num_sequences']:,} `{p['profile']}` sequences at pack size {p['pack_size']} "
-        f"(efficiency {n[f'{closest[0]}_efficiency']:.4f}).",
+        f"(efficiency {best.efficiency:.4f}).",
         f"**The default** (first-fit shuffle) is {over['first_fit_shuffle']:.2f}% over the bound "
         f"and next-fit {over['next_fit']:.1f}% over: concatenating in spool order wastes a bin's "
         "tail whenever the next sequence does not fit.",
         f"**Speed** for {p['num_sequences']:,} sequences"
         + (f" (median of {p['repeats']} runs)" if p["repeats"] > 1 else "") + ": "
-        + ", ".join(f"{_name(a)} {n[f'{a}_seconds']:.3f} s" for a in algorithms)
+        + ", ".join(f"{_name(a)} {r.seconds:.3f} s" for a, r in algorithms.items())
         + ". Log-log slope of time against N: "
-        + ", ".join(f"{_name(a)} {n['sweep_loglog_slope'][a]:.2f}" for a in algorithms)
+        + ", ".join(f"{_name(a)} {n.sweep_loglog_slope[a]:.2f}" for a in algorithms)
         + " (1 is linear). FFD and BFD place each run of equal lengths with a few numpy "
         "operations, so at small N their cost is the number of distinct lengths, not N; the "
         "shuffled order has no runs and walks a tree per sequence (compiled with numba).",

@@ -5,20 +5,21 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packlab.lab.records.peak_memory import PeakMemory
 from packlab.lab.tables import human_bytes
 
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
-    flat, growing = n["flat_writers"], n["growing_writers"]
-    missed = n["tracemalloc_misleading"]
+def bullets(n: PeakMemory, p: Mapping[str, Any]) -> list[str]:
+    flat, growing = n.flat_writers, n.growing_writers
+    missed = n.tracemalloc_misleading
     out = [f"Measured at {', '.join(f'{s:,}' for s in sorted(p['sizes']))} bins of "
-           f"{p['pack_size']} tokens, {n['num_formats']} formats, every job in a fresh process."]
-    out += [f"Legacy {phase} at 50k bins: {text}." for phase, text in n["legacy_at_50k"].items()]
+           f"{p['pack_size']} tokens, {n.num_formats} formats, every job in a fresh process."]
+    out += [f"Legacy {phase} at 50k bins: {text}." for phase, text in n.legacy_at_50k.items()]
     out.append("Writers whose peak RSS stays flat as the data grows (log-log slope at most "
-               f"{n['flat_slope']:g}): {', '.join(f'`{f}`' for f in flat) or 'none'}; growing: "
+               f"{n.flat_slope:g}): {', '.join(f'`{f}`' for f in flat) or 'none'}; growing: "
                + (", ".join(f"`{f}` ({s:.2f})" for f, s in growing.items()) or "none") + ".")
     out.append(f"tracemalloc saw less than half of a real RSS growth in {len(missed)} of "
-               f"{n['traced_measurements']} measurements at {n['largest_traced_bins']:,} bins"
+               f"{n.traced_measurements} measurements at {n.largest_traced_bins:,} bins"
                + (": " + ", ".join(f"{m['format']} {m['phase']} ({m['share']:.0%} of "
                                    f"{human_bytes(m['rss'])})" for m in missed) if missed else "")
                + ".")

@@ -7,75 +7,81 @@ from statistics import median
 from typing import Any
 
 from packlab.formats import formats_where
+from packlab.lab.records.random_access import RandomAccess
 from packlab.lab.tables import times
 
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
-    names = p["formats"]
-    warm = [f for f in names if f"{f}_warm_p50_us" in n]
-    cold = [f for f in names if f"{f}_cold_p50_us" in n]
+def bullets(n: RandomAccess, p: Mapping[str, Any]) -> list[str]:
+    formats = n.formats
+    warm = {f: formats[f].warm for f in n.measured("warm")}
+    cold = {f: formats[f].cold for f in n.measured("cold")}
     zero_copy = [f for f in formats_where("ZERO_COPY") if f in warm]
     out = [
         f"**Warm**, one random bin of ≤{p['pack_size']} tokens, delivered: "
-        + ", ".join(f"{f} {n[f'{f}_warm_p50_us']:.1f} µs ("
-                    + (f"{n[k]:.2f}x raw CSR numpy over the same files, "
-                       if n.get(k := f"{f}_warm_ratio_to_raw_csr") else "")
-                    + f"{n[f'{f}_warm_ratio_to_python_floor']:.2f}x the Python floor)"
+        + ", ".join(f"{f} {warm[f].p50_us:.1f} µs ("
+                    + (f"{warm[f].ratio_to_raw_csr:.2f}x raw CSR numpy over the same files, "
+                       if warm[f].ratio_to_raw_csr else "")
+                    + f"{warm[f].ratio_to_python_floor:.2f}x the Python floor)"
                     for f in zero_copy)
         + f"; the Python floor itself "
-        f"{median(n[f'{f}_warm_python_floor_p50_us'] for f in warm):.1f} µs, a memcpy of the "
-        f"same bytes {median(n[f'{f}_warm_memcpy_p50_us'] for f in warm):.1f} µs.",
+        f"{median(r.python_floor_p50_us for r in warm.values()):.1f} µs, a memcpy of the "
+        f"same bytes {median(r.memcpy_p50_us for r in warm.values()):.1f} µs.",
         "**Cold** (pages evicted, `mincore`-checked), p50 against a raw `pread` of the same "
-        "bytes: " + ", ".join(f"{f} {n[f'{f}_cold_p50_us']:,.0f} µs "
-                              f"({n[f'{f}_cold_ratio_to_pread']:.2f}x)" for f in cold) + ".",
+        "bytes: " + ", ".join(f"{f} {r.p50_us:,.0f} µs ({r.ratio_to_pread:.2f}x)"
+                              for f, r in cold.items()) + ".",
     ]
-    if "cold_mmap_p50_us" in n:
+    if n.mmap is not None:
+        m = n.mmap
         out.append(
-            f"A memory map read cold with the default advice took {n['cold_mmap_p50_us']:,.0f} µs "
-            f"({n['mmap_pages']:,.0f} pages for {n['mmap_nbytes']:,} bytes; device read-ahead "
-            f"{n['read_ahead_kb']} KB); advised `MADV_RANDOM` + `MADV_WILLNEED` "
-            f"{n['cold_mmap_random_willneed_p50_us']:,.0f} µs; a `pread` "
-            f"{n['cold_pread_p50_us']:,.0f} µs.")
+            f"A memory map read cold with the default advice took {m.p50_us['mmap']:,.0f} µs "
+            f"({m.mmap_pages:,.0f} pages for {m.nbytes:,} bytes; device read-ahead "
+            f"{m.read_ahead_kb} KB); advised `MADV_RANDOM` + `MADV_WILLNEED` "
+            f"{m.p50_us['mmap_random_willneed']:,.0f} µs; a `pread` {m.p50_us['pread']:,.0f} µs.")
+    batched = {f: a.batched for f, a in formats.items() if a.batched is not None}
+    against_raw = [f for f in zero_copy if f in batched and batched[f].gain_vs_raw]
     out.append("**Batched** `__getitems__` against single reads, per bin: "
-               + ", ".join(f"{f} {n[f'{f}_batch_gain']:.2f}x" for f in names
-                           if f"{f}_batch_gain" in n) + " (above 1: batching is cheaper)"
+               + ", ".join(f"{f} {b.gain:.2f}x" for f, b in batched.items())
+               + " (above 1: batching is cheaper)"
                + ("; against the raw CSR single read: " + ", ".join(
-                   f"{f} {n[k]:.2f}x" for f in zero_copy if n.get(k := f"{f}_batch_gain_vs_raw"))
-                  if any(n.get(f"{f}_batch_gain_vs_raw") for f in zero_copy) else "") + ".")
-    if "integrity_rule_budget" in n:
-        verify = [f for f in zero_copy if n.get(f"{f}_integrity_verify_ratio")]
+                   f"{f} {batched[f].gain_vs_raw:.2f}x" for f in against_raw)
+                  if against_raw else "") + ".")
+    if n.integrity_rule is not None:
+        rule = n.integrity_rule
+        verify = [f for f in zero_copy if formats[f].integrity is not None
+                  and formats[f].integrity.verify_ratio]
         out.append(
             "**Integrity on read**: `verify=True` (each bin's xxh3 checksum) adds "
-            + ", ".join(f"{f} {n[f'{f}_integrity_verify_ratio'] - 1:+.0%}" for f in verify)
+            + ", ".join(f"{f} {formats[f].integrity.verify_ratio - 1:+.0%}" for f in verify)
             + " to a warm read; every invariant on every read (`check_bin`) would add "
-            + ", ".join(f"{f} {n[f'{f}_integrity_check_bin_ratio']:+.0%}" for f in verify)
+            + ", ".join(f"{f} {formats[f].integrity.check_bin_ratio:+.0%}" for f in verify)
             + f". Rule: a check runs on every read by default when it adds at most "
-            f"{n['integrity_rule_budget']:.0%}, so verify is "
-            f"**{'on' if n['integrity_rule_verify_default'] else 'off'}** by default and the "
+            f"{rule.budget:.0%}, so verify is "
+            f"**{'on' if rule.verify_default else 'off'}** by default and the "
             "bins' structure is checked once per process when a reader builds its index.")
-    slower = {c: [1 / n[k] for f in names if n.get(k := f"{f}_scan_{c}_ratio_to_floor")]
-              for c in ("warm", "cold")}
+    scans = {"warm": [a.scan_warm for a in formats.values()],
+             "cold": [a.scan_cold for a in formats.values()]}
+    slower = {c: [1 / s.ratio_to_floor for s in found if s is not None and s.ratio_to_floor]
+              for c, found in scans.items()}
     if any(slower.values()):
         out.append("**Sequential scans**, every bin delivered, took "
                    + "; ".join(f"{times(min(v))} to {times(max(v))} the time of a raw read of "
                                f"the same files, {c}" for c, v in slower.items() if v)
                    + " (a scan that beat the raw read would not be reading its bytes: "
                    "`tests/test_scan_floor.py`).")
-    if "parquet_shuffled_epoch_speedup" in n:
-        decodes = n.get("row_group_decodes", {})
+    if n.shuffled_epoch_speedup is not None:
+        decodes = n.row_group_decodes
         out.append(
-            f"**Shuffled Parquet epoch**: {n['parquet_epoch_today_seconds']:,.2f} s with the "
-            f"one-row-group cache and a uniform shuffle, {n['parquet_epoch_packlab_seconds']:.2f} "
+            f"**Shuffled Parquet epoch**: {n.epoch_seconds['today']:,.2f} s with the "
+            f"one-row-group cache and a uniform shuffle, {n.epoch_seconds['packlab']:.2f} "
             "s with packlab's reader and the block-shuffle sampler: "
-            f"{times(n['parquet_shuffled_epoch_speedup'])} faster"
+            f"{times(n.shuffled_epoch_speedup)} faster"
             + (f" ({decodes['today']:,} against {decodes['packlab']:,} row-group decodes)"
                if decodes else "") + ".")
-    sizes = p.get("row_group_sizes", [])
-    if sizes and f"parquet_rg{sizes[0]}_miss_p50_us" in n:
+    if n.row_groups:
         out.append("**Parquet by bins per row group**: a random read that decodes its group "
-                   + ", ".join(f"{s:,}: {n[f'parquet_rg{s}_miss_p50_us'] / 1e3:,.1f} ms"
-                               for s in sizes)
+                   + ", ".join(f"{r.row_group_size:,}: {r.miss_p50_us / 1e3:,.1f} ms"
+                               for r in n.row_groups)
                    + "; in block-shuffled training order "
-                   + ", ".join(f"{s:,}: {n[f'parquet_rg{s}_block_epoch_per_bin_us']:,.0f} µs"
-                               for s in sizes) + " per bin.")
+                   + ", ".join(f"{r.row_group_size:,}: {r.block_epoch_per_bin_us:,.0f} µs"
+                               for r in n.row_groups) + " per bin.")
     return out

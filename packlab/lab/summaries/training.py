@@ -5,47 +5,48 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from packlab.lab.records.training import Training
 from packlab.lab.tables import human_bytes
 from packlab.lab.train.report import BRIDGE_5289_SECONDS
 
 
 def _curves(n: Mapping[str, Any]) -> str:
-    if n["losses_identical"]:
-        return (f"{n['runs']} runs of {n['steps']} steps (every format and worker count): "
+    if n.losses_identical:
+        return (f"{n.runs} runs of {n.steps} steps (every format and worker count): "
                 "losses and batches identical bit for bit")
-    first = n["first_difference"]
+    first = n.first_difference
     cause = ("the same batch: the computation differs" if first["batch_equal"]
              else "a different batch: the data differs")
     return (f"{first['format']} with {first['workers']} workers departs at step {first['step']} "
             f"({first['loss']!r} against {first['reference_loss']!r}), on {cause}")
 
 
-def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
+def bullets(n: Training, p: Mapping[str, Any]) -> list[str]:
     workers = [str(w) for w in p["worker_counts"]]
-    share = {w: [per[w] for per in n["wait_share"].values() if w in per] for w in workers}
-    startup = {f: per[workers[0]] for f, per in n["startup_seconds"].items() if workers[0] in per}
-    trap, attention = n["loss_mask_roll"], n["attention_without_mask"]
+    share = {w: [per[w] for per in n.wait_share.values() if w in per] for w in workers}
+    startup = {f: per[workers[0]] for f, per in n.startup_seconds.items() if workers[0] in per}
+    trap, attention = n.loss_mask_roll, n.attention_without_mask
     bridge = max(BRIDGE_5289_SECONDS) / min(BRIDGE_5289_SECONDS)
     return [
-        f"Trained {len(n['formats'])} formats x {len(workers)} worker counts, {n['steps']} "
+        f"Trained {len(n.formats)} formats x {len(workers)} worker counts, {n.steps} "
         f"steps each: {_curves(n)}.",
         "Data wait as a share of the step: " + "; ".join(
             f"{w} workers {min(s):.1%} to {max(s):.1%}" for w, s in share.items() if s)
         + ". Data wait a format adds over the least: " + "; ".join(
-            f"{w} workers {n['wait_added_share'][w]:.1%} of a step "
-            f"({n['wait_added_by'][w]})" for w in workers)
+            f"{w} workers {n.wait_added_share[w]:.1%} of a step "
+            f"({n.wait_added_by[w]})" for w in workers)
         + ". Median step, slowest over fastest format: " + "; ".join(
-            f"{w} workers {n['step_time_ratio'][w]:.2f}x (the identical computation alone: "
-            f"{n['compute_ratio'][w]:.2f}x)" for w in workers)
+            f"{w} workers {n.step_time_ratio[w]:.2f}x (the identical computation alone: "
+            f"{n.compute_ratio[w]:.2f}x)" for w in workers)
         + f" (Megatron-Bridge #5289: {bridge:.3f}x).",
         f"Startup (open + first batch, {workers[0]} workers): "
         + ", ".join(f"{f} {v:.3f} s" for f, v in startup.items()) + ".",
         "Training process RSS growth with the dataset open (peak while training; anonymous): "
-        + ", ".join(f"{f} {human_bytes(v)} ({human_bytes(n['peak_rss_bytes'][f])}; "
-                    f"{human_bytes(n['peak_anon_bytes'][f])})"
-                    for f, v in n["open_rss_bytes"].items()) + ".",
+        + ", ".join(f"{f} {human_bytes(v)} ({human_bytes(n.peak_rss_bytes[f])}; "
+                    f"{human_bytes(n.peak_anon_bytes[f])})"
+                    for f, v in n.open_rss_bytes.items()) + ".",
         f"Resume at step {p['resume_step']} on another format: identical "
-        f"**{n['resume_identical']}**.",
+        f"**{n.resume_identical}**.",
         f"Whole-bin roll over the {trap['bins']} bins trained: {trap['cross_boundary']:,} "
         f"cross-boundary targets stored (dropped by the THD collate), {trap['missed']:,} of "
         f"{trap['targets']:,} targets missed and {trap['spurious']:,} added; loss on the correct "

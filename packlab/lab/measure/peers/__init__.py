@@ -32,7 +32,8 @@ from packlab.lab.measure.peers.mds_env import run_elsewhere
 from packlab.lab.measure.peers.packlab_peer import PacklabFormat
 from packlab.lab.measure.peers.raw_csr import RawCsr
 from packlab.lab.measure.peers.registry import get_peer, peer_names
-from packlab.lab.measure.peers.run import compare, seeded_indices
+from packlab.lab.measure.peers.run import compare
+from packlab.lab.measure.timing import seeded_indices
 from packlab.progress import settle_tqdm_auto
 
 settle_tqdm_auto()  # the peers import HF datasets and LitData, which import tqdm.auto

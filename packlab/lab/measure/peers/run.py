@@ -7,14 +7,16 @@ One :func:`compare` call, the same rules for every system:
    back equals the reference in every column the system stores (values, whatever the dtype).
    A system that cannot be installed or run here is skipped, the reason kept.
 2. A **warm pass**: every bin read in order and delivered, then the timed reads.
-3. **One seeded index list**, read in rounds: each round every system reads the round's
-   slice of the list, one system after another, in an order drawn anew each round
-   (:func:`timed_loop`); each read timed alone with ``perf_counter_ns`` and *delivered*:
-   every array it returned (a dict's values, or the sequence) copied byte for byte into a
-   preallocated buffer inside the timer, the same copy for every system
+3. **One seeded index list**, read in rounds by the one timing loop of
+   :mod:`packlab.lab.measure.timing` (:func:`timed_loop`): each round every system reads the
+   round's slice of the list, one system after another, in an order drawn anew each round;
+   each read timed alone with ``perf_counter_ns`` and *delivered*: every array it returned
+   (a dict's values, or the sequence) copied byte for byte into a preallocated buffer inside
+   the timer, the same copy for every system
    (:meth:`packlab.lab.measure.delivery.Sink.timed_arrays`).
-4. **Floors in the same loop**: a memcpy of the bytes of the bin's three columns (through
-   the same delivery), and the **in-RAM Python floor**: packlab's access path
+4. **Floors in the same loop** (:mod:`packlab.lab.measure.floors`): a memcpy of the bytes of
+   the bin's three columns (:class:`~packlab.lab.measure.floors.Memcpy`, through the same
+   delivery), and the **in-RAM Python floor**: packlab's access path
    (``open_dataset(shard)[i]``) over the same bins held in RAM
    (:func:`packlab.lab.measure.floors.python_floor`). ``raw_csr`` is the floor of the bytes.
 5. **Bytes on disk**: every file of the system's data, as written and again after the reads
@@ -26,7 +28,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,13 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.lab.measure.delivery import MIN_SAMPLES, Budget, Sink, percentiles
-from packlab.lab.measure.floors import python_floor
+from packlab.lab.measure.delivery import Budget, Sink, percentiles
+from packlab.lab.measure.floors import FLOOR_LABELS, FLOORS, Memcpy, python_floor
 from packlab.lab.measure.peers.base import COLUMNS, Opened, Peer, Reference, arrays_of, bytes_of
+from packlab.lab.measure.timing import Lane, interleaved
 
-FLOORS = ("memcpy", "python_floor")
 ROUNDS = 20
 SETTLE = 10  # untimed reads before each system's slice of a round
-FLOOR_LABELS = {"memcpy": "memcpy of the same bytes", "python_floor": "in-RAM Python floor"}
 
 
 @dataclass
@@ -54,13 +55,6 @@ class Prepared:
     bytes_written: int
     write_seconds: float
     verified_bins: int
-
-
-def seeded_indices(num_bins: int, samples: int, seed: int) -> np.ndarray:
-    """The one index list every system reads (uniform over the bins, seeded)."""
-    if num_bins <= 0 or samples <= 0:
-        raise PacklabError(f"need bins and samples, got {num_bins} bins, {samples} samples")
-    return np.random.default_rng(seed).integers(0, num_bins, size=samples)
 
 
 def verify(peer: Peer, opened: Opened, reference: Reference,
@@ -108,23 +102,23 @@ def dtypes_of(got: Sequence[Any]) -> str:
     return "/".join(str(np.asarray(a).dtype) for a in got)
 
 
-def memcpy_read(reference: Reference) -> Any:
-    """A 'read' that returns bin ``i``'s bytes (all three columns) from one preallocated
-    array: delivering it is one memcpy of as many bytes as the bin holds."""
+def bin_bytes(reference: Reference) -> np.ndarray:
+    """Bytes of each bin's three columns in the reference's dtypes (what the memcpy floor
+    moves)."""
     c = reference.columns
-    per_bin = (np.diff(c.token_offsets) * (c.input_ids.itemsize + c.loss_mask.itemsize)
-               + np.diff(c.seq_offsets) * c.seq_start_id.itemsize)
-    source = np.ones(int(per_bin.max()), dtype=np.uint8)
-    sizes = per_bin.tolist()
-    return lambda i: (source[:sizes[i]],)
+    return (np.diff(c.token_offsets) * (c.input_ids.itemsize + c.loss_mask.itemsize)
+            + np.diff(c.seq_offsets) * c.seq_start_id.itemsize)
 
 
-def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bins: int,
-               rounds: int = ROUNDS, max_seconds: float | None = None, seed: int = 0
+def timed_loop(reads: dict[str, Callable[[int], Any]], indices: np.ndarray, sink: Sink, *,
+               num_bins: int, rounds: int = ROUNDS, max_seconds: float | None = None,
+               seed: int = 0, floors: Sequence[str] = ()
                ) -> tuple[dict[str, np.ndarray], dict[str, int]]:
-    """Warm pass (every bin of every system, in order, delivered), then the index list in
-    ``rounds`` slices: in each round every system reads the round's slice, one system after
-    another, in an order drawn anew each round (``seed``). Returns nanoseconds per read in
+    """Every system's read (and the ``floors`` among them) as a lane of
+    :func:`packlab.lab.measure.timing.interleaved`, delivered by
+    :meth:`~packlab.lab.measure.delivery.Sink.timed_arrays`: a warm pass (every bin, in order),
+    then the index list in ``rounds`` slices, the systems' order drawn anew each round
+    (``seed``), each slice after ``SETTLE`` untimed reads. Returns nanoseconds per read in
     index-list order, and the bins each system's warm pass read.
 
     Rounds rather than one index at a time across all systems: a system's reads run back to
@@ -139,38 +133,16 @@ def timed_loop(reads: dict[str, Any], indices: np.ndarray, sink: Sink, *, num_bi
     the CPU's caches. ``max_seconds``: each system's warm pass, and its timed reads, stop
     once they took that long (never before ``MIN_SAMPLES``): a system at 100 ms a read then
     reads a prefix of the list, and says so (the arrays are shorter)."""
-    names = list(reads)
-    warmed = {}
-    for name in names:
-        budget = Budget(max_seconds)
-        warmed[name] = num_bins
-        for i in range(num_bins):
-            if budget.spent(i):
-                warmed[name] = i
-                break
-            sink.timed_arrays(reads[name], i)  # the same delivery as the timed reads
-    ns = {name: np.zeros(indices.shape[0], dtype=np.int64) for name in names}
-    taken, spent = dict.fromkeys(names, 0), dict.fromkeys(names, 0)
-    stopped: set[str] = set()
-    limit = None if max_seconds is None else int(max_seconds * 1e9)
-    order = indices.tolist()
-    bounds = np.linspace(0, len(order), max(1, min(rounds, len(order))) + 1).astype(int)
-    shuffle = np.random.default_rng(seed)
-    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
-        for name in [names[j] for j in shuffle.permutation(len(names))]:
-            read, out = reads[name], ns[name]
-            if name not in stopped:  # back in stride first: the bins before this slice, untimed
-                for k in range(lo - SETTLE, lo):
-                    sink.timed_arrays(read, order[k])
-            for k in range(lo, hi):
-                if name in stopped or (limit is not None and k >= MIN_SAMPLES
-                                       and spent[name] > limit):
-                    stopped.add(name)  # never resumes: what it read is a prefix of the list
-                    break
-                out[k] = sink.timed_arrays(read, order[k])
-                spent[name] += int(out[k])
-                taken[name] = k + 1
-    return {name: ns[name][:taken[name]] for name in names}, warmed
+    def lane(name: str, read: Callable[[int], Any]) -> Lane:
+        return Lane(name, lambda i: sink.timed_arrays(read, i),
+                    warm=lambda i: sink.timed_arrays(read, i),  # the same delivery
+                    floor=name in floors)
+
+    timings = interleaved([lane(name, read) for name, read in reads.items()],
+                          np.asarray(indices), rounds=rounds, order="shuffle", settle=SETTLE,
+                          max_seconds=max_seconds, warm_bins=num_bins, warm_seconds=max_seconds,
+                          seed=seed)
+    return timings.ns, timings.warmed
 
 
 def compare(
@@ -211,13 +183,16 @@ def compare(
     floor = python_floor(floor_shard)
     if len(floor) != len(reference):
         raise PacklabError(f"{floor_shard}: {len(floor)} bins, the reference {len(reference)}")
+    sizes = bin_bytes(reference).tolist()
+    memcpy = Memcpy(max(sizes))
+    measured = ("memcpy", "python_floor")
     reads: dict[str, Any] = {p.peer.NAME: p.opened.read for p in prepared}
-    reads["memcpy"] = memcpy_read(reference)
+    reads["memcpy"] = lambda i: memcpy.read(sizes[i])
     reads["python_floor"] = floor.__getitem__
     sink = Sink(4 * reference.pack_size)
     try:
         ns, warmed = timed_loop(reads, np.asarray(indices), sink, num_bins=len(reference),
-                                max_seconds=max_seconds, seed=seed)
+                                max_seconds=max_seconds, seed=seed, floors=measured)
         rows = [_row(p, ns[p.peer.NAME], reference, environment) for p in prepared]
         for row in rows:
             row["warm_bins"] = warmed[row["name"]]
@@ -226,7 +201,8 @@ def compare(
             p.opened.close()
     rows += [{"system": FLOOR_LABELS[name], "name": name, "kind": "floor",
               "columns": "all three", "environment": environment or "venv",
-              "samples": int(ns[name].shape[0]), **percentiles(ns[name])} for name in FLOORS]
+              "samples": int(ns[name].shape[0]), **percentiles(ns[name])}
+             for name in FLOORS if name in measured]
     _ratios(rows)
     return {"rows": rows, "skipped": skipped, "samples": int(len(indices))}
 
