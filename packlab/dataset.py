@@ -37,10 +37,10 @@ Item = dict[str, np.ndarray]
 
 
 def check_place(path: Any, reader: Any, bins: tuple[int, int]) -> None:
-    """A shard a dataset manifest lists holds its bins: as many, and (where its format records
+    """A shard a dataset record lists holds its bins: as many, and (where its format records
     them) the very ones; else it is another shard in its place, or a damaged one."""
     if reader.num_bins != bins[1] - bins[0]:
-        raise FormatError(f"{path}: {reader.num_bins} bins, its dataset manifest puts bins "
+        raise FormatError(f"{path}: {reader.num_bins} bins, its dataset record puts bins "
                           f"{bins[0]}..{bins[1] - 1} here (replaced by another shard?)")
     recorded = reader.metadata.get("bins")
     if recorded is not None and recorded != list(bins):
@@ -48,7 +48,7 @@ def check_place(path: Any, reader: Any, bins: tuple[int, int]) -> None:
                 and all(type(b) is int for b in recorded)):
             raise FormatError(f"{path}: its metadata records bins {recorded!r:.80}, not a "
                               "[start, stop] pair (corrupted)")
-        raise FormatError(f"{path}: holds bins {list(recorded)}, its dataset manifest puts "
+        raise FormatError(f"{path}: holds bins {list(recorded)}, its dataset record puts "
                           f"bins {list(bins)} here (shards swapped or duplicated)")
 
 

@@ -11,7 +11,7 @@ A spool beside the shards, or a folder of spools, is no shard and is skipped too
 output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
 spools it packed them from (finished, empty or still being written).
 
-A directory with a dataset manifest (``dataset.json``, :mod:`packlab.pipeline.manifest`) is
+A directory with a dataset record (``dataset.json``, :mod:`packlab.pipeline.dataset_record`) is
 its shards as listed there, refused while the job that writes it has not finished; a shard named
 by itself (a path, a glob match, a layout's link) must be listed in its folder's manifest, when
 the folder has one (:func:`placed`). :func:`dataset_directories` finds the outputs under a run
@@ -31,7 +31,13 @@ from typing import Any
 from packlab.errors import FormatError
 from packlab.files import is_temporary
 from packlab.formats import detect_format, directory_shard_files, format_names, get_format
-from packlab.pipeline.manifest import MANIFEST_FILE, listed_shards, read_manifest, require_complete
+from packlab.formats.base import SHARD_RECORD
+from packlab.pipeline.dataset_record import (
+    DATASET_RECORD,
+    listed_shards,
+    read_dataset_record,
+    require_complete,
+)
 from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.storage import Location, resolve
@@ -40,7 +46,6 @@ PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
 IGNORED_NAMES = {"splits", "runs", "receipts", "README", "README.md", "_SUCCESS"}
 IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
-DIRECTORY_MANIFEST = "manifest.json"  # what a directory shard writes last (its FormatFacts)
 
 
 class NoShardsError(FormatError):
@@ -48,7 +53,7 @@ class NoShardsError(FormatError):
 
 
 class ShardRef(tuple):
-    """``(path, format)``, and where a dataset manifest lists the shard, ``bins``: the range of
+    """``(path, format)``, and where a dataset record lists the shard, ``bins``: the range of
     the dataset's bins it must hold (:class:`packlab.dataset.PackedDataset` checks it), and
     ``sha256``: its identity there (``packlab validate`` compares it)."""
 
@@ -64,7 +69,7 @@ class ShardRef(tuple):
 
     @classmethod
     def listed(cls, path: Any, format: str, entry: dict[str, Any]) -> ShardRef:
-        """A shard as its dataset manifest's ``entry`` places it."""
+        """A shard as its dataset record's ``entry`` places it."""
         return cls(path, format, (int(entry["bins"][0]), int(entry["bins"][1])),
                    entry.get("sha256"))
 
@@ -130,7 +135,7 @@ def holds_spools(location: Location) -> bool:
 
 
 def is_shard_like(location: Any) -> bool:
-    """An entry of a shard directory that could be a shard (what a dataset manifest must
+    """An entry of a shard directory that could be a shard (what a dataset record must
     list): anything but hidden names, temporaries, receipts, notes, layout and spool folders."""
     location = resolve(location)
     return not _ignored(location) and not holds_spools(location)
@@ -155,7 +160,7 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     if own is not None and _is_main_entry(location, own):
         _refuse_unfinished(location, own)
         return [placed(location, expect_format(location, own, format))]
-    manifest = read_manifest(location)
+    manifest = read_dataset_record(location)
     if manifest is not None:
         return [ShardRef.listed(p, expect_format(p, manifest["format"], format), entry)
                 for p, entry in listed_shards(location, manifest, is_shard_like,
@@ -204,15 +209,15 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
     anything else unrecognised is an error, so a damaged shard is never silently left out; a
     folder holding a directory shard's files but not its manifest is an unfinished one.
 
-    A directory without a dataset manifest (written before them) is checked as its receipts
+    A directory without a dataset record (written before them) is checked as its receipts
     allow: a receipt must name its shard, and their bins must follow one another (a gap is a
     missing shard, an overlap a duplicated one); each shard then carries the bins its receipt
     gives it (:class:`ShardRef`), as a link into a dataset directory carries its manifest's.
     """
     children = [c for c in directory.iterdir() if not _ignored(c)]
-    parts = sorted({c.name for c in children} & (directory_shard_files() - {DIRECTORY_MANIFEST}))
+    parts = sorted({c.name for c in children} & (directory_shard_files() - {SHARD_RECORD}))
     if parts:
-        raise FormatError(f"{directory}: holds {', '.join(parts)} but no {DIRECTORY_MANIFEST}: "
+        raise FormatError(f"{directory}: holds {', '.join(parts)} but no {SHARD_RECORD}: "
                           "a directory shard that did not finish (or not a shard); refused")
     found: list[ShardRef] = []
     unknown: list[Location] = []
@@ -244,7 +249,7 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
 def _refuse_unfinished(location: Location, format: str) -> None:
     """A directory shard's files without the manifest its writer publishes last: its upload
     or its copy did not finish (a writer that dies never leaves one under its final name)."""
-    manifest = get_format(format).Reader.MANIFEST
+    manifest = get_format(format).Reader.RECORD
     if manifest and not (location / manifest).is_file():
         parts = sorted(c.name for c in location.iterdir())
         raise FormatError(f"{location}: holds {', '.join(parts)} but no {manifest}: a {format} "
@@ -265,14 +270,14 @@ def _stem(name: str) -> str:
     return name.split(".", 1)[0]
 
 
-#: dataset manifests already read while placing shards, per directory: the manifest's entries
+#: dataset records already read while placing shards, per directory: the manifest's entries
 #: by shard name (None: a directory without one), so placing N shards reads each manifest once
 Placements = dict[str, "dict[str, dict[str, Any]] | None"]
 
 
 def placed(shard: Any, format: str, manifests: Placements | None = None) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
-    it lives in has a dataset manifest, the shard must be listed there and the dataset
+    it lives in has a dataset record, the shard must be listed there and the dataset
     complete (a shard of an interrupted job is refused like the whole directory); where it has
     none (written before them), the shard is where its receipt puts it, if it has one.
     ``manifests`` keeps the manifests read across the calls of one walk."""
@@ -285,21 +290,21 @@ def placed(shard: Any, format: str, manifests: Placements | None = None) -> Shar
         entries = _manifest_entries(directory)
         if manifests is not None:
             manifests[directory.path] = entries
-    if entries is None:  # written before dataset manifests: where its receipt puts it
+    if entries is None:  # written before dataset records: where its receipt puts it
         receipt = read_receipt(_named(real))
         bins = None if receipt is None else receipt.get("bins")
         return ShardRef(location, format, None if bins is None else (bins[0], bins[1]))
     entry = entries.get(real.name)
     if entry is None:
-        raise FormatError(f"{real}: not listed in {directory / MANIFEST_FILE} (copied in from "
+        raise FormatError(f"{real}: not listed in {directory / DATASET_RECORD} (copied in from "
                           "elsewhere?)")
     return ShardRef.listed(location, format, entry)
 
 
 def _manifest_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
-    """The complete dataset manifest of ``directory``, its entries by shard name (the first
+    """The complete dataset record of ``directory``, its entries by shard name (the first
     of a name), or None where there is none."""
-    manifest = read_manifest(directory)
+    manifest = read_dataset_record(directory)
     if manifest is None:
         return None
     require_complete(directory, manifest)
@@ -310,12 +315,12 @@ def _manifest_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
 
 
 def dataset_directories(path: Any) -> list[Any]:
-    """The directories under ``path`` (itself included) that hold a dataset manifest, in path
+    """The directories under ``path`` (itself included) that hold a dataset record, in path
     order, not looking inside them: a run folder (``OUT/runs/<run_hash>``), ``OUT/runs``, or
     any folder of pack outputs. Spool folders and links are not followed; one-file shards are
     known by name, without a request."""
     location = resolve(path)
-    if (location / MANIFEST_FILE).is_file():
+    if (location / DATASET_RECORD).is_file():
         return [_named(location)]
     suffixes = tuple(get_format(n).Reader.SUFFIX for n in _one_file_formats())
     found: list[Any] = []

@@ -24,6 +24,10 @@ import numpy as np
 
 from packlab.errors import FormatError, PacklabError, one_line
 
+#: the record a directory (a directory shard, a spool) publishes last: its counts and every
+#: file's size and SHA-256, so a copy (an upload, a download) can prove itself whole
+DIRECTORY_RECORD = "manifest.json"
+
 TMP_MARKER = ".tmp-"
 
 

@@ -22,7 +22,7 @@ Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a man
 own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the four
 ``*_dtype`` keys above, whatever ``extra_manifest`` its caller passes (its chat SFT stage:
 ``shard_id``, ``input_files``, ``chat_template``, ``seed``, ``tokenization_stats``...) and no
-checksums. Both are read (:func:`read_spool_manifest`): either count key, either spelling of
+checksums. Both are read (:func:`read_spool_record`): either count key, either spelling of
 the dtypes, unknown keys kept (:func:`manifest_extra`; ``packlab inspect`` shows them). A
 packlab manifest carries Nemotron's keys too, so a packlab spool is a Nemotron spool. Where a
 spool records no checksums, :meth:`SpoolReader.file_checksums` computes them (once) for those
@@ -44,6 +44,7 @@ import numpy as np
 
 from packlab.errors import FormatError, PacklabError
 from packlab.files import (
+    DIRECTORY_RECORD,
     HashedFile,
     Staging,
     file_entry,
@@ -60,7 +61,7 @@ DTYPES = {
     "lengths": np.dtype("<u4"),
 }
 FILES = {name: f"{name}.bin" for name in DTYPES}
-MANIFEST = "manifest.json"
+SPOOL_RECORD = DIRECTORY_RECORD  # a spool's record (spool_v1, Nemotron's name for it too)
 # Nemotron's names for the dtypes (its SequenceSpoolWriter.finalize), written as numpy names.
 NEMOTRON_DTYPE_KEYS = {"tokens": "tokens_dtype", "masks": "mask_dtype",
                        "offsets": "offsets_dtype", "lengths": "lengths_dtype"}
@@ -190,7 +191,7 @@ class SpoolWriter:
             "files": files,
             "source": self.source,
         }
-        (self._staging.path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (self._staging.path / SPOOL_RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
         try:
             self._staging.publish()
         except BaseException:  # e.g. a file where the spool goes: no temporary left behind
@@ -212,10 +213,10 @@ class SpoolReader:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.manifest = read_spool_manifest(self.path)
-        self.num_sequences: int = int(self.manifest["num_sequences"])
-        self.num_tokens: int = int(self.manifest["num_tokens"])
-        self.vocab_size: int | None = self.manifest.get("vocab_size")
+        self.record = read_spool_record(self.path)
+        self.num_sequences: int = int(self.record["num_sequences"])
+        self.num_tokens: int = int(self.record["num_tokens"])
+        self.vocab_size: int | None = self.record.get("vocab_size")
         self._check_sizes()
         self._maps: dict[str, np.ndarray] | None = None
         self._checksums: dict[str, dict[str, Any]] | None = None
@@ -223,7 +224,7 @@ class SpoolReader:
     def file_checksums(self) -> dict[str, dict[str, Any]]:
         """``{file: {"bytes", "sha256"}}`` of the four data files: the manifest's when it
         records them (packlab's), else computed once per reader (Nemotron's records none)."""
-        recorded = self.manifest.get("files")
+        recorded = self.record.get("files")
         if isinstance(recorded, dict) and all(
             isinstance(recorded.get(name), dict) and "sha256" in recorded[name]
             for name in FILES.values()
@@ -301,7 +302,7 @@ class SpoolReader:
 
     def verify(self) -> None:
         """Full check: checksums, offsets consistent with lengths, masks 0/1, tokens in range."""
-        for name, entry in self.manifest.get("files", {}).items():
+        for name, entry in self.record.get("files", {}).items():
             digest = sha256_file(self.path / name)
             if digest != entry.get("sha256"):
                 raise FormatError(f"{self.path / name}: checksum mismatch (corrupted spool)")
@@ -323,17 +324,17 @@ class SpoolReader:
                                   f"outside [0, {limit})")
 
 
-def is_spool_manifest(raw: bytes) -> bool:
+def is_spool_record(raw: bytes) -> bool:
     """Whether the bytes of a ``manifest.json`` are a spool's (a JSON object whose version is
     :data:`SPOOL_VERSION`, packlab's or Nemotron's); damage or another document: False."""
     try:
-        parse_versioned_json(raw, MANIFEST, version=SPOOL_VERSION, kind="manifest")
+        parse_versioned_json(raw, SPOOL_RECORD, version=SPOOL_VERSION, kind="manifest")
     except FormatError:
         return False
     return True
 
 
-def read_spool_manifest(path: Path) -> dict[str, Any]:
+def read_spool_record(path: Path) -> dict[str, Any]:
     """Read and check a spool manifest, packlab's or Nemotron's; errors name the file.
 
     Returns the manifest as written, plus ``num_tokens`` where only Nemotron's
@@ -341,7 +342,7 @@ def read_spool_manifest(path: Path) -> dict[str, Any]:
     """
     if not path.exists():
         raise FormatError(f"{path}: no such spool")
-    manifest_path = path / MANIFEST
+    manifest_path = path / SPOOL_RECORD
     manifest = read_versioned_json(manifest_path, version=SPOOL_VERSION, kind="manifest",
                                    unreadable="unreadable manifest")
     if manifest is None:

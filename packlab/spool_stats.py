@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.spool import FILES, MANIFEST, SpoolReader, manifest_extra
+from packlab.spool import FILES, SPOOL_RECORD, SpoolReader, manifest_extra
 
 _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
 
@@ -23,7 +23,7 @@ def count_nonzero_chunked(values: np.ndarray) -> int:
 
 def spool_bytes(reader: SpoolReader) -> dict[str, int]:
     """Bytes on disk of every file of the spool, manifest included."""
-    names = [*FILES.values(), MANIFEST]
+    names = [*FILES.values(), SPOOL_RECORD]
     return {name: (reader.path / name).stat().st_size for name in names}
 
 
@@ -59,8 +59,8 @@ def describe_spool(reader: SpoolReader) -> dict[str, Any]:
         "bytes_on_disk": total,
         "bytes_per_token": total / max(reader.num_tokens, 1),
         "files": files,
-        "source": reader.manifest.get("source", {}),
-        "extra": manifest_extra(reader.manifest),  # keys packlab does not read (Nemotron's)
+        "source": reader.record.get("source", {}),
+        "extra": manifest_extra(reader.record),  # keys packlab does not read (Nemotron's)
     }
 
 

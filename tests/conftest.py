@@ -21,7 +21,7 @@ from packlab.lab.s3server import S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.sources import open_writer
-from packlab.spool import FILES, MANIFEST, SpoolReader, SpoolWriter
+from packlab.spool import FILES, SPOOL_RECORD, SpoolReader, SpoolWriter
 
 # Libraries that write to the home directory write into a throwaway folder instead.
 _HOME = Path(os.environ.get("PACKLAB_TEST_HOME", "/tmp/packlab-test-home"))
@@ -79,7 +79,7 @@ def write_empty_spool(path: Path) -> Path:
     for name in FILES.values():
         (path / name).write_bytes(b"")
     manifest = {"version": "spool_v1", "num_sequences": 0, "num_tokens": 0}
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    (path / SPOOL_RECORD).write_text(json.dumps(manifest))
     return path
 
 

@@ -477,8 +477,8 @@ def _rewrite(shard: Path, format: str, bins: list, pack_size: int, metadata: dic
 
 
 def _vouch(shard: Path) -> None:
-    """The receipt and the dataset manifest recomputed for ``shard`` as it now is."""
-    from packlab.pipeline.manifest import manifest_path
+    """The receipt and the dataset record recomputed for ``shard`` as it now is."""
+    from packlab.pipeline.dataset_record import dataset_record_path
     from packlab.pipeline.receipts import shard_bytes, shard_checksum
 
     digest, digest_of = shard_checksum(shard)
@@ -486,7 +486,7 @@ def _vouch(shard: Path) -> None:
     receipt = json.loads(_receipt(shard).read_text())
     _receipt(shard).write_text(json.dumps({**receipt, "bytes": size, "sha256": digest,
                                            "sha256_of": digest_of}))
-    manifest_file = manifest_path(shard.parent)
+    manifest_file = dataset_record_path(shard.parent)
     manifest = json.loads(manifest_file.read_text())
     for entry in manifest["shards"]:
         if entry["name"] == shard.name:

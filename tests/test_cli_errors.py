@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli, write_random_spool
 
 from packlab.cli import build_parser, in_cli_words
-from packlab.pipeline.manifest import MANIFEST_FILE
+from packlab.pipeline.dataset_record import DATASET_RECORD
 
 PARQUET = "parquet"
 
@@ -35,8 +35,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert run_cli_quiet("pack", spool, other, root / "layout", "--format", PARQUET, *pack,
                          "--split", "train=0.7,valid=0.3") == 0
     shutil.copytree(root / "out", root / "incomplete")
-    manifest = json.loads((root / "incomplete" / MANIFEST_FILE).read_text())
-    (root / "incomplete" / MANIFEST_FILE).write_text(json.dumps({**manifest, "state": "writing"}))
+    manifest = json.loads((root / "incomplete" / DATASET_RECORD).read_text())
+    (root / "incomplete" / DATASET_RECORD).write_text(json.dumps({**manifest, "state": "writing"}))
     shutil.copytree(root / "out", root / "damaged")
     victim = sorted((root / "damaged").glob("*.parquet"))[1]
     victim.write_bytes(victim.read_bytes()[:-100])

@@ -15,7 +15,7 @@ from conftest import run_cli, write_random_spool
 from packlab import open_dataset
 from packlab.dataset import bin_digests
 from packlab.errors import FormatError
-from packlab.pipeline.manifest import MANIFEST_FILE
+from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.sources import resolve_source
 
 SPLITS = "train=0.75,valid=0.25"
@@ -106,7 +106,7 @@ def test_every_reading_command_takes_every_kind_of_path(outputs, tmp_path, capsy
 def test_a_converted_folder_is_a_dataset_like_a_packed_one(outputs, tmp_path, capsys) -> None:
     out = tmp_path / "c"
     assert run_cli(capsys, "convert", outputs["flat"], out, "--format", "binidx")[0] == 0
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
+    manifest = json.loads((out / DATASET_RECORD).read_text())
     assert manifest["state"] == "complete" and manifest["format"] == "binidx"
     assert [s["name"] for s in manifest["shards"]] == sorted(
         p.name for p in out.iterdir() if p.name.startswith("shard_") and
@@ -124,12 +124,12 @@ def test_a_shard_named_alone_must_be_in_its_finished_dataset(outputs, tmp_path) 
     out = tmp_path / "flat"
     shutil.copytree(outputs["flat"], out)
     shard = sorted(out.glob("*.parquet"))[0]
-    manifest = json.loads((out / MANIFEST_FILE).read_text())
-    (out / MANIFEST_FILE).write_text(json.dumps({**manifest, "state": "writing"}))
+    manifest = json.loads((out / DATASET_RECORD).read_text())
+    (out / DATASET_RECORD).write_text(json.dumps({**manifest, "state": "writing"}))
     for path in (shard, str(out / "*.parquet")):
         with pytest.raises(FormatError, match="incomplete output"):
             open_dataset(path)
-    (out / MANIFEST_FILE).write_text(json.dumps(manifest))
+    (out / DATASET_RECORD).write_text(json.dumps(manifest))
     stray = out / "shard_999999.parquet"
     shutil.copy(shard, stray)
     with pytest.raises(FormatError, match="not listed in"):

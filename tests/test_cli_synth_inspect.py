@@ -16,7 +16,7 @@ from packlab.cli import main
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.sources import open_writer
-from packlab.spool import MANIFEST, SpoolReader
+from packlab.spool import SPOOL_RECORD, SpoolReader
 from packlab.synth import synthesize
 
 
@@ -40,7 +40,7 @@ def test_synth_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert summary["bytes_on_disk"] == sum(p.stat().st_size for p in out_dir.iterdir())
     assert summary["profile"] == "short" and summary["seed"] == 9
     assert summary["seconds"] >= 0
-    assert reader.manifest["source"]["profile"] == "short"
+    assert reader.record["source"]["profile"] == "short"
 
 
 def test_synth_table_and_vocab(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -150,19 +150,19 @@ def test_inspect_empty_spool(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_inspect_spool_without_manifest(chat_spool: SpoolReader, tmp_path: Path,
                                         capsys: pytest.CaptureFixture[str]) -> None:
     path = _broken(chat_spool, tmp_path)
-    (path / MANIFEST).unlink()
+    (path / SPOOL_RECORD).unlink()
     code, _, err = run_cli(capsys, "inspect", str(path))
     assert code == 2
-    one_error_line(err, path / MANIFEST, "missing")
+    one_error_line(err, path / SPOOL_RECORD, "missing")
 
 
 def test_inspect_bad_manifest(chat_spool: SpoolReader, tmp_path: Path,
                               capsys: pytest.CaptureFixture[str]) -> None:
     path = _broken(chat_spool, tmp_path)
-    (path / MANIFEST).write_text("{truncated")
+    (path / SPOOL_RECORD).write_text("{truncated")
     code, _, err = run_cli(capsys, "inspect", str(path))
     assert code == 2
-    one_error_line(err, path / MANIFEST)
+    one_error_line(err, path / SPOOL_RECORD)
 
 
 @pytest.mark.parametrize("make", ["empty_dir", "junk_file"])

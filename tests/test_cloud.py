@@ -178,7 +178,7 @@ def test_packed_index_travels_with_its_spool(server, data, tmp_path: Path) -> No
     tree = tmp_path / "tree"
     tree.mkdir()
     local_spool = write_random_spool(tree / "spool", num_sequences=300, max_len=400, seed=3)
-    assert local_spool.manifest["files"] == spool.manifest["files"]
+    assert local_spool.record["files"] == spool.record["files"]
     write_shards(local_spool, assignment, tree / "out", format="packed_index",
                  bins_per_shard=10**6)
     with pytest.raises(PacklabError, match="upload_tree"):

@@ -84,7 +84,7 @@ def test_a_receipt_with_one_non_utf8_byte(job, tmp_path, capsys, format) -> None
     with pytest.raises(UnicodeDecodeError):
         receipt.read_text()
     refused(lambda: validate_path(out), receipt, "unreadable receipt")
-    (out / "dataset.json").unlink()  # written before dataset manifests: receipts place shards
+    (out / "dataset.json").unlink()  # written before dataset records: receipts place shards
     refused(lambda: open_dataset(out), receipt, "unreadable receipt")
     code, _, err = run_cli(capsys, "validate", out)
     assert code == 2

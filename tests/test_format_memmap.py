@@ -16,7 +16,7 @@ from packlab.bins import PackedBin, bin_checksum, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import file_entry
 from packlab.formats import detect_format
-from packlab.formats.memmap_v1 import CHECKSUMS, FILES, MANIFEST, MANIFEST_FORMAT, Reader, Writer
+from packlab.formats.memmap_v1 import CHECKSUMS, FILES, RECORD, RECORD_FORMAT, Reader, Writer
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.materialize import iter_bins
@@ -75,11 +75,11 @@ def test_round_trip_equals_materialized_bins(
 
 def test_files_are_plain_npy_with_the_documented_layout(shard: tuple[Path, list[PackedBin]]) -> None:
     path, bins = shard
-    manifest = json.loads((path / MANIFEST).read_text())
-    assert manifest["format"] == MANIFEST_FORMAT and manifest["num_bins"] == len(bins)
+    manifest = json.loads((path / RECORD).read_text())
+    assert manifest["format"] == RECORD_FORMAT and manifest["num_bins"] == len(bins)
     assert manifest["dtypes"]["input_ids"] == "<i4" and manifest["dtypes"]["seq_starts"] == "<u4"
     assert sorted(p.name for p in path.iterdir()) == sorted([*FILES.values(), CHECKSUMS,
-                                                             MANIFEST])
+                                                             RECORD])
     assert manifest["bin_checksum"] == "xxh3_64"
     checksums = np.load(path / CHECKSUMS, allow_pickle=False)
     assert checksums.dtype == np.dtype("<u8") and checksums.shape == (len(bins),)
@@ -158,7 +158,7 @@ def test_flips_in_the_index_or_header_are_caught_on_read(shard: tuple[Path, list
 
 def test_corrupt_manifest_and_unfinished_shard(shard: tuple[Path, list[PackedBin]]) -> None:
     path, _ = shard
-    manifest = path / MANIFEST
+    manifest = path / RECORD
     text = manifest.read_text()
     manifest.write_text(text.replace('"num_bins": 40', '"num_bins": 41'))
     with pytest.raises(FormatError, match="bytes, manifest says|header"):
@@ -175,9 +175,9 @@ def test_corrupt_manifest_and_unfinished_shard(shard: tuple[Path, list[PackedBin
 def _rewrite(path: Path, name: str, array: np.ndarray) -> None:
     """Replace a file's payload and re-sign the manifest: damage only the invariants can see."""
     np.save(path / name, array)
-    manifest = json.loads((path / MANIFEST).read_text())
+    manifest = json.loads((path / RECORD).read_text())
     manifest["files"][name] = file_entry(path / name)
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    (path / RECORD).write_text(json.dumps(manifest))
 
 
 def test_validate_checks_padding_and_invariants(shard: tuple[Path, list[PackedBin]]) -> None:

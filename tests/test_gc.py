@@ -22,7 +22,7 @@ import pytest
 from conftest import one_error_line, run_cli, write_random_spool
 
 from packlab.files import is_temporary, temporary_sibling
-from packlab.pipeline.manifest import read_manifest, writing_lock
+from packlab.pipeline.dataset_record import read_dataset_record, writing_lock
 from packlab.sources.validate import validate_path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,10 +118,10 @@ def test_gc_removes_a_killed_writers_temporaries_and_nothing_else(spool, tmp_pat
     assert snapshot(out) == before  # every finished shard, receipt and manifest as it was
     live.rename(tmp_path / "elsewhere")
 
-    assert read_manifest(out)["state"] == "writing"  # the same job run again finishes it
+    assert read_dataset_record(out)["state"] == "writing"  # the same job run again finishes it
     finish = start_pack(spool, out, "--workers", "2")
     assert finish.wait(timeout=300) == 0, finish.stderr.read().decode()
-    assert validate_path(out)["num_bins"] == read_manifest(out)["num_bins"]
+    assert validate_path(out)["num_bins"] == read_dataset_record(out)["num_bins"]
 
 
 def test_gc_leaves_a_directory_a_running_job_holds(tmp_path, capsys) -> None:
@@ -149,7 +149,7 @@ def test_a_second_pack_into_a_directory_being_written_is_refused(spool, tmp_path
     out = tmp_path / "out"
     first = start_pack(spool, out, "--workers", "1")
     stop_when(first, lambda: (out / "dataset.json").is_file()
-              and read_manifest(out)["state"] == "writing", "its dataset manifest")
+              and read_dataset_record(out)["state"] == "writing", "its dataset record")
     try:  # stopped, it holds its lock while the others try
         for options in ([], ["--pack-size", "1024"], ["--overwrite"]):
             argv = ["pack", spool, out, "--format", "memmap_v1", "--pack-size", "512",
@@ -161,8 +161,8 @@ def test_a_second_pack_into_a_directory_being_written_is_refused(spool, tmp_path
     finally:
         os.killpg(first.pid, signal.SIGCONT)
     assert first.wait(timeout=300) == 0, first.stderr.read().decode()
-    assert read_manifest(out)["state"] == "complete"
-    assert validate_path(out)["num_shards"] == len(read_manifest(out)["shards"])
+    assert read_dataset_record(out)["state"] == "complete"
+    assert validate_path(out)["num_shards"] == len(read_dataset_record(out)["shards"])
 
 
 def test_gc_never_follows_a_link(tmp_path, capsys) -> None:

@@ -147,7 +147,7 @@ def test_layout_has_relative_links_a_blend_and_every_sequence_once(spools, tmp_p
         ds = open_dataset(out, split=split)
         assert len(ds) == entry["num_bins"] == sum(entry["shard_bins"])
         assert ds.num_tokens == entry["num_tokens"]
-    assert blend["inputs"][0]["manifest"] == SpoolReader(spools[0]).manifest
+    assert blend["inputs"][0]["manifest"] == SpoolReader(spools[0]).record
     assert blend["packing"]["pack_size"] == 256 and blend["packlab_version"]
     # every spool sequence is in exactly one split, none lost, none duplicated
     seen = sum((split_sequence_digests(out, s) for s in known_splits(out)), Counter())

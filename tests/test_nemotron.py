@@ -28,7 +28,7 @@ from packlab.formats import format_names, formats_where
 from packlab.materialize import BinMaterializer, iter_bins
 from packlab.packing import pack
 from packlab.sources import open_dataset
-from packlab.spool import FILES, MANIFEST, NEMOTRON_DTYPE_KEYS, SpoolReader
+from packlab.spool import FILES, NEMOTRON_DTYPE_KEYS, SPOOL_RECORD, SpoolReader
 
 PACK_SIZE = 2048
 
@@ -44,7 +44,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
 
 def test_a_nemotron_spool_reads_exactly(big: tuple[Path, list]) -> None:
     path, sequences = big
-    on_disk = json.loads((path / MANIFEST).read_text())
+    on_disk = json.loads((path / SPOOL_RECORD).read_text())
     assert "num_tokens" not in on_disk and "files" not in on_disk  # Nemotron's keys only
     spool = SpoolReader(path)
     spool.verify()  # structure (offsets follow lengths, masks 0/1); no checksums to check
@@ -148,8 +148,8 @@ def test_an_empty_nemotron_spool_gives_one_clear_line(tmp_path: Path, capsys) ->
 def test_a_manifest_that_contradicts_itself_is_refused(tmp_path: Path, change: dict,
                                                        message: str) -> None:
     spool = write_random_spool(tmp_path / "s", num_sequences=5)
-    manifest = json.loads((spool.path / MANIFEST).read_text())
-    (spool.path / MANIFEST).write_text(json.dumps({**manifest, **change}))
+    manifest = json.loads((spool.path / SPOOL_RECORD).read_text())
+    (spool.path / SPOOL_RECORD).write_text(json.dumps({**manifest, **change}))
     with pytest.raises(FormatError, match=message):
         SpoolReader(spool.path)
 
@@ -158,7 +158,7 @@ def test_a_packlab_spool_is_a_nemotron_spool(tmp_path: Path) -> None:
     """packlab's manifest carries every key Nemotron writes, with Nemotron's values, and the
     files read the way Nemotron's reader reads them (offsets uint64, lengths uint32)."""
     spool = write_random_spool(tmp_path / "s", num_sequences=40, seed=5)
-    mine = json.loads((spool.path / MANIFEST).read_text())
+    mine = json.loads((spool.path / SPOOL_RECORD).read_text())
     theirs = write_nemotron_spool(tmp_path / "n", [spool.read_sequence(i)
                                                    for i in range(spool.num_sequences)])
     for key in theirs:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from packlab import spool_stats
 from packlab.errors import FormatError, PacklabError
-from packlab.spool import DTYPES, FILES, MANIFEST, SpoolReader, SpoolWriter
+from packlab.spool import DTYPES, FILES, SPOOL_RECORD, SpoolReader, SpoolWriter
 
 _SETTINGS = settings(max_examples=25, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -83,7 +83,7 @@ def test_round_trip_across_flushes(tmp_path: Path) -> None:
 
 
 def test_manifest_is_labelled_and_written(spool: SpoolReader) -> None:
-    manifest = json.loads((spool.path / MANIFEST).read_text())
+    manifest = json.loads((spool.path / SPOOL_RECORD).read_text())
     assert manifest["version"] == "spool_v1"
     assert manifest["dtypes"] == {name: dt.str for name, dt in DTYPES.items()}
     assert set(manifest["files"]) == set(FILES.values())
@@ -220,7 +220,7 @@ def test_extra_bytes_are_caught_too(spool: SpoolReader, tmp_path: Path) -> None:
 )
 def test_bad_manifest(spool: SpoolReader, tmp_path: Path, text: str, message: str) -> None:
     path = _copy(spool, tmp_path)
-    (path / MANIFEST).write_text(text)
+    (path / SPOOL_RECORD).write_text(text)
     with pytest.raises(FormatError, match=message) as info:
         SpoolReader(path)
     assert str(path) in str(info.value)
@@ -228,17 +228,17 @@ def test_bad_manifest(spool: SpoolReader, tmp_path: Path, text: str, message: st
 
 def test_wrong_dtype_in_manifest(spool: SpoolReader, tmp_path: Path) -> None:
     path = _copy(spool, tmp_path)
-    manifest = json.loads((path / MANIFEST).read_text())
+    manifest = json.loads((path / SPOOL_RECORD).read_text())
     manifest["dtypes"]["tokens"] = "<i8"
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    (path / SPOOL_RECORD).write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match="tokens dtype <i8"):
         SpoolReader(path)
 
 
 def test_missing_manifest_is_an_unfinished_spool(spool: SpoolReader, tmp_path: Path) -> None:
     path = _copy(spool, tmp_path)
-    (path / MANIFEST).unlink()
-    with pytest.raises(FormatError, match=f"{path / MANIFEST}: missing"):
+    (path / SPOOL_RECORD).unlink()
+    with pytest.raises(FormatError, match=f"{path / SPOOL_RECORD}: missing"):
         SpoolReader(path)
 
 
@@ -264,9 +264,9 @@ def test_verify_catches_a_flipped_byte(spool: SpoolReader, tmp_path: Path, name:
 
 def _without_checksums(path: Path) -> None:
     """A spool from a writer that records no checksums: verify() must check the values."""
-    manifest = json.loads((path / MANIFEST).read_text())
+    manifest = json.loads((path / SPOOL_RECORD).read_text())
     del manifest["files"]
-    (path / MANIFEST).write_text(json.dumps(manifest))
+    (path / SPOOL_RECORD).write_text(json.dumps(manifest))
 
 
 def test_verify_catches_tokens_beyond_the_vocabulary(spool: SpoolReader, tmp_path: Path) -> None:

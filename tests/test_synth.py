@@ -86,7 +86,7 @@ def test_synth_lengths_matches_the_spool(tmp_path: Path, profile: str) -> None:
     reader = synthesize(tmp_path / "s", num_sequences=n, profile=profile, seed=5)
     np.testing.assert_array_equal(reader.lengths, synth_lengths(n, profile, seed=5))
     reader.verify()
-    assert reader.manifest["source"] == {"generator": "packlab.synth", "profile": profile,
+    assert reader.record["source"] == {"generator": "packlab.synth", "profile": profile,
                                          "seed": 5}
 
 

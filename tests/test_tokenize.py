@@ -139,7 +139,7 @@ def test_masks_cover_exactly_the_assistant_spans(tmp_path: Path) -> None:
     assert int(mask.sum()) == 0
     tokens, mask = spool.read_sequence(2)
     assert tokens[mask == 1].tolist() == [tok.im_end]
-    stats = spool.manifest["source"]["stats"]
+    stats = spool.record["source"]["stats"]
     assert stats["records"] == 4 and stats["records_without_response"] == 1
     assert stats["learn_tokens"] == int(spool.masks.sum())
 
@@ -161,7 +161,7 @@ def test_manifest_records_the_tokenizer(tmp_path: Path) -> None:
     jsonl = write_jsonl(tmp_path / "c.jsonl", [chat(("user", "hi"), ("assistant", "hello"))])
     spool = tokenize_chat_jsonl(jsonl, tmp_path / "s", encoding="o200k_base")
     assert spool.vocab_size == 200_021
-    source = spool.manifest["source"]
+    source = spool.record["source"]
     assert source["encoding"] == "o200k_base" and source["template"] == "chatml"
     assert source["special_tokens"] == {IM_START: 200_019, IM_END: 200_020}
     assert SpoolReader(tmp_path / "s").tokens.max() == 200_020
@@ -402,7 +402,7 @@ def test_corpus_is_deterministic_valid_and_atomic(tmp_path: Path) -> None:
         assert roles[-1] == "assistant" and "user" in roles
         assert ".test" not in r["source"]["module"]
     spool = tokenize_chat_jsonl(a, tmp_path / "spool")  # the validator accepts every record
-    assert spool.num_sequences == 60 and spool.manifest["source"]["stats"]["learn_tokens"] > 0
+    assert spool.num_sequences == 60 and spool.record["source"]["stats"]["learn_tokens"] > 0
     with pytest.raises(PacklabError, match="already exists"):
         build_docstring_corpus(a, 5, overwrite=False)
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

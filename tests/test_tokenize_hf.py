@@ -86,7 +86,7 @@ def test_every_record_learns_exactly_its_assistant_turns(
     jsonl = write_jsonl(tmp_path / "chat.jsonl", records)
     spool = tokenize_chat_jsonl(jsonl, tmp_path / "spool", tokenizer=folders[template])
     spool.verify()
-    stats = spool.manifest["source"]["stats"]
+    stats = spool.record["source"]["stats"]
     encoder = encoders[template]
     written = [r for r in records if r is not TOOL_CHAT or template == "chatml_generation"]
     assert stats["records"] == len(records) and spool.num_sequences == len(written)
@@ -98,7 +98,7 @@ def test_every_record_learns_exactly_its_assistant_turns(
     assert stats["learn_tokens"] == int(spool.masks.sum())
     assert stats["records_without_response"] == 1  # the probe without an assistant turn
     assert stats["assistant_turns_without_end_token"] == 0
-    source = spool.manifest["source"]
+    source = spool.record["source"]
     assert source["chat_template"] == builtin_template(template)
     assert source["mask"] == ("assistant_generation" if template == "chatml_generation"
                               else "assistant_located")
@@ -164,7 +164,7 @@ def test_a_straddling_token_is_unlocated_and_reported(
                chat(("user", "q"), ("assistant", "\nstarts with a newline"))]
     jsonl = write_jsonl(tmp_path / "c.jsonl", records)
     spool = tokenize_chat_jsonl(jsonl, tmp_path / "s", tokenizer=folder)
-    stats = spool.manifest["source"]["stats"]
+    stats = spool.record["source"]["stats"]
     assert spool.num_sequences == 1 and stats["records_unlocated"] == 1
     edge = len("<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n")
     assert stats["unlocated"] == [f"{jsonl}: line 2: a token straddles the edge of assistant "

@@ -62,7 +62,7 @@ def test_two_workers_write_the_one_worker_spool_byte_for_byte(
     two = tokenize_chat_jsonl(jsonl, tmp_path / "two", workers=2, **opts)
     three = tokenize_chat_jsonl(jsonl, tmp_path / "three", workers=3, limit=200, **opts)
     assert tree(one.path) == tree(two.path)
-    stats = one.manifest["source"]["stats"]
+    stats = one.record["source"]["stats"]
     assert stats["records"] == len(setup["records"])
     if name in ("llama3", "bpe", "o200k"):  # llama3 trims the newline away; bpe encodes apart
         assert stats["records_unlocated"] == 0

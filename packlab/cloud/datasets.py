@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.transfer import download_shard, remote_manifest
+from packlab.cloud.transfer import download_shard, remote_record
 from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError
@@ -53,7 +53,7 @@ def fetch_spool(location: Location, local_shard: Path, reader: Any, *,
     spool = location / relative
     if spool.path.split("/")[0] != location.path.split("/")[0]:
         raise FormatError(f"{location}: its spool path {relative!r} leaves the bucket")
-    if remote_manifest(spool) is None:
+    if remote_record(spool) is None:
         raise FormatError(f"{location}: its spool is not at {spool} (upload the spool beside "
                           "the shard, at the relative path the shard records)")
     return download_shard(spool, cache_dir=cache_dir)
@@ -68,7 +68,7 @@ class RemoteDataset(PackedDataset):
                  reader_options: dict[str, Any] | None = None) -> None:
         self.locations = [loc for loc, _ in shards]
         self.cache_dir = None if cache_dir is None else str(cache_dir)
-        # where a dataset manifest placed a shard (ShardRef.bins), PackedDataset checks it
+        # where a dataset record placed a shard (ShardRef.bins), PackedDataset checks it
         super().__init__([ShardRef(s[0].uri, s[1], getattr(s, "bins", None)) for s in shards],
                          reader_options=reader_options)
         self.shards = list(self.locations)  # type: ignore[arg-type]  # URIs, not mangled Paths

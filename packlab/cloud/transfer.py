@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import TMP_MARKER, parse_json, staged, verify_files
+from packlab.files import DIRECTORY_RECORD, TMP_MARKER, parse_json, staged, verify_files
 from packlab.storage import (
     Location,
     download_file,
@@ -41,8 +41,6 @@ from packlab.storage import (
     resolve,
     upload_file,
 )
-
-MANIFEST = "manifest.json"
 
 
 class NoFileList(FormatError):
@@ -64,7 +62,7 @@ def _digest(text: str | bytes) -> str:
 
 
 # -- manifests ---------------------------------------------------------------------------------
-def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
+def parse_file_list(raw: bytes, source: str) -> dict[str, Any]:
     """A directory shard's manifest, with a ``files`` table of plain names (no ``/``, no ``..``:
     a manifest must not name files outside its shard)."""
     manifest = parse_json(raw, source, unreadable="unreadable manifest")
@@ -73,7 +71,7 @@ def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
         raise NoFileList(f"{source}: the manifest lists no files (not a directory shard)")
     for name, entry in files.items():
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (
-                ".", "..") or name == MANIFEST:
+                ".", "..") or name == DIRECTORY_RECORD:
             raise FormatError(f"{source}: the manifest names a file {name!r} outside its shard")
         if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
                 and isinstance(entry.get("sha256"), str)):
@@ -81,13 +79,13 @@ def parse_manifest(raw: bytes, source: str) -> dict[str, Any]:
     return manifest
 
 
-def remote_manifest(location: Location) -> tuple[bytes, dict[str, Any]] | None:
+def remote_record(location: Location) -> tuple[bytes, dict[str, Any]] | None:
     """The raw and parsed manifest of a directory shard at ``location``; None if it has none."""
-    target = location / MANIFEST
+    target = location / DIRECTORY_RECORD
     if not target.is_file():
         return None
     raw = target.read_bytes()
-    return raw, parse_manifest(raw, str(target))
+    return raw, parse_file_list(raw, str(target))
 
 
 # -- up ----------------------------------------------------------------------------------------
@@ -108,16 +106,16 @@ def upload_shard(local: str | os.PathLike[str], uri: str | Location, *, filesyst
 
 
 def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dict[str, Any]:
-    manifest_path = source / MANIFEST
+    manifest_path = source / DIRECTORY_RECORD
     if not manifest_path.is_file():
         raise FormatError(f"{manifest_path}: missing (an unfinished shard is never uploaded)")
     raw = manifest_path.read_bytes()
-    files = parse_manifest(raw, str(manifest_path))["files"]
+    files = parse_file_list(raw, str(manifest_path))["files"]
     verify_files(source, files, checksums=True)
     if target.exists():
         if not overwrite:
             raise PacklabError(f"{target}: already exists (pass overwrite=True to replace it)")
-        (target / MANIFEST).delete()  # the old shard disappears first, as a whole
+        (target / DIRECTORY_RECORD).delete()  # the old shard disappears first, as a whole
         target.delete()
     total = 0
     for name, entry in files.items():
@@ -126,7 +124,7 @@ def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dic
             raise FormatError(f"{source / name}: changed while uploading (it no longer matches "
                               f"its manifest); {target} left without a manifest")
         total += sent["bytes"]
-    put_object(raw, target / MANIFEST)
+    put_object(raw, target / DIRECTORY_RECORD)
     return {"uri": target.uri, "files": len(files) + 1, "bytes": total + len(raw)}
 
 
@@ -140,11 +138,11 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
     the store's size and, with ``validate``, its format's own checks (``format`` or detected).
     """
     location = resolve(uri, filesystem)
-    found = remote_manifest(location) if not location.is_file() else None
+    found = remote_record(location) if not location.is_file() else None
     if found is not None:
         return _download_directory(location, *found, _cache_root(cache_dir))
     if not location.is_file():
-        raise FormatError(f"{location}: no such shard (no object, and no {MANIFEST} under it)")
+        raise FormatError(f"{location}: no such shard (no object, and no {DIRECTORY_RECORD} under it)")
     return _download_object(location, _cache_root(cache_dir), format=format, validate=validate)
 
 
@@ -155,14 +153,14 @@ def _entry_dir(cache: Path, location: Location, version: str) -> Path:
 def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
                         cache: Path) -> Path:
     final = _entry_dir(cache, location, _digest(raw)) / (location.name or "shard")
-    if (final / MANIFEST).is_file():
+    if (final / DIRECTORY_RECORD).is_file():
         verify_files(final, manifest["files"], checksums=False)  # sizes: cheap
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     with staged(final, overwrite=True, directory=True) as tmp:
         for name, entry in manifest["files"].items():
             download_file(location / name, tmp / name, expect=entry)
-        (tmp / MANIFEST).write_bytes(raw)  # last, as on the store
+        (tmp / DIRECTORY_RECORD).write_bytes(raw)  # last, as on the store
     return final
 
 

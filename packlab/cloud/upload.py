@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.transfer import MANIFEST, remote_manifest, upload_shard
+from packlab.cloud.transfer import DIRECTORY_RECORD, remote_record, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
 from packlab.formats import get_format
@@ -29,11 +29,11 @@ from packlab.layout.blend import (
     read_blend,
     writing_blend,
 )
-from packlab.pipeline.manifest import (
-    MANIFEST_FILE,
+from packlab.pipeline.dataset_record import (
+    DATASET_RECORD,
     as_writing,
-    parse_manifest,
-    read_manifest,
+    parse_dataset_record,
+    read_dataset_record,
     require_complete,
 )
 from packlab.pipeline.receipts import (
@@ -68,15 +68,15 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
     children = [c for c in sorted(folder.iterdir())
                 if not (c.is_symlink() or c.name.startswith(".") or is_temporary(c)
                         or c.name in skip)]
-    dataset = read_manifest(folder)  # a pack output: incomplete on the store until the end
+    dataset = read_dataset_record(folder)  # a pack output: incomplete on the store until the end
     if dataset is not None:
         require_complete(folder, dataset)
         if not overwrite:
             _refuse_another_job(dataset, target)
-        children = [c for c in children if c.name != MANIFEST_FILE]
-        put_object(json.dumps(as_writing(dataset), indent=2).encode(), target / MANIFEST_FILE)
+        children = [c for c in children if c.name != DATASET_RECORD]
+        put_object(json.dumps(as_writing(dataset), indent=2).encode(), target / DATASET_RECORD)
     for child in children:
-        if child.is_dir() and not (child / MANIFEST).is_file():
+        if child.is_dir() and not (child / DIRECTORY_RECORD).is_file():
             _upload_into(child, target / child.name, totals, overwrite=overwrite, skip=())
             continue
         if dataset is not None and _already_there(child, target / child.name):
@@ -88,16 +88,16 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
         totals["bytes"] += done["bytes"]
     if dataset is not None:
         _drop_stale(target, {s["name"] for s in dataset["shards"]})
-        put_object((folder / MANIFEST_FILE).read_bytes(), target / MANIFEST_FILE)  # last
+        put_object((folder / DATASET_RECORD).read_bytes(), target / DATASET_RECORD)  # last
 
 
 def _refuse_another_job(dataset: dict[str, Any], target: Location) -> None:
     """Without ``overwrite``, a pack output goes only where nothing is, or where the very
     same job is (an interrupted upload to finish), as a local pack output does."""
-    there = target / MANIFEST_FILE
-    if there.is_file() and parse_manifest(there.read_bytes(), there).get("job_hash") != \
+    there = target / DATASET_RECORD
+    if there.is_file() and parse_dataset_record(there.read_bytes(), there).get("job_hash") != \
             dataset.get("job_hash"):
-        raise PacklabError(f"{target}: already holds another output ({MANIFEST_FILE}, ...); "
+        raise PacklabError(f"{target}: already holds another output ({DATASET_RECORD}, ...); "
                            "pass overwrite=True to replace it")
 
 
@@ -168,10 +168,10 @@ def _upload_spools(root: Path, target: Location, referenced: list[str],
         if remote.uri in done:
             continue
         local = Path(os.path.normpath((root / shard).absolute() / relative))
-        if not (local / MANIFEST).is_file():
+        if not (local / DIRECTORY_RECORD).is_file():
             local = Path(recorded["path"])
-        there = remote_manifest(remote)
-        if there is None or there[0] != (local / MANIFEST).read_bytes():  # not uploaded yet
+        there = remote_record(remote)
+        if there is None or there[0] != (local / DIRECTORY_RECORD).read_bytes():  # not uploaded yet
             upload_shard(local, remote, overwrite=True)
         done.add(remote.uri)
     return len(done)

@@ -7,7 +7,7 @@ behind, never a half shard. ``gc`` removes a temporary when both hold:
 
 - the process whose id is in its name is not running on this machine (gone, or a zombie);
 - no packlab job is writing in its directory: gc takes the directory's ``flock``
-  (:func:`packlab.pipeline.manifest.writing_lock`) for the sweep, and leaves a directory a
+  (:func:`packlab.pipeline.dataset_record.writing_lock`) for the sweep, and leaves a directory a
   running job holds alone.
 
 Nothing else is ever touched: finished shards, receipts, manifests, links (never followed),
@@ -78,7 +78,7 @@ def sweep(root: Path, *, dry_run: bool = False) -> dict[str, Any]:
     """Remove (or with ``dry_run`` list) the temporaries under ``root`` no live writer owns."""
     from packlab.errors import PacklabError
     from packlab.files import remove, temporary_owner
-    from packlab.pipeline.manifest import writing_lock
+    from packlab.pipeline.dataset_record import writing_lock
 
     if not root.is_dir():
         raise PacklabError(f"{root}: not a directory" if root.exists() or root.is_symlink()

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
                                      overwrite=args.overwrite, limit=args.limit,
                                      unlocated=args.unlocated)
     seconds = time.perf_counter() - began
-    source = reader.manifest.get("source", {})
+    source = reader.record.get("source", {})
     stats = source.get("stats", {})
     summary = {
         "path": args.out,

@@ -3,7 +3,7 @@
 PATH is any dataset path (:mod:`packlab.sources.resolve`): a shard, a directory of shards, a
 glob, an output layout (every split, or ``--split``), a run folder, a Nemotron output
 directory, local or ``s3://``. Exit 0 only when every shard passes: sizes, checksums (manifest,
-receipt, the dataset manifest's record of it), counts against ``blend.json``, and every
+receipt, the dataset record's record of it), counts against ``blend.json``, and every
 invariant of every bin. An output still being written (or interrupted) is refused. A spool is
 checked against its manifest. Otherwise one line naming the file (and bin), exit 2.
 """

@@ -4,7 +4,7 @@ Each module under ``packlab/formats/`` defines ``FORMAT`` (its name), ``Writer``
 :class:`~packlab.formats.base.ShardWriter`) and ``Reader`` (a
 :class:`~packlab.formats.base.ShardReader`). What the format *is* lives on those two classes,
 as the attributes of :class:`~packlab.formats.base.FormatFacts` they share (``SUFFIX``,
-``MANIFEST``, ``MANIFEST_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``ZERO_COPY``,
+``RECORD``, ``RECORD_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``ZERO_COPY``,
 ``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``BUFFERED_BINS``, ``detect``);
 everything else in packlab reads them
 through this registry and never tests a format's name.
@@ -87,10 +87,10 @@ def suffix_formats() -> dict[str, str]:
     return {get_format(n).Reader.SUFFIX: n for n in format_names() if get_format(n).Reader.SUFFIX}
 
 
-def manifest_formats() -> dict[str, str]:
+def record_formats() -> dict[str, str]:
     """A directory shard manifest's ``format`` value -> format name."""
-    return {get_format(n).Reader.MANIFEST_FORMAT: n for n in format_names()
-            if get_format(n).Reader.MANIFEST_FORMAT}
+    return {get_format(n).Reader.RECORD_FORMAT: n for n in format_names()
+            if get_format(n).Reader.RECORD_FORMAT}
 
 
 def directory_shard_files() -> set[str]:

@@ -149,7 +149,7 @@ class Writer(ArrowIpcFacts, ShardWriter):
         self._bins_flushed = self._tokens_flushed = self._seqs_flushed = 0
         static = {"format": FORMAT, "version": VERSION, "pack_size": self.pack_size,
                   "batch_size": self.batch_size, "compression": self.compression,
-                  "packlab_version": self.base_manifest()["packlab_version"],
+                  "packlab_version": self.base_record()["packlab_version"],
                   "metadata": self.metadata, "bin_checksum": CHECKSUM}
         self._schema = schema_with_metadata({METADATA_KEY: dump_metadata(static)})
         options = pa.ipc.IpcWriteOptions(

@@ -29,7 +29,7 @@ import pyarrow.fs as pafs
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import read_json
+from packlab.files import DIRECTORY_RECORD, read_json
 from packlab.invariants import check_bin
 from packlab.storage import Location, as_location
 from packlab.version import __version__
@@ -62,10 +62,10 @@ class FormatFacts:
     #: what a one-file shard's name ends with (``".parquet"``); ``""``: a directory shard
     SUFFIX: ClassVar[str] = ""
     #: a directory shard's manifest, written last (its commit point); None for one-file shards
-    MANIFEST: ClassVar[str | None] = None
+    RECORD: ClassVar[str | None] = None
     #: the manifest's ``"format"`` value that names this format (how object storage knows a
     #: directory shard without downloading it)
-    MANIFEST_FORMAT: ClassVar[str | None] = None
+    RECORD_FORMAT: ClassVar[str | None] = None
     #: the other files of a directory shard (an upload holding them but no manifest is unfinished)
     FILES: ClassVar[tuple[str, ...]] = ()
     #: stores a reference to its spool instead of tokens: the writer takes ``spool=`` and
@@ -109,8 +109,12 @@ class FormatFacts:
     @classmethod
     def shard_files(cls) -> tuple[str, ...]:
         """Every file name inside a directory shard, its manifest included."""
-        return (*cls.FILES, *((cls.MANIFEST,) if cls.MANIFEST else ()))
+        return (*cls.FILES, *((cls.RECORD,) if cls.RECORD else ()))
 
+
+#: a directory shard's record: the file its writer publishes last (counts, every file's size
+#: and SHA-256); one-file shards keep theirs in a footer, trailer or metadata of their own
+SHARD_RECORD = DIRECTORY_RECORD
 
 MAX_COUNT = 1 << 48  # more bins, sequences, tokens or bytes than one shard holds on any disk
 MAX_PACK_SIZE = (1 << 31) - 1  # positions in a bin are int32 (seq_start_id)
@@ -158,7 +162,7 @@ def _bytes_at(location: Location, offset: int, count: int) -> bytes | None:
         return None
 
 
-def read_directory_manifest(shard: Path, name: str, *, kind: str,
+def read_shard_record(shard: Path, name: str, *, kind: str,
                             expect: dict[str, Any]) -> dict[str, Any]:
     """The JSON manifest of a directory shard, checked for the fields in ``expect`` (the first
     names the format: ``{"format": "binidx", "layout": ...}``); every error names the file."""
@@ -270,7 +274,7 @@ class ShardWriter(FormatFacts, ABC):
             self.abort()
             raise PacklabError(f"{self.path}: no bins written (empty shard)")
         try:
-            manifest = self._close(self.base_manifest())
+            manifest = self._close(self.base_record())
             self._publish()
         except BaseException:
             self.abort()
@@ -284,7 +288,7 @@ class ShardWriter(FormatFacts, ABC):
         self._remove_temporary()
         self.finished = True
 
-    def base_manifest(self) -> dict[str, Any]:
+    def base_record(self) -> dict[str, Any]:
         """The fields every format's manifest (or footer metadata) carries."""
         return {
             "format": self.FORMAT,

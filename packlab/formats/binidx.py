@@ -57,11 +57,12 @@ from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import AlignedWriter, HashedFile, file_entry, verify_files
 from packlab.formats.base import (
+    SHARD_RECORD,
     FormatFacts,
     ShardReader,
     ShardWriter,
     count_field,
-    read_directory_manifest,
+    read_shard_record,
     starts_with,
 )
 from packlab.formats.table import (
@@ -81,7 +82,7 @@ from packlab.storage import Location
 FORMAT = "binidx"
 SUFFIX = ""
 LAYOUT = "binidx_v1"
-MANIFEST = "manifest.json"
+RECORD = SHARD_RECORD
 DATA = "data.bin"
 INDEX = "data.idx"
 LOSS = "loss_mask.bin"
@@ -141,8 +142,8 @@ class BinidxFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     READ_BY = ("Megatron-core",)
-    MANIFEST = MANIFEST
-    MANIFEST_FORMAT = FORMAT
+    RECORD = RECORD
+    RECORD_FORMAT = FORMAT
     FILES = (DATA, INDEX, LOSS, SEQS, SUMS)
     ZERO_COPY = True
     detect = staticmethod(detect)
@@ -266,7 +267,7 @@ class Writer(BinidxFacts, ShardWriter):
             bin_checksum=CHECKSUM,
             files=files,
         )
-        (self.tmp_path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
         return manifest
 
     def _write_index(self) -> dict[str, Any]:
@@ -362,20 +363,20 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        found = self.manifest.get("metadata")
+        found = self.record.get("metadata")
         return found if isinstance(found, dict) else {}
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         super().__init__(path)
-        self.manifest = read_manifest(self.path)
-        self.pack_size = _int_field(self.manifest, "pack_size", self.path)
-        self.num_bins = _int_field(self.manifest, "num_bins", self.path)
-        self.num_tokens = _int_field(self.manifest, "num_tokens", self.path)
-        self.num_seqs = _int_field(self.manifest, "num_seqs", self.path)
-        self.vocab_size: int | None = self.manifest.get("vocab_size")
+        self.record = read_manifest(self.path)
+        self.pack_size = _int_field(self.record, "pack_size", self.path)
+        self.num_bins = _int_field(self.record, "num_bins", self.path)
+        self.num_tokens = _int_field(self.record, "num_tokens", self.path)
+        self.num_seqs = _int_field(self.record, "num_seqs", self.path)
+        self.vocab_size: int | None = self.record.get("vocab_size")
         if self.vocab_size is not None:
-            count_field(self.manifest, "vocab_size", self.path / MANIFEST, minimum=1)
-        self.has_checksums = records_checksum(self.manifest, self.path / MANIFEST)
+            count_field(self.record, "vocab_size", self.path / RECORD, minimum=1)
+        self.has_checksums = records_checksum(self.record, self.path / RECORD)
         self.verify = bool(verify)
         refuse_unverifiable(self.path, self.verify, self.has_checksums)
         self.token_dtype = self._read_headers()
@@ -397,9 +398,9 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         if code not in DTYPE_CODES:
             raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
         token_dtype = DTYPE_CODES[code]
-        if token_dtype.str != self.manifest.get("token_dtype"):
+        if token_dtype.str != self.record.get("token_dtype"):
             raise FormatError(f"{idx}: dtype code {code} ({token_dtype.name}) disagrees with the "
-                              f"manifest's token_dtype {self.manifest.get('token_dtype')!r}")
+                              f"manifest's token_dtype {self.record.get('token_dtype')!r}")
         if nseq != self.num_bins or ndoc != self.num_bins + 1:
             raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the manifest says "
                               f"{self.num_bins} bins (expected {self.num_bins + 1} documents)")
@@ -467,10 +468,10 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> dict[str, Any]:
         """Sizes, checksums, index consistency, token range and every bin invariant."""
-        verify_files(self.path, self.manifest.get("files", {}), checksums=True)
-        listed = set(self.manifest.get("files", {}))
+        verify_files(self.path, self.record.get("files", {}), checksums=True)
+        listed = set(self.record.get("files", {}))
         if listed != set(self._expected_sizes()):
-            raise FormatError(f"{self.path / MANIFEST}: lists {sorted(listed)}, "
+            raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
                               f"expected {sorted(self._expected_sizes())}")
         n = self.num_bins
         documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
@@ -545,12 +546,12 @@ class _Index(BinIndex):
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
-    return read_directory_manifest(path, MANIFEST, kind=FORMAT,
+    return read_shard_record(path, RECORD, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": LAYOUT})
 
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
-    return count_field(manifest, key, path / MANIFEST)
+    return count_field(manifest, key, path / RECORD)
 
 
 def _unpack(file: Path, header: Any) -> tuple[Any, ...]:

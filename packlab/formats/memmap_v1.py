@@ -47,11 +47,12 @@ from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, fsync_file, parse_json, verify_files
 from packlab.formats.base import (
+    SHARD_RECORD,
     FormatFacts,
     ShardReader,
     ShardWriter,
     count_field,
-    read_directory_manifest,
+    read_shard_record,
 )
 from packlab.formats.table import (
     BinIndex,
@@ -70,9 +71,9 @@ from packlab.storage import Location
 
 FORMAT = "memmap_v1"
 SUFFIX = ""
-MANIFEST_FORMAT = "memmap_padded_v1"
+RECORD_FORMAT = "memmap_padded_v1"
 VERSION = "1.0"
-MANIFEST = "manifest.json"
+RECORD = SHARD_RECORD
 DTYPES: dict[str, np.dtype] = {
     "input_ids": np.dtype("<i4"),
     "loss_mask": np.dtype("|u1"),
@@ -91,8 +92,8 @@ _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arr
 def detect(location: Location) -> bool:
     """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
     try:
-        manifest = parse_json((location / MANIFEST).read_bytes(), location / MANIFEST)
-        return isinstance(manifest, dict) and manifest.get("format") == MANIFEST_FORMAT
+        manifest = parse_json((location / RECORD).read_bytes(), location / RECORD)
+        return isinstance(manifest, dict) and manifest.get("format") == RECORD_FORMAT
     except FormatError:
         return (location / FILES["input_ids"]).is_file()  # unfinished or damaged: the reader says
 
@@ -102,8 +103,8 @@ class MemmapFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
-    MANIFEST = MANIFEST
-    MANIFEST_FORMAT = MANIFEST_FORMAT
+    RECORD = RECORD
+    RECORD_FORMAT = RECORD_FORMAT
     FILES = (*FILES.values(), CHECKSUMS)
     ZERO_COPY = True
     PADDED = True
@@ -226,7 +227,7 @@ class Writer(MemmapFacts, ShardWriter):
         files = {stream.path.name: stream.close() for stream in self._streams.values()}
         manifest = {
             **manifest,
-            "format": MANIFEST_FORMAT,
+            "format": RECORD_FORMAT,
             "packlab_format": FORMAT,
             "version": VERSION,
             "dtypes": {name: dt.str for name, dt in DTYPES.items()},
@@ -238,7 +239,7 @@ class Writer(MemmapFacts, ShardWriter):
             "bin_checksum": CHECKSUM,
             "files": files,
         }
-        manifest_path = self.tmp_path / MANIFEST
+        manifest_path = self.tmp_path / RECORD
         manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
         fsync_file(manifest_path)
         fsync_directory(self.tmp_path)
@@ -251,9 +252,9 @@ class Writer(MemmapFacts, ShardWriter):
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked; every error names the file."""
-    manifest_path = path / MANIFEST
-    manifest = read_directory_manifest(path, MANIFEST, kind="memmap",
-                                       expect={"format": MANIFEST_FORMAT, "version": VERSION})
+    manifest_path = path / RECORD
+    manifest = read_shard_record(path, RECORD, kind="memmap",
+                                       expect={"format": RECORD_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
         count_field(manifest, key, manifest_path)
     if manifest["num_bins"] == 0 or manifest["pack_size"] == 0:
@@ -280,20 +281,20 @@ class Reader(MemmapFacts, TableReads, ShardReader):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        found = self.manifest.get("metadata")
+        found = self.record.get("metadata")
         return found if isinstance(found, dict) else {}
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         super().__init__(path)
-        self.manifest = read_manifest(self.path)
-        self.num_bins = int(self.manifest["num_bins"])
-        self.pack_size = int(self.manifest["pack_size"])
-        self.num_tokens = int(self.manifest["num_tokens"])
-        self.num_seqs = int(self.manifest["num_seqs"])
-        self.has_checksums = "bin_checksum" in self.manifest
+        self.record = read_manifest(self.path)
+        self.num_bins = int(self.record["num_bins"])
+        self.pack_size = int(self.record["pack_size"])
+        self.num_tokens = int(self.record["num_tokens"])
+        self.num_seqs = int(self.record["num_seqs"])
+        self.has_checksums = "bin_checksum" in self.record
         self.verify = bool(verify)
         refuse_unverifiable(self.path, self.verify, self.has_checksums)
-        verify_files(self.path, self.manifest["files"], checksums=False)  # sizes: a few stats
+        verify_files(self.path, self.record["files"], checksums=False)  # sizes: a few stats
         self._table = None
 
     def _handles(self) -> tuple[str, ...]:
@@ -341,7 +342,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
 
     def validate(self) -> dict[str, Any]:
         """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
-        verify_files(self.path, self.manifest["files"], checksums=True)
+        verify_files(self.path, self.record["files"], checksums=True)
         maps = Maps()
         layout = self._layout(maps)
         table = BinTable.mapped(layout, maps, check=False)

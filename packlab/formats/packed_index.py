@@ -63,12 +63,13 @@ from packlab.bins import CHECKSUM, PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import file_entry, sha256_file, verify_files
 from packlab.formats.base import (
+    SHARD_RECORD,
     FormatFacts,
     ShardReader,
     ShardWriter,
     count_field,
     index_list,
-    read_directory_manifest,
+    read_shard_record,
 )
 from packlab.formats.spool_gather import (
     SUMS,
@@ -84,14 +85,13 @@ from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.safe_pickle import read_npy_header
 from packlab.spool import FILES as SPOOL_FILES
-from packlab.spool import MANIFEST as SPOOL_MANIFEST
-from packlab.spool import SpoolReader, read_spool_manifest
+from packlab.spool import SPOOL_RECORD, SpoolReader, read_spool_record
 from packlab.storage import Location
 
 FORMAT = "packed_index"
 SUFFIX = ""
 LAYOUT = "packed_index_v1"
-MANIFEST = "manifest.json"
+RECORD = SHARD_RECORD
 OFFSETS = "bin_offsets.npy"
 INDICES = "seq_indices.npy"
 NEEDS_SPOOL = True
@@ -107,8 +107,8 @@ class PackedIndexFacts(FormatFacts):
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
-    MANIFEST = MANIFEST
-    MANIFEST_FORMAT = FORMAT
+    RECORD = RECORD
+    RECORD_FORMAT = FORMAT
     FILES = (OFFSETS, INDICES, SUMS)
     NEEDS_SPOOL = True
     detect = staticmethod(detect)
@@ -118,10 +118,10 @@ def spool_identity(spool: SpoolReader, files: dict[str, Any] | None = None) -> d
     """What a shard records about its spool, to recognise it (and notice a change) later:
     counts, and its data files' sizes and checksums (``files``: computed already, else the
     spool's own or computed now)."""
-    manifest = spool.manifest
+    manifest = spool.record
     recorded = _recorded_files(manifest)
     return {
-        "manifest_sha256": sha256_file(spool.path / SPOOL_MANIFEST),
+        "manifest_sha256": sha256_file(spool.path / SPOOL_RECORD),
         "num_sequences": manifest["num_sequences"],
         "num_tokens": manifest["num_tokens"],
         "vocab_size": manifest.get("vocab_size"),
@@ -260,7 +260,7 @@ class Writer(PackedIndexFacts, ShardWriter):
             },
             files=files,
         )
-        (self.tmp_path / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
         return manifest
 
 
@@ -287,20 +287,20 @@ class Reader(PackedIndexFacts, ShardReader):
 
     @property
     def metadata(self) -> dict[str, Any]:
-        found = self.manifest.get("metadata")
+        found = self.record.get("metadata")
         return found if isinstance(found, dict) else {}
 
     def __init__(self, path: str | os.PathLike[str], *,
                  spool: str | os.PathLike[str] | None = None, verify: bool = False) -> None:
         super().__init__(path)
-        self.manifest = read_manifest(self.path)
+        self.record = read_manifest(self.path)
         self.verify = bool(verify)
-        self.has_checksums = self.manifest.get("seq_checksum") == CHECKSUM
+        self.has_checksums = self.record.get("seq_checksum") == CHECKSUM
         if self.verify and not self.has_checksums:
             raise FormatError(f"{self.path}: records no sequence checksums (written with "
                               "checksums=False, or before packlab stored them): verify=True "
                               "cannot check its bins; `packlab validate` re-hashes its spool")
-        m = self.manifest
+        m = self.record
         self.pack_size = int(m["pack_size"])
         self.num_bins = int(m["num_bins"])
         self.num_tokens = int(m["num_tokens"])
@@ -322,7 +322,7 @@ class Reader(PackedIndexFacts, ShardReader):
         return ("_assignment", "_spool", "_materializer", "_gather")
 
     def _find_spool(self, override: Path | None) -> Path:
-        recorded = self.manifest["spool"]
+        recorded = self.record["spool"]
         if override is not None:
             candidates = [override]
         else:
@@ -330,7 +330,7 @@ class Reader(PackedIndexFacts, ShardReader):
             candidates = list(dict.fromkeys([local, Path(recorded["path"])]))
         problems = []
         for candidate in candidates:
-            if not (candidate / SPOOL_MANIFEST).is_file():
+            if not (candidate / SPOOL_RECORD).is_file():
                 problems.append(f"{candidate}: missing")
                 continue
             change = self._spool_change(candidate)
@@ -342,9 +342,9 @@ class Reader(PackedIndexFacts, ShardReader):
 
     def _spool_change(self, candidate: Path) -> str | None:
         """What differs between the spool at ``candidate`` and the one recorded, or None."""
-        recorded = self.manifest["spool"]
+        recorded = self.record["spool"]
         try:
-            manifest = read_spool_manifest(candidate)
+            manifest = read_spool_record(candidate)
         except FormatError as exc:
             return str(exc)
         for key in ("num_sequences", "num_tokens"):
@@ -425,18 +425,18 @@ class Reader(PackedIndexFacts, ShardReader):
         return super().bytes_on_disk()
 
     def info(self) -> dict[str, Any]:
-        spool_bytes = sum(e.get("bytes", 0) for e in self.manifest["spool"]["files"].values())
+        spool_bytes = sum(e.get("bytes", 0) for e in self.record["spool"]["files"].values())
         return {**super().info(), "num_seqs": self.num_seqs, "spool": str(self.spool_path),
                 "spool_bytes": spool_bytes}
 
     def validate(self, *, spool_checksums: bool = True) -> dict[str, Any]:
         """Index checksums, the spool unchanged (re-hashed), every bin's structure and limits."""
-        verify_files(self.path, self.manifest["files"], checksums=True)
+        verify_files(self.path, self.record["files"], checksums=True)
         self._open_index()
         assert self._spool is not None
         if spool_checksums:
-            if not _recorded_files(self._spool.manifest):  # none of its own: the pack-time ones
-                verify_files(self.spool_path, self.manifest["spool"]["files"], checksums=True)
+            if not _recorded_files(self._spool.record):  # none of its own: the pack-time ones
+                verify_files(self.spool_path, self.record["spool"]["files"], checksums=True)
             self._spool.verify()  # structure; and the hashes its manifest records, if any
         lengths = self.assignment.bin_lengths(self._spool.lengths)
         _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))
@@ -543,8 +543,8 @@ def _load_npy(path: Path, count: int, dtype: str = "<i8") -> np.ndarray:
 
 def read_manifest(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format and fields; errors name the file."""
-    file = path / MANIFEST
-    manifest = read_directory_manifest(path, MANIFEST, kind=FORMAT,
+    file = path / RECORD
+    manifest = read_shard_record(path, RECORD, kind=FORMAT,
                                        expect={"format": FORMAT, "layout": LAYOUT})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
         count_field(manifest, key, file, minimum=1)

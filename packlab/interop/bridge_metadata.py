@@ -18,7 +18,7 @@ as ``packed_sequence_size`` / ``max_seq_length`` (a packlab bin of ``P`` tokens 
 ``P`` positions, so it always fits).
 
 ``packlab pack`` writes ``OUT/pack_metadata.json`` beside ``dataset.json`` (from the plan,
-before the dataset manifest is marked complete); :func:`metadata_of_bins` computes it for any
+before the dataset record is marked complete); :func:`metadata_of_bins` computes it for any
 dataset (a converted one, or Bridge's own files, where it reproduces Bridge's file).
 """
 

@@ -48,7 +48,7 @@ from packlab.layout.blend import (
 from packlab.layout.hashes import short_hash, spool_identity
 from packlab.layout.splits import parse_fractions, parse_weights, split_sequences
 from packlab.packing import DEFAULT_ALGORITHM, BinAssignment, pack
-from packlab.pipeline.manifest import writing_lock
+from packlab.pipeline.dataset_record import writing_lock
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
 from packlab.pipeline.shards import ShardPlan, plan_shards, write_planned
 from packlab.spool import SpoolReader
@@ -144,7 +144,7 @@ def build_layout(
         # the run manifest first: until the finished blend replaces it, every reader refuses
         # the layout (and the shard folders' own dataset.json say which shards to expect)
         inputs = [{"name": label, "spool": str(Path(s).resolve()), "weight":
-                   None if blend_weights is None else blend_weights[k], "manifest": reader.manifest,
+                   None if blend_weights is None else blend_weights[k], "manifest": reader.record,
                    "config_hashes": {p["split"]: p["config_hash"] for p in parts
                                      if p["name"] == label}}
                   for k, (label, s, reader) in enumerate(zip(labels, spools, readers, strict=True))]

@@ -24,7 +24,7 @@ def spool_identity(spool: SpoolReader) -> dict[str, Any]:
     A spool whose manifest records none (Nemotron's) is hashed once, so two such spools with
     equal counts never share an identity.
     """
-    m = spool.manifest
+    m = spool.record
     return {
         "version": m.get("version"),
         "num_sequences": int(m["num_sequences"]),

@@ -20,13 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json, sha256_file, staged
+from packlab.files import DIRECTORY_RECORD, parse_json, sha256_file, staged
 from packlab.formats import get_format
 from packlab.storage import Location, as_location
 
 RECEIPT_SUFFIX = ".receipt.json"
 VERIFY_MODES = ("receipt", "full")
-DIRECTORY_MANIFESTS = ("manifest.json", "index.json")
 
 
 def receipt_path(shard: Any) -> Any:
@@ -42,10 +41,9 @@ def shard_checksum(path: Path) -> tuple[str, str]:
     """SHA-256 of a file shard, or of a directory shard's manifest (which lists every file's)."""
     if path.is_file():
         return sha256_file(path), path.name
-    for name in DIRECTORY_MANIFESTS:
-        if (path / name).is_file():
-            return sha256_file(path / name), f"{path.name}/{name}"
-    raise PacklabError(f"{path}: directory shard without a manifest.json to checksum")
+    if (path / DIRECTORY_RECORD).is_file():
+        return sha256_file(path / DIRECTORY_RECORD), f"{path.name}/{DIRECTORY_RECORD}"
+    raise PacklabError(f"{path}: directory shard without a {DIRECTORY_RECORD} to checksum")
 
 
 def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
@@ -113,7 +111,7 @@ def read_receipt(shard: Path | Location) -> dict[str, Any] | None:
 def receipt_places(shards: list[Path]) -> dict[Path, tuple[int, int]]:
     """Where the receipts of a directory's shards (in name order) put them: ``bins`` per
     shard with a receipt. The places must follow one another: a gap is a missing shard, an
-    overlap a duplicated one (how an output written before dataset manifests is checked)."""
+    overlap a duplicated one (how an output written before dataset records is checked)."""
     places: dict[Path, tuple[int, int]] = {}
     previous: tuple[Path, int] | None = None
     for shard in shards:

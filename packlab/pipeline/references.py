@@ -23,7 +23,7 @@ from typing import Any
 
 from packlab.files import short_hash, staged
 from packlab.formats import get_format
-from packlab.pipeline.manifest import read_manifest
+from packlab.pipeline.dataset_record import read_dataset_record
 
 NOTES_DIR = ".packlab-references"
 
@@ -82,6 +82,6 @@ def _reads(output: Path, spool: Path) -> bool:
 
 def _manifest(output: Path) -> dict[str, Any] | None:
     try:
-        return read_manifest(output) if output.is_dir() else None
+        return read_dataset_record(output) if output.is_dir() else None
     except Exception:  # noqa: BLE001 - a damaged manifest: that output reads nothing safely
         return None

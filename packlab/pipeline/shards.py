@@ -9,7 +9,7 @@ a worker's memory is bounded by one shard's writer, never by the dataset. Its re
 Output is deterministic: the same spool, assignment and options give the same bytes whatever
 the number of workers or the executor (:mod:`packlab.executors`).
 
-Every shard directory carries a dataset manifest (:mod:`packlab.pipeline.manifest`), written
+Every shard directory carries a dataset record (:mod:`packlab.pipeline.dataset_record`), written
 before the first shard and finished after the last, and is locked while a job writes it; and,
 beside it, the pack-metadata JSON Megatron-Bridge reads for fixed-shape batches
 (``pack_metadata.json``, :mod:`packlab.interop.bridge_metadata`), computed from the plan.
@@ -48,12 +48,12 @@ from packlab.interop.bridge_metadata import (
 )
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
-from packlab.pipeline.manifest import (
-    MANIFEST_FILE,
+from packlab.pipeline.dataset_record import (
+    DATASET_RECORD,
     completed,
-    new_manifest,
-    read_manifest,
-    write_manifest,
+    new_dataset_record,
+    read_dataset_record,
+    write_dataset_record,
     writing_lock,
 )
 from packlab.pipeline.receipts import (
@@ -64,13 +64,12 @@ from packlab.pipeline.receipts import (
 )
 from packlab.pipeline.references import record_spool_use
 from packlab.progress import shared_counter
-from packlab.spool import MANIFEST as SPOOL_MANIFEST
-from packlab.spool import SpoolReader
+from packlab.spool import SPOOL_RECORD, SpoolReader
 
 SHARD_NAME = re.compile(r"^shard_(\d{6,})")
 EXISTING = ("refuse", "overwrite", "reuse")
 REPORT_EVERY = 32  # bins between progress reports of a shard job
-OWN_FILES = (MANIFEST_FILE, PACK_METADATA_FILE)  # beside the shards: the job's own bookkeeping
+OWN_FILES = (DATASET_RECORD, PACK_METADATA_FILE)  # beside the shards: the job's own bookkeeping
 
 
 def shard_name(index: int, format: str) -> str:
@@ -159,11 +158,11 @@ def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
 
 def job_identity(spool: str, assignment: BinAssignment, *, format: str, bins_per_shard: int,
                  format_options: dict[str, Any]) -> dict[str, Any]:
-    """What a shard job is, for its dataset manifest: the same identity means the same bytes.
+    """What a shard job is, for its dataset record: the same identity means the same bytes.
     The spool enters by its manifest's checksum, not its path (moving it changes nothing)."""
     reader = SpoolReader(spool)
     return {
-        "spool": {"manifest_sha256": sha256_file(Path(spool) / SPOOL_MANIFEST),
+        "spool": {"manifest_sha256": sha256_file(Path(spool) / SPOOL_RECORD),
                   "num_sequences": reader.num_sequences, "num_tokens": reader.num_tokens},
         "assignment_sha256": assignment.digest(), "format": format,
         "bins_per_shard": int(bins_per_shard), "format_options": format_options,
@@ -176,7 +175,7 @@ class ShardPlan:
 
     out: Path
     names: list[str]
-    manifest: dict[str, Any] = field(default_factory=dict)  # written before the first shard
+    record: dict[str, Any] = field(default_factory=dict)  # the dataset record, written first
     reused: dict[int, dict[str, Any]] = field(default_factory=dict)  # shard number -> receipt
     jobs: dict[int, tuple[Any, ...]] = field(default_factory=dict)  # shard number -> job
     spool: str = ""  # the spool and the whole assignment: for OUT's pack metadata
@@ -220,18 +219,18 @@ def plan_shards(
                        format_options=format_options)
     ranges = shard_ranges(assignment.num_bins, bins_per_shard)
     names = [shard_name(i, format) for i in range(len(ranges))]
-    manifest = new_manifest(format=format, pack_size=assignment.pack_size, job=job,
+    manifest = new_dataset_record(format=format, pack_size=assignment.pack_size, job=job,
                             shards=list(zip(names, ranges, strict=True)))
     before = _manifest_before(out, existing)
     same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
     present = existing_shards(out)
     if existing == "refuse" and not same_job and (present or before is not None):
-        what = present[0].name if present else MANIFEST_FILE
+        what = present[0].name if present else DATASET_RECORD
         raise PacklabError(f"{out}: already holds another output ({what}, ...); "
                            "pass overwrite=True to replace it")
     if same_job and existing == "refuse":
         existing = "reuse"  # the same job, interrupted: finish it
-    plan = ShardPlan(out, names, manifest=manifest, spool=path, assignment=assignment)
+    plan = ShardPlan(out, names, record=manifest, spool=path, assignment=assignment)
     if get_format(format).Writer.NEEDS_SPOOL:  # the spool's checksums, hashed once for all
         format_options = {**format_options, "spool_files": SpoolReader(path).file_checksums()}
     for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
@@ -257,11 +256,11 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
         for plan in plans:
             locks.enter_context(writing_lock(plan.out))
             sweep_own_temporaries(plan.out)  # a killed run's: nobody else writes here now
-            write_manifest(plan.out, plan.manifest)  # "writing": the shards to expect
+            write_dataset_record(plan.out, plan.record)  # "writing": the shards to expect
             for i in plan.jobs:  # a damaged shard's old receipt must not outlive it
                 remove(receipt_path(plan.out / plan.names[i]))
-            if get_format(plan.manifest["format"]).Writer.NEEDS_SPOOL:
-                record_spool_use(plan.spool, plan.out, plan.manifest["format"])
+            if get_format(plan.record["format"]).Writer.NEEDS_SPOOL:
+                record_spool_use(plan.spool, plan.out, plan.record["format"])
         with shared_counter(total=todo, desc=desc, unit="bin",
                             processes=executor == "process" and workers > 1 and len(flat) > 1,
                             enabled=executor != "ray") as reporter:
@@ -277,7 +276,7 @@ def write_planned(plans: Sequence[ShardPlan], workers: int, *, desc: str = "writ
             if plan.assignment is not None:  # Megatron-Bridge's, from the lengths alone
                 write_pack_metadata(plan.out, metadata_of_assignment(
                     plan.assignment, SpoolReader(plan.spool).lengths))
-            write_manifest(plan.out, completed(plan.manifest, out[-1]))  # last: "complete"
+            write_dataset_record(plan.out, completed(plan.record, out[-1]))  # last: "complete"
     return out
 
 
@@ -297,9 +296,9 @@ def sweep_own_temporaries(out: Path) -> list[str]:
 
 
 def _manifest_before(out: Path, existing: str) -> dict[str, Any] | None:
-    """The dataset manifest already in ``out``; a damaged one only matters when refusing."""
+    """The dataset record already in ``out``; a damaged one only matters when refusing."""
     try:
-        return read_manifest(out)
+        return read_dataset_record(out)
     except FormatError:
         if existing == "refuse":
             raise

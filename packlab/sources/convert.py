@@ -23,11 +23,11 @@ from packlab.errors import PacklabError
 from packlab.files import remove
 from packlab.formats import get_format
 from packlab.layout.blend import LINK_SEPARATOR
-from packlab.pipeline.manifest import (
+from packlab.pipeline.dataset_record import (
     completed,
-    new_manifest,
-    read_manifest,
-    write_manifest,
+    new_dataset_record,
+    read_dataset_record,
+    write_dataset_record,
     writing_lock,
 )
 from packlab.pipeline.receipts import finish_receipt, receipt_path, shard_bytes
@@ -118,13 +118,13 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
            "format": format, "format_options": format_options}
     with open_shard(source.shards[0].path, format=source.shards[0].format) as first:
         pack_size = int(first.pack_size)
-    manifest = new_manifest(format=format, pack_size=pack_size, job=job,
+    manifest = new_dataset_record(format=format, pack_size=pack_size, job=job,
                             shards=list(zip(names, ranges, strict=True)))
     rows, receipts = [], []
     dst.mkdir(parents=True, exist_ok=True)
     with writing_lock(dst):
         old = _old_names(dst)
-        write_manifest(dst, manifest)
+        write_dataset_record(dst, manifest)
         for shard, name, place in zip(source.shards, names, ranges, strict=True):
             began = time.perf_counter()
             target = dst / name
@@ -137,14 +137,14 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
         for stale in old - set(names):  # a larger earlier conversion's leftovers
             remove(dst / stale)
             remove(receipt_path(dst / stale))
-        write_manifest(dst, completed(manifest, receipts))  # last: "complete"
+        write_dataset_record(dst, completed(manifest, receipts))  # last: "complete"
     return rows
 
 
 def _old_names(dst: Path) -> set[str]:
     """Shards an earlier output in ``dst`` listed (to remove those this one does not)."""
     try:
-        manifest = read_manifest(dst)
+        manifest = read_dataset_record(dst)
     except PacklabError:
         return set()
     return {s["name"] for s in manifest["shards"]} if manifest else set()

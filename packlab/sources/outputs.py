@@ -18,7 +18,7 @@ kind       recognised by
 spool      ``manifest.json`` of version ``spool_v1`` (synth, tokenize); refused while a
            ``packed_index`` output still reads it (:mod:`packlab.pipeline.references`)
 dataset    ``dataset.json`` (pack, convert into a folder), or a folder of nothing but pipeline
-           shards and their receipts (written before dataset manifests existed)
+           shards and their receipts (written before dataset records existed)
 layout     ``blend.json`` or a ``runs/`` folder (pack with ``--split`` or several spools)
 shard      a shard of the same format (convert into one shard)
 file       the check the command gives (a JSONL, an index, a ``.pbin``)
@@ -40,7 +40,7 @@ from typing import Any
 
 from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import (
-    MANIFEST,
+    DIRECTORY_RECORD,
     NoFileList,
     default_cache_dir,
     download_shard,
@@ -51,12 +51,12 @@ from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, remove, short_hash
 from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
-from packlab.pipeline.manifest import MANIFEST_FILE
+from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
-from packlab.spool import SpoolReader, is_spool_manifest
+from packlab.spool import SpoolReader, is_spool_record
 from packlab.storage import Location, is_remote, resolve
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
@@ -114,9 +114,9 @@ def _kind_name(kind: str, format: str | None, what: str) -> str:
 def _recognised(path: Path, kind: str, format: str | None,
                 recognise: Callable[[Path], bool] | None) -> bool:
     if kind == "spool":
-        return (path / MANIFEST).is_file() and is_spool_manifest((path / MANIFEST).read_bytes())
+        return (path / DIRECTORY_RECORD).is_file() and is_spool_record((path / DIRECTORY_RECORD).read_bytes())
     if kind == "dataset":
-        return (path / MANIFEST_FILE).is_file() or _only_pipeline_shards(path)
+        return (path / DATASET_RECORD).is_file() or _only_pipeline_shards(path)
     if kind == "layout":
         return is_layout(path) or (path / RUNS_DIR).is_dir()
     if kind == "shard":
@@ -129,7 +129,7 @@ def _recognised(path: Path, kind: str, format: str | None,
 
 def _only_pipeline_shards(path: Path) -> bool:
     """A folder of nothing but ``shard_NNNNNN...`` entries, their receipts and the job's own
-    files (an output written before dataset manifests existed)."""
+    files (an output written before dataset records existed)."""
     names = [c.name for c in path.iterdir() if not c.name.startswith(".")]
     return bool(names) and all(SHARD_NAME.match(n) or n in OWN_FILES for n in names)
 
@@ -142,14 +142,14 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
         own = kind in ("shard", "file") and (kind == "file" or
                                              location.suffix == _suffix(format))
     elif kind == "spool":
-        own = (location / MANIFEST).is_file() and is_spool_manifest(
-            (location / MANIFEST).read_bytes())
+        own = (location / DIRECTORY_RECORD).is_file() and is_spool_record(
+            (location / DIRECTORY_RECORD).read_bytes())
     elif kind == "dataset":
-        own = (location / MANIFEST_FILE).is_file()
+        own = (location / DATASET_RECORD).is_file()
     elif kind == "layout":
         own = (location / BLEND_FILE).is_file() or (location / RUNS_DIR).is_dir()
     elif kind == "shard":
-        own = (location / MANIFEST).is_file()
+        own = (location / DIRECTORY_RECORD).is_file()
     else:
         own = False
     if not own:
@@ -200,11 +200,11 @@ def _stage_manifest(location: Location, local: Path) -> None:
     """The store's ``dataset.json`` in an empty staging folder, so the pipeline decides
     "the very same job, finish it" or "another output, refuse" against what is on the store,
     as it does for a local folder (an empty staging would replace any output silently)."""
-    there = location / MANIFEST_FILE
-    if (local / MANIFEST_FILE).exists() or not there.is_file():
+    there = location / DATASET_RECORD
+    if (local / DATASET_RECORD).exists() or not there.is_file():
         return
     local.mkdir(parents=True, exist_ok=True)
-    (local / MANIFEST_FILE).write_bytes(there.read_bytes())
+    (local / DATASET_RECORD).write_bytes(there.read_bytes())
 
 
 def upload(local: Path, location: Location, kind: str) -> dict[str, Any]:
@@ -225,7 +225,7 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
     staged = []
     for spool in spools:
         target = local_out / "spool" / Path(spool).resolve().name
-        if not (target / MANIFEST).is_file():
+        if not (target / DIRECTORY_RECORD).is_file():
             remove(target)
             target.mkdir(parents=True)
             for entry in sorted(Path(spool).iterdir()):
@@ -249,10 +249,10 @@ def local_input(path: str, *, what: str = "spool") -> Path:
     if not is_remote(path):
         return Path(path)
     location = resolve(path)
-    if what == "spool" and not (location / MANIFEST).is_file():
+    if what == "spool" and not (location / DIRECTORY_RECORD).is_file():
         if not location.exists():
             raise FormatError(f"{location}: no such spool")
-        raise FormatError(f"{location}: no {MANIFEST} (not a spool, or its upload did not "
+        raise FormatError(f"{location}: no {DIRECTORY_RECORD} (not a spool, or its upload did not "
                           "finish)")
     try:
         return download_shard(location, validate=False)
@@ -268,7 +268,7 @@ def spool_at(path: str) -> SpoolReader | None:
     ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
     what is wrong)."""
     location = resolve(path)
-    manifest = location / MANIFEST
+    manifest = location / DIRECTORY_RECORD
     if manifest.is_file():
         raw = manifest.read_bytes()
         try:
@@ -276,7 +276,7 @@ def spool_at(path: str) -> SpoolReader | None:
         except FormatError:
             declared = None
         if isinstance(declared, dict) and ("version" in declared or "format" in declared):
-            return SpoolReader(local_input(path)) if is_spool_manifest(raw) else None
+            return SpoolReader(local_input(path)) if is_spool_record(raw) else None
     if not any((location / name).exists() for name in SPOOL_FILES.values()):
         return None
     return SpoolReader(local_input(path))

@@ -7,7 +7,7 @@ A dataset path is any of (``s3://`` or another URI works for every one):
 what                          resolves to
 ============================  ==================================================================
 a shard                       itself (a file, or a shard directory); where the folder it is in
-                              has a dataset manifest, the shard must be listed there and the
+                              has a dataset record, the shard must be listed there and the
                               output complete
 a directory of shards         the shards ``OUT/dataset.json`` lists (refused while ``"writing"``),
                               or, without one (older outputs, Nemotron's output directory:

@@ -2,7 +2,7 @@
 ``packlab validate`` and of :func:`validate_path` in Python).
 
 Per shard (:func:`validate_shard`): the reader's ``validate`` (its format's own checks: sizes,
-checksums, every invariant of every bin), its receipt, and, where a dataset manifest lists it,
+checksums, every invariant of every bin), its receipt, and, where a dataset record lists it,
 its bins and checksum there. Per directory without a manifest: no receipt left without its
 shard. Per layout: every split's bins and tokens against ``blend.json``. An output still being
 written was refused already by the resolver (:mod:`packlab.sources.resolve`). A spool: its
@@ -24,7 +24,7 @@ from packlab.cloud.transfer import download_shard
 from packlab.dataset import check_place
 from packlab.errors import FormatError, PacklabError, one_line
 from packlab.formats import get_format
-from packlab.pipeline.manifest import MANIFEST_FILE
+from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
     check_receipt,
@@ -86,7 +86,7 @@ def _split_totals(source: Source, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _bins_to_check(source: Source) -> int | None:
-    """Bins to validate, for the progress bar: from dataset manifests, else from the local
+    """Bins to validate, for the progress bar: from dataset records, else from the local
     readers' headers (cheap); None (no ETA) for remote shards no manifest describes."""
     total = 0
     for shard in source.shards:
@@ -127,7 +127,7 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
                    sha256: str | None = None, receipt: dict[str, Any] | None = None,
                    reader_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prove one shard whole (the reader's ``validate``) and consistent with its receipt (the
-    one beside it, or ``receipt``), and, where a dataset manifest places it, that it holds
+    one beside it, or ``receipt``), and, where a dataset record places it, that it holds
     exactly ``bins`` and is the shard whose checksum the manifest recorded (``sha256``).
 
     Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
@@ -159,7 +159,7 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
         raise FormatError(f"{path}: its receipt puts it at bins {receipt['bins']}, its place in "
                           f"the dataset is {list(bins)}")
     if sha256 is not None and shard_checksum(path)[0] != sha256:
-        raise FormatError(f"{path}: checksum differs from {MANIFEST_FILE}'s (replaced or "
+        raise FormatError(f"{path}: checksum differs from {DATASET_RECORD}'s (replaced or "
                           "corrupted)")
     summary["path"] = str(path)
     summary["format"] = format

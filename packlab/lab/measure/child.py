@@ -18,7 +18,7 @@ import traceback
 from typing import Any
 
 from packlab.files import json_default
-from packlab.lab.measure.memory import PhaseRecorder, Sampler
+from packlab.lab.measure.memory import PhaseRecorder, RssPoller
 
 DEFAULT_IMPORTS = ("numpy", "pyarrow", "packlab", "packlab.formats", "packlab.bins")
 
@@ -38,9 +38,9 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
 
     format_names()  # detect_format imports every format module: code, not the job's data
     fn = resolve(spec["job"])
-    sampler = Sampler(float(spec.get("interval", 0.002)))
-    sampler.start()
-    recorder = PhaseRecorder(sampler, trace=bool(spec.get("trace", False)))
+    poller = RssPoller(float(spec.get("interval", 0.002)))
+    poller.start()
+    recorder = PhaseRecorder(poller, trace=bool(spec.get("trace", False)))
     try:
         out = fn(*spec.get("args", ()), **spec.get("kwargs", {}))
         if inspect.isgenerator(out):
@@ -57,7 +57,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
             recorder.close("job")
     finally:
         recorder.finish()
-        sampler.stop()
+        poller.stop()
     return {
         "baseline": recorder.baseline,
         "hwm_reset": recorder.hwm_reset,

@@ -79,11 +79,11 @@ def arrow_pool() -> Any | None:
     return pa.default_memory_pool() if pa is not None else None
 
 
-class Sampler(threading.Thread):
+class RssPoller(threading.Thread):
     """Samples ``RssAnon`` and ``RssFile`` every ``interval`` seconds, keeping the maxima."""
 
     def __init__(self, interval: float = 0.002) -> None:
-        super().__init__(name="packlab-rss-sampler", daemon=True)
+        super().__init__(name="packlab-rss-poller", daemon=True)
         self.interval = interval
         self._stop_event = threading.Event()
         self._lock = threading.Lock()
@@ -119,7 +119,7 @@ class Sampler(threading.Thread):
 class PhaseRecorder:
     """Closes phases of one job in this process and records each phase's peaks."""
 
-    sampler: Sampler
+    poller: RssPoller
     trace: bool = False
     phases: dict[str, dict[str, Any]] = field(default_factory=dict)
     hwm_reset: bool = True
@@ -133,7 +133,7 @@ class PhaseRecorder:
         pool = arrow_pool()
         self.pool_baseline = pool.bytes_allocated() if pool is not None else 0
         self.hwm_reset = reset_peak()
-        self.sampler.take()
+        self.poller.take()
         self._phase_start = read_status()
         self._modules = len(sys.modules)
         self._began = time.perf_counter()
@@ -146,7 +146,7 @@ class PhaseRecorder:
         """End the current phase: its peaks, over the baseline and over the phase's start."""
         seconds = time.perf_counter() - self._began
         status = read_status()
-        max_anon, max_file, samples = self.sampler.take()
+        max_anon, max_file, samples = self.poller.take()
         base = self.baseline
         record: dict[str, Any] = {
             "seconds": seconds,

@@ -81,7 +81,7 @@ def tokenize_rates(jsonl: str | os.PathLike[str], out_dir: str | os.PathLike[str
                                             workers=workers, overwrite=True, **options)
                 wall, cpu = wall + time.perf_counter(), cpu + _cpu_seconds()
                 runs.setdefault((name, workers), []).append((wall, cpu))
-                counts[name] = (spool.manifest["source"]["stats"]["records"], spool.num_tokens)
+                counts[name] = (spool.record["source"]["stats"]["records"], spool.num_tokens)
     load = max(load, os.getloadavg()[0])
     digests = {key: _digests(out_dir / f"{_slug(key[0])}-{key[1]}") for key in runs}
     rows = []

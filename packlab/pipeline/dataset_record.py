@@ -1,4 +1,5 @@
-"""The dataset manifest: what a shard directory holds, written first, finished last.
+"""The dataset record (``dataset.json``): what a shard directory holds, written first,
+finished last.
 
 ``packlab pack`` (and every shard directory of an output layout) writes ``OUT/dataset.json``
 *before* the first shard, listing the shards to expect, and rewrites it *after* the last one,
@@ -14,7 +15,7 @@ or tampered one without hashing anything:
   open where its format records the bins it holds (every packlab shard does, in its metadata),
   and by ``validate`` (full checksums) everywhere.
 
-A literal manifest (``state`` complete)::
+A literal dataset record (``state`` complete)::
 
     {"version": "packlab_dataset_v1", "state": "complete", "format": "parquet",
      "pack_size": 4096, "packlab_version": "0.1.0",
@@ -29,9 +30,9 @@ A literal manifest (``state`` complete)::
                  "sha256_of": "shard_000000.parquet"}, ...]}
 
 While ``"writing"``, a shard's ``num_tokens``, ``bytes``, ``sha256`` and ``sha256_of`` are
-null. ``sha256`` is the receipt's: the file, or a directory shard's own manifest (which lists
-every file's checksum). Directories written before manifests existed (and Nemotron's output)
-have none: they open with the checks they allow (receipts, when present).
+null. ``sha256`` is the receipt's: the file, or a directory shard's own record (which lists
+every file's checksum). Directories written before dataset records existed (and Nemotron's
+output) have none: they open with the checks they allow (receipts, when present).
 
 An exclusive ``flock`` on the directory keeps two jobs from writing it at once.
 """
@@ -52,17 +53,17 @@ from packlab.pipeline.receipts import shard_bytes
 from packlab.storage import Location, as_location
 from packlab.version import __version__
 
-MANIFEST_FILE = "dataset.json"
+DATASET_RECORD = "dataset.json"
 VERSION = "packlab_dataset_v1"
 STATES = ("writing", "complete")
 _IDENTITY = ("num_tokens", "bytes", "sha256", "sha256_of")
 
 
-def manifest_path(directory: str | os.PathLike[str]) -> Path:
-    return Path(directory) / MANIFEST_FILE
+def dataset_record_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / DATASET_RECORD
 
 
-def new_manifest(*, format: str, pack_size: int, job: dict[str, Any],
+def new_dataset_record(*, format: str, pack_size: int, job: dict[str, Any],
                  shards: Sequence[tuple[str, tuple[int, int]]]) -> dict[str, Any]:
     """The manifest a job writes before its first shard: names and bin ranges, no checksums."""
     return {
@@ -97,35 +98,35 @@ def as_writing(manifest: dict[str, Any]) -> dict[str, Any]:
             "shards": [{**s, **dict.fromkeys(_IDENTITY)} for s in manifest["shards"]]}
 
 
-def write_manifest(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
+def write_dataset_record(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
     """Publish ``dataset.json`` atomically (readers may be looking)."""
-    final = manifest_path(directory)
+    final = dataset_record_path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     with staged(final, overwrite=True) as tmp:
         tmp.write_text(json.dumps(manifest, indent=2, default=json_default) + "\n")
     return final
 
 
-def read_manifest(directory: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
-    """The dataset manifest of ``directory`` (a local folder or a prefix on object storage),
+def read_dataset_record(directory: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
+    """The dataset record of ``directory`` (a local folder or a prefix on object storage),
     checked field by field; None when it has none."""
-    path = as_location(directory) / MANIFEST_FILE
+    path = as_location(directory) / DATASET_RECORD
     if not path.is_file():
         return None
-    return parse_manifest(path.read_bytes(), path)
+    return parse_dataset_record(path.read_bytes(), path)
 
 
-def parse_manifest(raw: bytes, where: object) -> dict[str, Any]:
-    """A dataset manifest read from anywhere (a local file, an object store), checked."""
-    manifest = parse_versioned_json(raw, where, version=VERSION, kind="dataset manifest",
-                                    unreadable="unreadable dataset manifest")
-    return check_manifest(manifest, where)
+def parse_dataset_record(raw: bytes, where: object) -> dict[str, Any]:
+    """A dataset record read from anywhere (a local file, an object store), checked."""
+    manifest = parse_versioned_json(raw, where, version=VERSION, kind="dataset record",
+                                    unreadable="unreadable dataset record")
+    return check_dataset_record(manifest, where)
 
 
-def check_manifest(manifest: dict[str, Any], where: object) -> dict[str, Any]:
+def check_dataset_record(manifest: dict[str, Any], where: object) -> dict[str, Any]:
     """Every field a reader relies on, of the right kind, or one error naming ``where``."""
     def bad(what: str) -> FormatError:
-        return FormatError(f"{where}: {what} (a damaged dataset manifest)")
+        return FormatError(f"{where}: {what} (a damaged dataset record)")
 
     if manifest.get("state") not in STATES:
         raise bad(f"state {manifest.get('state')!r} is not one of {STATES}")
@@ -181,17 +182,17 @@ def listed_shards(directory: Any, manifest: dict[str, Any], is_shard_like: Any,
     extra = sorted(name for name, p in children.items()
                    if name not in listed and is_shard_like(p))
     if extra:
-        raise FormatError(f"{directory / extra[0]}: a shard {MANIFEST_FILE} does not list "
+        raise FormatError(f"{directory / extra[0]}: a shard {DATASET_RECORD} does not list "
                           "(copied in from elsewhere? remove it, or rewrite the output)")
     out = []
     for entry in manifest["shards"]:
         path = directory / entry["name"]
         if entry["name"] not in children or (isinstance(path, Path) and not path.exists()):
-            raise FormatError(f"{path}: missing ({MANIFEST_FILE} lists it: bins "
+            raise FormatError(f"{path}: missing ({DATASET_RECORD} lists it: bins "
                               f"{entry['bins'][0]}..{entry['bins'][1] - 1})")
         size = size_of(path)
         if size != entry["bytes"]:
-            raise FormatError(f"{path}: {size} bytes, {MANIFEST_FILE} says {entry['bytes']} "
+            raise FormatError(f"{path}: {size} bytes, {DATASET_RECORD} says {entry['bytes']} "
                               "(replaced, truncated, or another shard in its place)")
         out.append((path, entry))
     return out

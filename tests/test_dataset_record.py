@@ -1,4 +1,4 @@
-"""The dataset manifest (OUT/dataset.json): written first, finished last; an output directory
+"""The dataset record (OUT/dataset.json): written first, finished last; an output directory
 knows its shards, so an interrupted, shortened, swapped or duplicated dataset is refused."""
 
 from __future__ import annotations
@@ -16,7 +16,12 @@ from packlab.bins import bin_digest
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names
 from packlab.layout import build_layout
-from packlab.pipeline.manifest import MANIFEST_FILE, read_manifest, write_manifest, writing_lock
+from packlab.pipeline.dataset_record import (
+    DATASET_RECORD,
+    read_dataset_record,
+    write_dataset_record,
+    writing_lock,
+)
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
 from packlab.sources.validate import validate_path
@@ -49,7 +54,7 @@ def tree(directory: Path) -> dict[str, bytes]:
 @pytest.mark.parametrize("name", FORMATS)
 def test_the_manifest_lists_every_shard_with_the_receipts_identity(job, tmp_path, name) -> None:
     receipts = write(job, tmp_path / "out", name)
-    manifest = read_manifest(tmp_path / "out")
+    manifest = read_dataset_record(tmp_path / "out")
     assert manifest["state"] == "complete" and manifest["format"] == name
     assert [s["name"] for s in manifest["shards"]] == [r["shard"] for r in receipts]
     for entry, receipt in zip(manifest["shards"], receipts, strict=True):
@@ -63,7 +68,7 @@ def interrupted(job, out: Path, name: str, written: int) -> None:
     """What a job killed after ``written`` shards leaves: its manifest still "writing"."""
     spool, assignment = job
     plan = plan_shards(spool, assignment, out, format=name, bins_per_shard=4)
-    write_manifest(out, plan.manifest)
+    write_dataset_record(out, plan.record)
     for i in sorted(plan.jobs)[:written]:
         write_shard(*plan.jobs[i])
 
@@ -91,7 +96,7 @@ def test_a_missing_or_extra_shard_is_refused(job, tmp_path, name) -> None:
     write(job, out, name)
     extra = tmp_path / "extra"
     write(job, extra, name)
-    gone = out / read_manifest(out)["shards"][1]["name"]
+    gone = out / read_dataset_record(out)["shards"][1]["name"]
     moved = tmp_path / "moved"
     shutil.move(gone, moved)
     for call in (lambda: open_dataset(out), lambda: validate_path(out)):
@@ -102,7 +107,7 @@ def test_a_missing_or_extra_shard_is_refused(job, tmp_path, name) -> None:
     stranger = out / "shard_000099" if not gone.suffix else out / f"shard_000099{gone.suffix}"
     (shutil.copytree if gone.is_dir() else shutil.copy)(extra / gone.name, stranger)
     for call in (lambda: open_dataset(out), lambda: validate_path(out)):
-        with pytest.raises(FormatError, match=f"{stranger.name}: a shard {MANIFEST_FILE} does "):
+        with pytest.raises(FormatError, match=f"{stranger.name}: a shard {DATASET_RECORD} does "):
             call()
 
 
@@ -119,7 +124,7 @@ def _swap(a: Path, b: Path) -> None:
 def test_swapped_or_duplicated_shards_are_refused(job, tmp_path, name) -> None:
     out = tmp_path / "out"
     write(job, out, name)
-    entries = read_manifest(out)["shards"]
+    entries = read_dataset_record(out)["shards"]
     first, second = out / entries[0]["name"], out / entries[1]["name"]
     _swap(first, second)
     for call in (lambda: open_dataset(out), lambda: validate_path(out)):
@@ -141,11 +146,11 @@ def test_swapped_or_duplicated_shards_are_refused(job, tmp_path, name) -> None:
 def test_a_damaged_manifest_is_one_error_naming_it(job, tmp_path) -> None:
     out = tmp_path / "out"
     write(job, out, "parquet")
-    path = out / MANIFEST_FILE
+    path = out / DATASET_RECORD
     for damage in (b"{not json", b"\xff\xfe", json.dumps({"version": "packlab_dataset_v1",
                                                           "state": "done"}).encode()):
         path.write_bytes(damage)
-        with pytest.raises(FormatError, match=f"{MANIFEST_FILE}: "):
+        with pytest.raises(FormatError, match=f"{DATASET_RECORD}: "):
             open_dataset(out)
 
 
@@ -155,7 +160,7 @@ def test_a_second_job_into_one_directory_is_refused_while_the_first_writes(job, 
         write(job, out, "parquet")
     assert not list(out.glob("shard_*"))
     write(job, out, "parquet")  # the lock went with the first job
-    assert read_manifest(out)["state"] == "complete"
+    assert read_dataset_record(out)["state"] == "complete"
 
 
 # -- layouts: a split links its datasets' shards; each is placed by its directory's manifest ----
@@ -174,8 +179,8 @@ def build(spools: list[Path], out: Path, name: str) -> Path:
 
 def dataset_dir(out: Path) -> Path:
     """The directory of the dataset with the most shards in the layout (runs/.../hash/)."""
-    homes = [m.parent for m in (out / "runs").rglob(MANIFEST_FILE)]
-    return max(homes, key=lambda h: len(read_manifest(h)["shards"]))
+    homes = [m.parent for m in (out / "runs").rglob(DATASET_RECORD)]
+    return max(homes, key=lambda h: len(read_dataset_record(h)["shards"]))
 
 
 def refused_everywhere(out: Path, pattern: str) -> None:
@@ -197,7 +202,7 @@ def test_a_layouts_split_refuses_a_missing_swapped_or_duplicated_shard(spools, t
             shutil.rmtree(out)
         shutil.copytree(whole, out, symlinks=True)
         home = dataset_dir(out)
-        entries = read_manifest(home)["shards"]
+        entries = read_dataset_record(home)["shards"]
         return out, home / entries[0]["name"], home / entries[1]["name"]
 
     out, first, second = damaged()
@@ -220,13 +225,13 @@ def test_a_layouts_split_refuses_a_missing_swapped_or_duplicated_shard(spools, t
     refused_everywhere(out, "links to the same shard as")
 
 
-# -- written before dataset manifests: the checks their receipts allow ------------------------
+# -- written before dataset records: the checks their receipts allow ------------------------
 @pytest.mark.parametrize("name", ["parquet", "memmap_v1", "legacy_npy_pickle"])
 def test_an_output_without_a_dataset_manifest_is_checked_by_its_receipts(job, tmp_path,
                                                                           name) -> None:
     whole = tmp_path / "whole"
     write(job, whole, name)
-    (whole / MANIFEST_FILE).unlink()  # as written before dataset manifests existed
+    (whole / DATASET_RECORD).unlink()  # as written before dataset records existed
     expected = [bin_digest(*b) for b in open_dataset(whole).read_bins(range(job[1].num_bins))]
     assert validate_path(whole)["manifest"] is False
 
@@ -263,7 +268,7 @@ def test_an_output_without_a_dataset_manifest_is_checked_by_its_receipts(job, tm
 def test_a_layout_without_dataset_manifests_opens_and_validates(spools, tmp_path) -> None:
     out = build(spools, tmp_path / "out", "parquet")
     expected = len(open_dataset(out, split="train"))
-    for manifest in (out / "runs").rglob(MANIFEST_FILE):
+    for manifest in (out / "runs").rglob(DATASET_RECORD):
         manifest.unlink()
     assert len(open_dataset(out, split="train")) == expected
     assert validate_path(out)["splits"]["train"]["num_bins"] == expected
@@ -280,7 +285,7 @@ def test_a_layout_without_dataset_manifests_opens_and_validates(spools, tmp_path
 def test_validate_checks_each_receipt_against_its_place(job, tmp_path) -> None:
     out = tmp_path / "out"
     write(job, out, "parquet")
-    shard = out / read_manifest(out)["shards"][1]["name"]
+    shard = out / read_dataset_record(out)["shards"][1]["name"]
     receipt = json.loads(receipt_path(shard).read_text())
     receipt_path(shard).write_text(json.dumps({**receipt, "bins": [8, 12]}))
     with pytest.raises(FormatError, match=f"{shard.name}: its receipt puts it at bins "
