@@ -1,4 +1,5 @@
-"""One packed bin, the unit every format stores and returns (DESIGN.md, "One packed bin").
+"""One packed bin, the unit every format stores and returns (docs/design.md, "One packed
+bin").
 
 - ``input_ids``: concatenated tokens, length ``packed_len``, ``0 < packed_len <= pack_size``;
 - ``loss_mask``: uint8 0/1, same length, aligned for next-token prediction within each

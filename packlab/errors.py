@@ -12,7 +12,7 @@ class PacklabError(ValueError):
 
 
 class InvariantError(PacklabError):
-    """A packed bin breaks a rule of "One packed bin" (DESIGN.md)."""
+    """A packed bin breaks a rule of "One packed bin" (docs/design.md)."""
 
 
 class FormatError(PacklabError):

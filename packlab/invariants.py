@@ -1,4 +1,4 @@
-"""The rules of "One packed bin" (DESIGN.md), vectorized; errors name the source and the bin.
+"""The rules of "One packed bin" (docs/design.md), vectorized; errors name the source and the bin.
 
 Writers call :func:`check_bin` on every bin; ``packlab validate`` calls :func:`check_csr` on a
 whole shard at once (flat tokens and masks with their offsets), so a million bins cost a few

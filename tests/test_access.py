@@ -305,7 +305,7 @@ def test_target_findings_compute_their_verdicts() -> None:
             "binidx": {**_latency(13.0, 10.0, 5.0), "raw_csr_p50_us": 10.0,
                        "ratio_to_raw_csr": 1.3}}
     # memmap_v1 and binidx keep a bin in several files: held to 1.3x a pread cold; arrow_ipc
-    # (one file) to DESIGN.md's 1.5x
+    # (one file) to docs/design.md's 1.5x
     cold = {"memmap_v1": _latency(125.0, 10.0, 100.0), "binidx": _latency(100.0, 10.0, 90.0,
                                                                            verified=False),
             "arrow_ipc": _latency(140.0, 10.0, 100.0),

@@ -7,6 +7,7 @@ included (an import deferred into a function is still a dependency).
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,25 @@ def test_no_format_name_decides_behaviour_outside_formats() -> None:
                 if hits:
                     found.append(f"{path}:{node.lineno}: compares with {hits}")
     assert not found, "\n".join(found)
+
+
+def test_the_repository_cites_nothing_outside_itself() -> None:
+    """Every document the code, tests, notebooks and docs cite is in the repository: no
+    design document, seed or toolchain note from outside it."""
+    repo = ROOT.parent
+    names = ["DESIGN" + r"\.md", "TOOLCHAIN" + r"\.md", r"\.\./" + "shared", "shared/" + "seeds",
+             "seeds/" + r"\d"]  # spelled in pieces, so this file does not cite them
+    outside = re.compile(r"(?<![\w/])(" + "|".join(names) + ")")
+    cited = re.compile(r"(?<![\w/.])((?:docs|notebooks|tests|packlab)/[\w/.-]+\.(?:md|py|ipynb))")
+    found, missing = [], []
+    for path in sorted(repo.rglob("*")):
+        if (path.suffix not in (".py", ".md", ".ipynb", ".toml", ".yml") or not path.is_file()
+                or any(part.startswith(".") or part in ("build", "data") for part in
+                       path.relative_to(repo).parts)):
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{path.relative_to(repo)}: {m.group(1)}" for m in outside.finditer(text)]
+        missing += [f"{path.relative_to(repo)}: {m.group(1)}" for m in cited.finditer(text)
+                    if "*" not in m.group(1) and not (repo / m.group(1)).exists()]
+    assert not found, "\n".join(found)
+    assert not missing, "\n".join(missing)

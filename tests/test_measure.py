@@ -1,5 +1,5 @@
 """packlab.lab.measure: the harness is honest (finds what is there, counts nothing that is not),
-the cold cache is really cold, and the benchmarks report what DESIGN.md promises."""
+the cold cache is really cold, and the benchmarks report what docs/design.md promises."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from array import array
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -367,31 +368,39 @@ def list_buffers(column: pa.Array, dtype: np.dtype, base: int, size: int
 
 
 class ListIndex(BinIndex):
-    """An Arrow IPC file's record batches read in place (``arrow_ipc``'s zero-copy reads): each
-    batch's list offsets, mapped where the file holds them: bin ``b`` of
-    batch ``k`` (row ``r``) is ``values[offsets[r]:offsets[r + 1]]`` of each column, the values
-    counted from where the batch's values buffer starts in the file."""
+    """An Arrow IPC file's record batches read in place (``arrow_ipc``'s zero-copy reads).
 
-    __slots__ = ("num_bins", "firsts", "batches", "_arrays", "path")
+    Bin ``b`` of batch ``k`` (row ``r``) is ``values[offsets[r]:offsets[r + 1]]`` of each
+    column, where a batch's offsets and values buffers lie in the file. The offsets are read
+    where they are, through one int32 view of the whole mapped file; per batch only six
+    positions are kept (``array('q')``: 48 bytes a batch, so a reader's memory does not grow
+    with the bins)."""
+
+    __slots__ = ("num_bins", "firsts", "path", "whole", "_whole", "tok_at", "tok_base",
+                 "mask_at", "mask_base", "seq_at", "seq_base")
 
     def __init__(self, maps: Maps, path: Path, batches: list[Any], num_bins: int) -> None:
+        mapped = maps.file(path)
         self.num_bins, self.path = num_bins, path
-        self.firsts = [first for first, _, _ in batches]
-        self.batches, self._arrays = [], []
-        for _, rows, spans in batches:
-            columns = [(path, np.dtype("<i4"), at + 4 * first, rows + 1)
-                       for at, first, _ in spans]
-            bases = [values for _, _, values in spans]
-            arrays = [maps.values(*c) for c in columns]
-            (tok, mask, seq), (tb, mb, sb) = (lookup(a) for a in arrays), bases
-            self.batches.append((tok, tb, mask, mb, seq, sb))
-            self._arrays.append((arrays, bases))
+        self._whole = mapped.view(np.dtype("<i4"), 0, mapped.size // 4)
+        self.whole = lookup(self._whole)
+        self.firsts = array("q", (first for first, _, _ in batches))
+        columns = [[(at // 4 + first, base) for at, first, base in spans]
+                   for _, _, spans in batches]
+        (self.tok_at, self.tok_base), (self.mask_at, self.mask_base), (self.seq_at,
+                                                                      self.seq_base) = (
+            (array("q", (c[i][0] for c in columns)), array("q", (c[i][1] for c in columns)))
+            for i in range(3))
 
     def locate(self, b: int) -> tuple[int, int, int, int, int]:
         k = bisect_right(self.firsts, b) - 1
         r = b - self.firsts[k]
-        tok, tb, mask, mb, seq, sb = self.batches[k]
-        return tb + tok[r], tb + tok[r + 1], mb + mask[r], sb + seq[r], sb + seq[r + 1]
+        whole = self.whole
+        t = self.tok_at[k] + r
+        tb, sb = self.tok_base[k], self.seq_base[k]
+        s = self.seq_at[k] + r
+        return (tb + whole[t], tb + whole[t + 1], self.mask_base[k] + whole[self.mask_at[k] + r],
+                sb + whole[s], sb + whole[s + 1])
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``, batch by batch; the mask of each as long as its tokens."""
@@ -399,14 +408,16 @@ class ListIndex(BinIndex):
         k = bisect_right(self.firsts, lo) - 1
         while lo < hi:
             first = self.firsts[k]
-            (tok, mask, seq), (tb, mb, sb) = self._arrays[k]
-            end = min(hi, first + len(tok) - 1)
+            stop = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.num_bins
+            end = min(hi, stop)
             rows = slice(lo - first, end - first + 1)
-            t, m, s = (a[rows].astype(np.int64) for a in (tok, mask, seq))
+            t, m, s = (self._whole[at + rows.start:at + rows.stop].astype(np.int64)
+                       for at in (self.tok_at[k], self.mask_at[k], self.seq_at[k]))
             if not np.array_equal(np.diff(t), np.diff(m)):
                 b = lo + int(np.argmax(np.diff(t) != np.diff(m)))
                 raise FormatError(f"{self.path}: bin {b}: loss_mask and input_ids differ in "
                                   "length (corrupted)")
+            tb, mb, sb = self.tok_base[k], self.mask_base[k], self.seq_base[k]
             for part, values in zip(parts, (t[:-1] + tb, np.diff(t), m[:-1] + mb, s[:-1] + sb,
                                             np.diff(s)), strict=True):
                 part.append(values)

@@ -56,7 +56,7 @@ from packlab.mapping import (
     sequential,
 )
 
-CHUNK = 1 << 13  # bins checked per vectorized step (the temporaries of one step stay small)
+CHUNK = 1 << 11  # bins checked per vectorized step (its temporaries, ~100 KB, are the peak)
 CONTENT_CHUNK = 256  # bins per step of validate's pass over the data (~1M tokens at 4096)
 _new = tuple.__new__  # a PackedBin without NamedTuple.__new__'s Python frame (a read's path)
 

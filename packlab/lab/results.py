@@ -13,7 +13,7 @@ under the record's name. A literal results file (``build/results/03_write_format
                    "verdict": "holds", "source": "target"}]}
 
 A finding's ``source`` says whose claim it is: ``rfc`` (the RFC and the design documents: the
-seeds), ``target`` (packlab's targets, DESIGN.md) or ``check`` (packlab checking itself). Its
+seeds), ``target`` (packlab's targets, docs/design.md) or ``check`` (packlab checking itself). Its
 ``verdict`` is one of the words of :mod:`packlab.lab.measure.verdicts`, decided by the one rule
 stated there.
 """
@@ -66,7 +66,7 @@ def results_path(notebook: str) -> Path:
     return build_dir() / "results" / f"{notebook}.json"
 
 
-SOURCES = {"rfc": "the RFC and the design documents", "target": "packlab's targets (DESIGN.md)",
+SOURCES = {"rfc": "the RFC and the design documents", "target": "packlab's targets (docs/design.md)",
            "check": "packlab's own checks"}
 
 

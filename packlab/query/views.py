@@ -15,7 +15,7 @@ lazy: DuckDB reads only the columns a query names, so ``SELECT split, count(*) F
 GROUP BY split`` decodes no token. ``tokens`` is opt-in because a careless ``SELECT *`` over it
 is one row per token of the dataset.
 
-The rules of ``violations`` (DESIGN.md, "One packed bin"; ``packlab validate`` checks the same):
+The rules of ``violations`` (docs/design.md, "One packed bin"; ``packlab validate`` checks the same):
 
 - ``packed_len``: ``packed_len`` not in ``(0, pack_size]``;
 - ``lengths_differ``: ``loss_mask`` and ``input_ids`` of different lengths;

@@ -1,4 +1,5 @@
-"""Honest measurement: peak memory, latency, throughput and size (DESIGN.md, "How we measure").
+"""Honest measurement: peak memory, latency, throughput and size (docs/design.md, "How we
+measure").
 
 One concept per module, one implementation per measurement (``packlab bench`` and the
 notebooks call the same functions):

@@ -1,4 +1,4 @@
-"""Notebook 05's report: DESIGN.md's read targets and the RFC's row-group table judged from
+"""Notebook 05's report: docs/design.md's read targets and the RFC's row-group table judged from
 the numbers measured, the tables that show them, and the typed record it keeps.
 
 Every verdict is computed here from the rows of :mod:`~packlab.lab.measure.latency`,
@@ -36,7 +36,7 @@ from packlab.lab.results import finding
 from packlab.lab.tables import fmt_us, human_bytes, markdown_table, times
 
 
-# -- DESIGN.md's targets -----------------------------------------------------------------------
+# -- docs/design.md's targets ---------------------------------------------------------------
 def target_findings(
     warm: Mapping[str, Mapping[str, Any]],
     cold: Mapping[str, Mapping[str, Any]],
@@ -48,7 +48,7 @@ def target_findings(
     split_cold_ratio: float = 1.3,
     parquet_speedup: float = 100.0,
 ) -> list[dict[str, Any]]:
-    """DESIGN.md "Targets" and issue 17's, each verdict computed from the numbers given.
+    """docs/design.md "Targets" and issue 17's, each verdict computed from the numbers given.
 
     ``warm`` / ``cold`` / ``batched``: per format, rows of
     :func:`~packlab.lab.measure.latency.random_access` and

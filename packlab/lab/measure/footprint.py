@@ -1,7 +1,7 @@
 """The memory footprint of a shard: loading and reading it, and writing it, each in a fresh
 process (:mod:`packlab.lab.measure.harness`), flattened into the keys the CLI and notebooks use.
 
-Keys (DESIGN.md): ``load_peak_rss_growth_bytes``, ``load_peak_anon_growth_bytes``,
+Keys (docs/design.md): ``load_peak_rss_growth_bytes``, ``load_peak_anon_growth_bytes``,
 ``read_peak_rss_growth_bytes``; beside them the file-backed peak, the Arrow pool's peak and the
 Python heap (tracemalloc, a separate run). Writing: ``write_peak_rss_growth_bytes`` and
 friends, measured over the write phase alone (the spool and assignment are opened before it).

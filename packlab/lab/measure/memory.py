@@ -1,6 +1,6 @@
 """Memory of the running process, read from ``/proc/self/status``, per phase of a job.
 
-What counts (DESIGN.md, "How we measure"): peak RSS (``VmHWM``, exact: the kernel keeps it),
+What counts (docs/design.md, "How we measure"): peak RSS (``VmHWM``, exact: the kernel keeps it),
 peak anonymous and file-backed RSS (``RssAnon``/``RssFile``, sampled by a background thread:
 the kernel keeps no peak of those), the Arrow memory pool's peak, all as growth over the
 baseline taken after imports. ``VmHWM`` is reset at every phase boundary (``clear_refs`` 5),

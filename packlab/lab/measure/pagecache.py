@@ -45,11 +45,17 @@ def shard_files(path: str | os.PathLike[str]) -> list[Path]:
 
 def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:
     """``(resident, total)`` pages of one file in the page cache, by ``mincore``."""
+    resident = resident_map(path)
+    return int(resident.sum()), int(resident.shape[0])
+
+
+def resident_map(path: str | os.PathLike[str]) -> np.ndarray:
+    """Which pages of one file are in the page cache (one bool per page), by ``mincore``."""
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
-            return 0, 0
+            return np.zeros(0, dtype=bool)
         addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if addr in (None, _MAP_FAILED):
             raise PacklabError(f"{path}: mmap for mincore failed: {os.strerror(ctypes.get_errno())}")
@@ -58,7 +64,7 @@ def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:
             vec = (ctypes.c_ubyte * pages)()
             if _libc.mincore(addr, size, vec) != 0:
                 raise PacklabError(f"{path}: mincore failed: {os.strerror(ctypes.get_errno())}")
-            return int((np.frombuffer(vec, dtype=np.uint8) & 1).sum()), pages
+            return (np.frombuffer(vec, dtype=np.uint8) & 1).astype(bool)
         finally:
             _libc.munmap(addr, size)
     finally:

@@ -60,12 +60,17 @@ def memory_sweep(
                              "error": f"skipped: above max_bins {cap} for this format"}
                             for phase in PHASES)
                 continue
-            out = root / "shards" / f"{fmt}_{bins}{get_format(fmt).SUFFIX}"
+            out = shard_path(root, fmt, bins)
             traced = tracemalloc and (trace_max_bins is None or bins <= trace_max_bins)
             rows.extend(_measure(fmt, bins, work.spool, plan, out, via, traced))
             if not keep_shards:
                 remove(out)
     return rows
+
+
+def shard_path(directory: str | os.PathLike[str], fmt: str, bins: int) -> Path:
+    """Where :func:`memory_sweep` writes the shard of ``fmt`` with ``bins`` bins."""
+    return Path(directory) / "shards" / f"{fmt}_{bins}{get_format(fmt).SUFFIX}"
 
 
 def _measure(fmt: str, bins: int, spool: Path, plan: Path, out: Path, via: str,

@@ -29,7 +29,7 @@ TOLERANCE = 1.25
 FLAT_SLOPE = 0.3
 
 RULE = (
-    "A packlab target (DESIGN.md: \"within 1.1x\", \"under 2 s\", \"at least 100x\") holds when "
+    "A packlab target (docs/design.md: \"within 1.1x\", \"under 2 s\", \"at least 100x\") holds when "
     "the measured value meets it. A claim quoted from the RFC or the design documents states an "
     f"approximate amount (\"~4 GB\", \"~0.4x\", \"2-3x\"): it holds when the measured value is "
     f"within a factor of {TOLERANCE:g} of it (of a range's ends); an upper bound (\"~20 MB\", "

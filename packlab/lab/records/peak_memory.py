@@ -39,6 +39,23 @@ class FormatMemory:
 
 
 @dataclass
+class ReaderMemory:
+    """A memory-mapped format's reader as its shard grows (opened and its first bin read, in a
+    fresh process): its anonymous and file-backed growth by bins, and how many of the sampled
+    bins had a page in memory after a cold open."""
+
+    anon_growth_bytes: dict[int, float] = field(default_factory=dict)
+    file_growth_bytes: dict[int, float] = field(default_factory=dict)
+    bins_touched_at_open: int | None = None
+    bins_sampled: int | None = None
+
+    def added(self) -> float:
+        """Anonymous growth at the largest size over that at the smallest."""
+        return (self.anon_growth_bytes[max(self.anon_growth_bytes)]
+                - self.anon_growth_bytes[min(self.anon_growth_bytes)])
+
+
+@dataclass
 class PeakMemory(Record):
     NOTEBOOK: ClassVar[str] = "04_peak_memory"
 
@@ -53,6 +70,8 @@ class PeakMemory(Record):
     traced_measurements: int | None = None
     largest_bins: int | None = None
     largest_traced_bins: int | None = None
+    readers: dict[str, ReaderMemory] = field(default_factory=dict)
+    reader_pack_size: int | None = None
 
     @classmethod
     def from_flat(cls, numbers: Mapping[str, Any], parameters: Mapping[str, Any]) -> Self:
@@ -100,4 +119,20 @@ def format_memory(rows: Sequence[Mapping[str, Any]], at_50k: Sequence[Mapping[st
         phase(fmt, "write").rss_loglog_slope = slope
     for fmt, slope in load_slopes.items():
         phase(fmt, "load").loglog_slope = slope
+    return out
+
+
+def reader_memory_of(result: Mapping[str, Any]) -> dict[str, ReaderMemory]:
+    """Each memory-mapped format's :class:`ReaderMemory` from
+    :func:`packlab.lab.measure.reader_memory.reader_memory`'s result."""
+    out: dict[str, ReaderMemory] = {}
+    for row in result["rows"]:
+        if row["phase"] == "load" and not row.get("error"):
+            memory = out.setdefault(row["format"], ReaderMemory())
+            memory.anon_growth_bytes[int(row["bins"])] = float(row["peak_anon_growth_bytes"])
+            memory.file_growth_bytes[int(row["bins"])] = float(row["peak_file_growth_bytes"])
+    for fmt, touched in result["touched"].items():
+        if fmt in out:
+            out[fmt].bins_touched_at_open = touched["bins_touched"]
+            out[fmt].bins_sampled = touched["bins_sampled"]
     return out

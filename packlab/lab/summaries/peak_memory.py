@@ -23,4 +23,14 @@ def bullets(n: PeakMemory, p: Mapping[str, Any]) -> list[str]:
                + (": " + ", ".join(f"{m['format']} {m['phase']} ({m['share']:.0%} of "
                                    f"{human_bytes(m['rss'])})" for m in missed) if missed else "")
                + ".")
+    if n.readers:
+        out.append(f"A reader of a memory-mapped format (opened, its first bin read, bins of "
+                   f"{n.reader_pack_size} tokens): anonymous memory "
+                   + "; ".join(f"`{f}` {human_bytes(r.anon_growth_bytes[min(r.anon_growth_bytes)])}"
+                               f" at {min(r.anon_growth_bytes):,} bins, "
+                               f"{human_bytes(r.anon_growth_bytes[max(r.anon_growth_bytes)])} at "
+                               f"{max(r.anon_growth_bytes):,}" for f, r in n.readers.items())
+                   + ". After a cold open, bins with a page in memory: "
+                   + ", ".join(f"`{f}` {r.bins_touched_at_open} of {r.bins_sampled}"
+                               for f, r in n.readers.items()) + ".")
     return out
