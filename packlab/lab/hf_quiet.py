@@ -4,6 +4,8 @@
 stderr), draw progress bars over every ``Dataset.map``, and print a dict per logged step from
 the Trainer's ``PrinterCallback``. Inside :func:`quiet` their loggers keep errors only and
 ``datasets``' progress bars are off; both are restored on exit. Errors are never hidden.
+Importing this module settles ``tqdm.auto`` first (in a notebook kernel without ipywidgets its
+import warns on the page): import it before any of those libraries.
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ import logging
 import warnings
 from collections.abc import Iterator
 
+from packlab.progress import settle_tqdm_auto
+
 LIBRARIES = ("transformers", "datasets", "trl", "accelerate")
+
+settle_tqdm_auto()
 
 
 @contextlib.contextmanager

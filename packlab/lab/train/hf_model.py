@@ -14,10 +14,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, models
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from packlab.errors import PacklabError
+from packlab.lab import hf_quiet  # noqa: F401  (tqdm.auto settled before transformers loads)
 from packlab.synth import special_tokens
 
 #: attention implementations that run on CPU, in the order they are tried
@@ -53,9 +52,11 @@ def special_ids(vocab_size: int) -> dict[str, int]:
     return {"pad": ids["<|pad|>"], "eos": ids["<|end_of_turn|>"], "bos": ids["<|bos|>"]}
 
 
-def build_llama(config: TinyLlama) -> LlamaForCausalLM:
-    """The model, weights a function of ``config.seed`` (the caller's RNG left as it was);
-    ``use_cache`` off, as a trainer runs it."""
+def build_llama(config: TinyLlama) -> Any:
+    """The model (a ``LlamaForCausalLM``), weights a function of ``config.seed`` (the caller's
+    RNG left as it was); ``use_cache`` off, as a trainer runs it."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     ids = special_ids(config.vocab_size)
     llama = LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.width,
@@ -71,9 +72,12 @@ def build_llama(config: TinyLlama) -> LlamaForCausalLM:
     return model
 
 
-def id_tokenizer(vocab_size: int) -> PreTrainedTokenizerFast:
-    """A tokenizer over ids ``0 .. vocab_size - 1`` whose pad, EOS and BOS are the synthetic
-    profile's (what TRL reads of a processing class)."""
+def id_tokenizer(vocab_size: int) -> Any:
+    """A ``PreTrainedTokenizerFast`` over ids ``0 .. vocab_size - 1`` whose pad, EOS and BOS
+    are the synthetic profile's (what TRL reads of a processing class)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
     ids = special_ids(vocab_size)
     names = {ids["pad"]: "<|pad|>", ids["eos"]: "<|end_of_turn|>", ids["bos"]: "<|bos|>"}
     vocab = {names.get(i, f"<{i}>"): i for i in range(vocab_size)}
