@@ -17,6 +17,7 @@ moving the token lists into their rows, which packlab's ``pack`` leaves to the w
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ import pyarrow.compute as pc
 
 from packlab.errors import PacklabError
 from packlab.lab.hf_quiet import quiet
+from packlab.lab.measure.verdicts import holds
+from packlab.lab.results import finding
 from packlab.packing import BinAssignment, check_lengths, check_pack_size, compare_algorithms
 
 #: the map batch ``SFTTrainer`` packs in (``datasets.Dataset.map``'s default ``batch_size``)
@@ -92,3 +95,32 @@ def beside_trl(lengths: np.ndarray, pack_size: int, *, seed: int = 0, repeats: i
         rows.append(packing_row(label, runs[-1][0], lengths,
                                 float(np.median([s for _, s in runs]))))
     return rows
+
+
+def trl_findings(rows: Mapping[str, Mapping[str, Any]]) -> list[dict[str, str]]:
+    """Notebook 02's claims on :func:`beside_trl`'s rows (by packer)."""
+    trainer = rows[f"trl_bfd (map batches of {SFT_TRAINER_MAP_BATCH:,})"]
+    whole = rows["trl_bfd (one batch)"]
+    ours = {name: r for name, r in rows.items() if not name.startswith("trl_bfd")}
+    best = min(ours, key=lambda name: (ours[name]["num_bins"], ours[name]["seconds"]))
+    fastest = min(("first_fit_decreasing", "best_fit_decreasing"),
+                  key=lambda name: ours[name]["seconds"])
+    return [
+        finding("packlab's decreasing packers use no more bins than TRL's BFD on the same "
+                "lengths",
+                f"{best} {ours[best]['num_bins']:,} bins; TRL {whole['num_bins']:,} in one "
+                f"batch, {trainer['num_bins']:,} as SFTTrainer packs (map batches of "
+                f"{SFT_TRAINER_MAP_BATCH:,})",
+                holds(min(ours["first_fit_decreasing"]["num_bins"],
+                          ours["best_fit_decreasing"]["num_bins"]) <= whole["num_bins"])),
+        finding("SFTTrainer's packing, one map batch at a time, costs bins",
+                f"{trainer['num_bins']:,} bins against {whole['num_bins']:,} in one batch "
+                f"({trainer['num_bins'] / whole['num_bins'] - 1:+.2%}; fill "
+                f"{trainer['fill']:.4f} against {whole['fill']:.4f})",
+                holds(trainer["num_bins"] > whole["num_bins"])),
+        finding("packlab plans the bins faster than TRL's pack_dataset packs them (TRL's time "
+                "includes moving the tokens)",
+                f"{fastest} {ours[fastest]['seconds']:.3f} s; TRL {trainer['seconds']:.3f} s "
+                f"as SFTTrainer packs, {whole['seconds']:.3f} s in one batch",
+                holds(ours[fastest]["seconds"] < min(trainer["seconds"], whole["seconds"]))),
+    ]
