@@ -29,7 +29,8 @@ from packlab.errors import PacklabError
 from packlab.interop.hf_batch import hf_flattening_batch, token_labels
 from packlab.interop.hf_dataset import PrepackedExamples, hf_dataset
 from packlab.lab.hf_quiet import quiet
-from packlab.lab.train.hf_model import TinyLlama, build_llama, id_tokenizer
+from packlab.lab.train.hf_model import build_llama, id_tokenizer
+from packlab.lab.train.model import ModelConfig
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.shards import write_shards
@@ -165,7 +166,8 @@ def shard(job: tuple[SpoolReader, BinAssignment], tmp_path_factory: pytest.TempP
 
 
 def sft_trainer(train_dataset: Any, tmp_path: Path, **config: Any) -> SFTTrainer:
-    model = build_llama(TinyLlama(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16, heads=2))
+    model = build_llama(ModelConfig(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16,
+                                    heads=2))
     args = SFTConfig(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2,
                      bf16=False, use_cpu=True, report_to="none", save_strategy="no",
                      logging_steps=1, disable_tqdm=True, seed=0, **config)

@@ -14,9 +14,10 @@ import torch
 from packlab.collate import Collator
 from packlab.lab.measure.trl_packing import beside_trl, trl_bfd
 from packlab.lab.train.hf_boundaries import alone_losses, boundary_check, packed_losses, settings
-from packlab.lab.train.hf_model import TinyLlama, build_llama
+from packlab.lab.train.hf_model import build_llama
 from packlab.lab.train.hf_report import CURVE_TOLERANCE, TOLERANCE, hf_findings, hf_numbers
 from packlab.lab.train.hf_runs import Schedule, same_rows, train_pipelines
+from packlab.lab.train.model import ModelConfig
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_dataset
@@ -68,7 +69,7 @@ def test_sft_trainer_packs_trl_bfd_bins_and_a_packlab_shard_of_them_trains_its_c
     transformers Trainer with packlab's collator within float tolerance."""
     trl_bins = shard_of(spool, trl_bfd(spool.lengths, PACK_SIZE)[0], tmp_path / "trl")
     own = shard_of(spool, pack(spool.lengths, PACK_SIZE)[0], tmp_path / "own")
-    config = TinyLlama(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16, heads=2)
+    config = ModelConfig(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16, heads=2)
     runs = train_pipelines(spool, trl_bins, own, config, Schedule(steps=3, batch_size=2, lr=3e-3),
                            pack_size=PACK_SIZE)
     assert same_rows(runs["trl_packs"].train_dataset, trl_bins) == len(trl_bins) > 2
@@ -87,7 +88,7 @@ def test_the_per_sequence_losses_are_the_models_own_loss(spool: SpoolReader, tmp
     where it is called with a cache or an attention mask of ones."""
     dataset = shard_of(spool, pack(spool.lengths, PACK_SIZE)[0], tmp_path / "own")
     items = [dataset[i] for i in range(3)]
-    model = build_llama(TinyLlama(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16, heads=2))
+    model = build_llama(ModelConfig(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16, heads=2))
     batch = Collator(style="hf_flattening", return_flash_attn_kwargs=True,
                      return_seq_idx=True)(items)
     labels = batch["labels"][0]

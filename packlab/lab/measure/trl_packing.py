@@ -34,8 +34,8 @@ from packlab.packing import BinAssignment, check_lengths, check_pack_size, compa
 SFT_TRAINER_MAP_BATCH = 1000
 
 
-def trl_bfd(lengths: np.ndarray, pack_size: int, *, map_batch_size: int | None = SFT_TRAINER_MAP_BATCH
-            ) -> tuple[BinAssignment, float]:
+def trl_bfd(lengths: np.ndarray, pack_size: int, *,
+            map_batch_size: int | None = SFT_TRAINER_MAP_BATCH) -> tuple[BinAssignment, float]:
     """TRL's BFD bins for sequences of ``lengths`` as a :class:`BinAssignment`, and the seconds
     ``pack_dataset`` took."""
     import datasets

@@ -52,7 +52,8 @@ def bullets(n: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
 def _beside_trl(rows: Mapping[str, Mapping[str, Any]], p: Mapping[str, Any]) -> str:
     """packlab's packers and TRL's BFD on the same lengths."""
     return (f"**Beside TRL's BFD** ({p['trl_sequences']:,} sequences): "
-            + ", ".join(f"{_name(name)} {r['num_bins']:,} bins ({100 * r['bins_over_lower_bound']:.2f}% "
-                        f"over, {r['seconds']:.3f} s)" for name, r in rows.items())
+            + ", ".join(f"{_name(name)} {r['num_bins']:,} bins "
+                        f"({100 * r['bins_over_lower_bound']:.2f}% over, {r['seconds']:.3f} s)"
+                        for name, r in rows.items())
             + ". TRL packs inside `Dataset.map`, one map batch at a time as `SFTTrainer` calls "
             "it, and its time includes moving the tokens into their rows.")

@@ -1,7 +1,8 @@
 """A tiny, randomly initialised ``transformers`` causal LM and a tokenizer for packlab's ids.
 
-Nothing is downloaded: the model is a ``LlamaConfig`` built here (a few layers, a small width,
-CPU, float32) with weights fixed by a seed, and the tokenizer a ``tokenizers`` word-level
+Nothing is downloaded: the model is a ``LlamaConfig`` built here from the plain-torch model's
+:class:`~packlab.lab.train.model.ModelConfig` (a few layers, a small width, CPU, float32) with
+weights fixed by its seed, and the tokenizer a ``tokenizers`` word-level
 vocabulary whose tokens are the ids themselves (``"<17>"`` is id 17) plus the synthetic
 profiles' special tokens (:func:`packlab.synth.special_tokens`). Text never goes through it:
 TRL's ``SFTTrainer`` asks its processing class only for the pad and EOS tokens, and the model's
@@ -10,40 +11,17 @@ config agrees with it on both (so TRL has nothing to realign).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 
 from packlab.errors import PacklabError
 from packlab.lab import hf_quiet  # noqa: F401  (tqdm.auto settled before transformers loads)
+from packlab.lab.train.model import ModelConfig
 from packlab.synth import special_tokens
 
 #: attention implementations that run on CPU, in the order they are tried
 CPU_ATTENTIONS = ("sdpa", "eager", "flex_attention")
-
-
-@dataclass(frozen=True)
-class TinyLlama:
-    """The model's shape and seed; ``max_positions`` must cover the longest sub-sequence."""
-
-    vocab_size: int
-    max_positions: int
-    width: int = 64
-    layers: int = 2
-    heads: int = 4
-    seed: int = 0
-    attention: str = "sdpa"
-
-    def __post_init__(self) -> None:
-        if self.width % self.heads:
-            raise PacklabError(f"width {self.width} is not a multiple of heads {self.heads}")
-        if self.attention not in CPU_ATTENTIONS:
-            raise PacklabError(f"attention must be one of {CPU_ATTENTIONS}, got "
-                               f"{self.attention!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def special_ids(vocab_size: int) -> dict[str, int]:
@@ -52,22 +30,27 @@ def special_ids(vocab_size: int) -> dict[str, int]:
     return {"pad": ids["<|pad|>"], "eos": ids["<|end_of_turn|>"], "bos": ids["<|bos|>"]}
 
 
-def build_llama(config: TinyLlama) -> Any:
-    """The model (a ``LlamaForCausalLM``), weights a function of ``config.seed`` (the caller's
-    RNG left as it was); ``use_cache`` off, as a trainer runs it."""
+def build_llama(config: ModelConfig, attention: str = "sdpa") -> Any:
+    """A ``LlamaForCausalLM`` of ``config``'s shape (the plain-torch model's: vocabulary,
+    positions, width, layers, heads, MLP ratio), weights a function of ``config.seed`` (the
+    caller's RNG left as it was), ``use_cache`` off as a trainer runs it, and ``attention``
+    one of :data:`CPU_ATTENTIONS`. Its attention is block-diagonal by itself: it finds the
+    sequences in ``position_ids``."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    if attention not in CPU_ATTENTIONS:
+        raise PacklabError(f"attention must be one of {CPU_ATTENTIONS}, got {attention!r}")
     ids = special_ids(config.vocab_size)
     llama = LlamaConfig(
         vocab_size=config.vocab_size, hidden_size=config.width,
-        intermediate_size=4 * config.width, num_hidden_layers=config.layers,
+        intermediate_size=config.mlp_ratio * config.width, num_hidden_layers=config.layers,
         num_attention_heads=config.heads, num_key_value_heads=config.heads,
         max_position_embeddings=config.max_positions, use_cache=False,
         pad_token_id=ids["pad"], eos_token_id=ids["eos"], bos_token_id=ids["bos"])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         model = LlamaForCausalLM(llama)
-    model.set_attn_implementation(config.attention)
+    model.set_attn_implementation(attention)
     model.generation_config.pad_token_id = ids["pad"]
     return model
 

@@ -1,4 +1,5 @@
-"""A tiny ``transformers`` model trained by the Hugging Face stack, fed three ways (notebook 10).
+"""A tiny ``transformers`` model trained by the Hugging Face stack, from TRL's own packing and
+from packlab shards (notebook 10; the four runs: :data:`PIPELINES`).
 
 - :func:`trl_packs`: TRL's own pipeline: ``SFTTrainer(packing=True)`` over the conversations
   (``input_ids`` and ``assistant_masks`` straight from the spool), which builds the labels,
@@ -8,11 +9,12 @@
 - :func:`trainer_with_collator`: transformers' own ``Trainer`` over the packlab dataset with
   ``Collator(style="hf_flattening")`` as its ``data_collator``.
 
-Every run builds its model from the same :class:`~packlab.lab.train.hf_model.TinyLlama` (same
-seed, same weights), trains ``steps`` steps of ``batch_size`` rows on CPU in float32 with one
-intra-op thread and deterministic algorithms, and keeps each step's loss as the trainer logged
-it. Two trainers over datasets of the same length draw the same shuffled order (the sampler is
-seeded by ``seed``), so a packlab shard holding TRL's own bins must give TRL's curve.
+Every run builds its model from the same :class:`~packlab.lab.train.model.ModelConfig`
+(:func:`~packlab.lab.train.hf_model.build_llama`: same seed, same weights), trains ``steps``
+steps of ``batch_size`` rows on CPU in float32 with one intra-op thread and deterministic
+algorithms, and keeps each step's loss as the trainer logged it. Two trainers over datasets of
+the same length draw the same shuffled order (the sampler is seeded by ``seed``), so a packlab
+shard holding TRL's own bins must give TRL's curve.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import pyarrow as pa
 from packlab.collate import Collator
 from packlab.interop.hf_dataset import PrepackedExamples, hf_dataset
 from packlab.lab.hf_quiet import quiet
-from packlab.lab.train.hf_model import TinyLlama, build_llama, id_tokenizer
-from packlab.lab.train.model import deterministic
+from packlab.lab.train.hf_model import build_llama, id_tokenizer
+from packlab.lab.train.model import ModelConfig, deterministic
 from packlab.spool import SpoolReader
 
 
@@ -82,7 +84,7 @@ def conversations(spool: SpoolReader) -> Any:
     return datasets.Dataset(pa.table(columns))
 
 
-def _train(make: Callable[[Any, str], Any], model_config: TinyLlama, schedule: Schedule
+def _train(make: Callable[[Any, str], Any], model_config: ModelConfig, schedule: Schedule
            ) -> HfRun:
     """Build a trainer with ``make(model, out_dir)``, train it quietly, keep its losses."""
     from transformers.trainer_callback import PrinterCallback
@@ -95,7 +97,7 @@ def _train(make: Callable[[Any, str], Any], model_config: TinyLlama, schedule: S
     return HfRun(losses, len(trainer.train_dataset), trainer.model, trainer.train_dataset)
 
 
-def trl_packs(spool: SpoolReader, model_config: TinyLlama, schedule: Schedule, *,
+def trl_packs(spool: SpoolReader, model_config: ModelConfig, schedule: Schedule, *,
               pack_size: int) -> HfRun:
     """``SFTTrainer(packing=True, packing_strategy="bfd", max_length=pack_size)`` over the
     spool's conversations: TRL builds the labels, packs and collates."""
@@ -110,7 +112,7 @@ def trl_packs(spool: SpoolReader, model_config: TinyLlama, schedule: Schedule, *
     return _train(make, model_config, schedule)
 
 
-def trl_from_shard(dataset: Any, model_config: TinyLlama, schedule: Schedule) -> HfRun:
+def trl_from_shard(dataset: Any, model_config: ModelConfig, schedule: Schedule) -> HfRun:
     """``SFTTrainer`` over a packlab dataset's bins as they are stored (padding-free)."""
     from trl import SFTTrainer
 
@@ -124,7 +126,7 @@ def trl_from_shard(dataset: Any, model_config: TinyLlama, schedule: Schedule) ->
     return _train(make, model_config, schedule)
 
 
-def trainer_with_collator(dataset: Any, model_config: TinyLlama, schedule: Schedule,
+def trainer_with_collator(dataset: Any, model_config: ModelConfig, schedule: Schedule,
                           **collate_options: Any) -> HfRun:
     """transformers' ``Trainer`` over the packlab dataset itself, batches built by
     ``Collator(style="hf_flattening")`` (its items' ``loss_mask`` and ``seq_boundaries`` are
@@ -162,7 +164,7 @@ PIPELINES = {
 
 
 def train_pipelines(spool: SpoolReader, trl_bins: Any, packlab_bins: Any,
-                    model_config: TinyLlama, schedule: Schedule, *, pack_size: int
+                    model_config: ModelConfig, schedule: Schedule, *, pack_size: int
                     ) -> dict[str, HfRun]:
     """The same model and schedule trained the four ways of :data:`PIPELINES`: ``trl_bins``
     is a packlab dataset written from TRL's BFD assignment of the spool
