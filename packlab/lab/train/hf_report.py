@@ -60,7 +60,7 @@ def hf_findings(n: Mapping[str, Any]) -> list[dict[str, str]]:
     return [
         finding("A packlab shard holding TRL's bins trains TRL's SFTTrainer exactly as TRL's "
                 "own packing does",
-                f"{n['same_rows']} of {trl_rows} packed rows identical (input ids, labels TRL "
+                f"{n['same_rows']:,} of {trl_rows:,} packed rows identical (input ids, labels TRL "
                 f"built from assistant_masks, seq_lengths); {steps} steps: loss curves "
                 f"{'identical bit for bit' if n['shard_identical'] else 'differ'}",
                 holds(n["same_rows"] == trl_rows and n["shard_identical"])),
