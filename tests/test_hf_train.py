@@ -10,13 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from trl import SFTTrainer
 
 from packlab.collate import Collator
+from packlab.lab.hf_quiet import quiet
 from packlab.lab.measure.trl_packing import beside_trl, trl_bfd
 from packlab.lab.train.hf_boundaries import alone_losses, boundary_check, packed_losses, settings
-from packlab.lab.train.hf_model import build_llama
+from packlab.lab.train.hf_model import build_llama, id_tokenizer
 from packlab.lab.train.hf_report import CURVE_TOLERANCE, TOLERANCE, hf_findings, hf_numbers
-from packlab.lab.train.hf_runs import Schedule, same_rows, train_pipelines
+from packlab.lab.train.hf_runs import Schedule, conversations, same_rows, train_pipelines
 from packlab.lab.train.model import ModelConfig
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
@@ -79,6 +81,24 @@ def test_sft_trainer_packs_trl_bfd_bins_and_a_packlab_shard_of_them_trains_its_c
     assert runs["trl_from_packlab_packing"].rows == len(own)
     verdicts = [f["verdict"] for f in hf_findings(numbers)[:2]]
     assert verdicts == ["holds", "holds"]
+
+
+@pytest.mark.parametrize("mask_column", ["assistant_masks", "completion_mask"])
+def test_trl_builds_packlab_rows_from_either_mask(spool: SpoolReader, tmp_path: Path,
+                                                  mask_column: str) -> None:
+    """``SFTTrainer``'s own preparation (labels from the mask column, then BFD) gives exactly
+    the rows ``PrepackedExamples`` serves from a packlab shard of ``trl_bfd``'s bins."""
+    trl_bins = shard_of(spool, trl_bfd(spool.lengths, PACK_SIZE)[0], tmp_path / "trl")
+    schedule = Schedule(steps=1, batch_size=2, lr=1e-3)
+    with quiet():
+        trainer = SFTTrainer(
+            model=build_llama(ModelConfig(vocab_size=VOCAB, max_positions=PACK_SIZE, width=16,
+                                          heads=2)),
+            train_dataset=conversations(spool, mask_column),
+            processing_class=id_tokenizer(VOCAB),
+            args=schedule.sft(str(tmp_path / "out"), packing=True, max_length=PACK_SIZE,
+                              completion_only_loss=mask_column == "completion_mask"))
+    assert same_rows(trainer.train_dataset, trl_bins) == len(trl_bins)
 
 
 def test_the_per_sequence_losses_are_the_models_own_loss(spool: SpoolReader, tmp_path: Path

@@ -70,17 +70,18 @@ class Schedule:
         return SFTConfig(**self.common(out_dir), **extra)
 
 
-def conversations(spool: SpoolReader) -> Any:
+def conversations(spool: SpoolReader, mask_column: str = "assistant_masks") -> Any:
     """The spool's sequences as TRL's tokenized conversations: ``input_ids`` and the learn
-    mask as ``assistant_masks`` (token-aligned, what a chat template's generation markers give),
-    one row each, in spool order (a ``datasets.Dataset`` in memory)."""
+    mask (token-aligned) as ``assistant_masks`` (what a chat template's generation markers
+    give) or ``completion_mask`` (a prompt-completion dataset's; TRL reads it with
+    ``completion_only_loss=True``), one row each, in spool order (a ``datasets.Dataset`` in
+    memory)."""
     import datasets
 
     offsets = np.concatenate(([0], np.cumsum(spool.lengths, dtype=np.int64))).astype(np.int32)
     columns = {name: pa.ListArray.from_arrays(pa.array(offsets),
                                               pa.array(np.asarray(values, dtype=np.int64)))
-               for name, values in (("input_ids", spool.tokens),
-                                    ("assistant_masks", spool.masks))}
+               for name, values in (("input_ids", spool.tokens), (mask_column, spool.masks))}
     return datasets.Dataset(pa.table(columns))
 
 
