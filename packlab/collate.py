@@ -1,9 +1,13 @@
-"""Collate packed bins into a training batch, in one of two styles (``Collator(style=...)``).
+"""Collate packed bins into a training batch, in one of three styles (``Collator(style=...)``).
 
 ``style="thd"`` (the default) is packlab's own THD batch, described below. ``style=
 "megatron_bridge"`` is Megatron-Bridge's batch exactly as its packed ``collate_fn`` builds it
 (megatron-bridge 0.6.2, ``megatron/bridge/data/packing/gpt_sft.py``), for a training loop that
-expects Bridge's keys: :mod:`packlab.interop.bridge_batch`. Side by side:
+expects Bridge's keys: :mod:`packlab.interop.bridge_batch`. ``style="hf_flattening"`` is the
+one-row batch of transformers' ``DataCollatorWithFlattening`` (and TRL's padding-free
+collator): token-aligned ``labels`` with ``-100``, ``position_ids`` restarting at every
+sub-sequence, optional FlashAttention kwargs and ``seq_idx``: :mod:`packlab.interop.hf_batch`.
+The first two side by side:
 
 =====================  =========================================  =============================================
                        ``thd`` (packlab)                          ``megatron_bridge`` (Bridge's ``collate_fn``)
@@ -49,13 +53,15 @@ The ``thd`` style:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from packlab.errors import PacklabError
 from packlab.interop.bridge_batch import megatron_bridge_batch
+from packlab.interop.hf_batch import hf_flattening_batch
+from packlab.interop.items import as_tensors, item_bounds
 
 
 def _ceil_to(n: np.ndarray, mult: int) -> np.ndarray:
@@ -66,17 +72,8 @@ def _row_layout(
     item: Mapping[str, Any], mult: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Boundaries (int64), real THD segment lengths and padded segment lengths of one bin."""
-    ids = np.asarray(item["input_ids"])
-    bounds = np.asarray(item["seq_boundaries"], dtype=np.int64)
-    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != ids.shape[0]:
-        raise PacklabError(
-            f"collate: seq_boundaries must run from 0 to packed_len {ids.shape[0]}, got "
-            f"{bounds[:3].tolist()}...{bounds[-1:].tolist()}"
-        )
-    lengths = np.diff(bounds)
-    if (lengths <= 0).any():
-        raise PacklabError("collate: seq_boundaries must be strictly increasing")
-    real = lengths - 1
+    _, bounds = item_bounds(item)
+    real = np.diff(bounds) - 1
     return bounds, real, _ceil_to(real, mult)
 
 
@@ -150,7 +147,7 @@ def collate(
             cu_unpadded_rows, cu_seqlens_size
         )
     if return_tensors == "pt":
-        return _to_torch(out)
+        return as_tensors(out)
     if return_tensors != "np":
         raise PacklabError(f"collate: return_tensors must be 'np' or 'pt', got {return_tensors!r}")
     return out
@@ -181,16 +178,11 @@ def _pad_cu_rows(rows: list[np.ndarray], size: int | None) -> tuple[np.ndarray, 
     return out, argmin
 
 
-def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
-    try:
-        import torch
-    except ImportError:
-        raise PacklabError("collate: return_tensors='pt' needs torch, which is not installed"
-                           ) from None
-    return {key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in batch.items()}
-
-
-STYLES = ("thd", "megatron_bridge")
+#: each style's batch builder, by name
+BUILDERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "thd": collate, "megatron_bridge": megatron_bridge_batch, "hf_flattening": hf_flattening_batch,
+}
+STYLES = tuple(BUILDERS)
 
 
 class Collator:
@@ -198,7 +190,9 @@ class Collator:
 
     ``Collator(pad_seq_to_mult=2)`` is :func:`collate` (``style="thd"``);
     ``Collator(style="megatron_bridge", max_seq_length=4096, eos_id=2)`` is
-    :func:`packlab.interop.bridge_batch.megatron_bridge_batch` (Bridge's keys and values).
+    :func:`packlab.interop.bridge_batch.megatron_bridge_batch` (Bridge's keys and values);
+    ``Collator(style="hf_flattening", return_flash_attn_kwargs=True)`` is
+    :func:`packlab.interop.hf_batch.hf_flattening_batch` (``DataCollatorWithFlattening``'s).
     """
 
     def __init__(self, style: str = "thd", **options: Any) -> None:
@@ -208,6 +202,4 @@ class Collator:
         self.options = options
 
     def __call__(self, items: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        if self.style == "megatron_bridge":
-            return megatron_bridge_batch(items, **self.options)
-        return collate(items, **self.options)
+        return BUILDERS[self.style](items, **self.options)

@@ -13,8 +13,6 @@ datasets read of one; Bridge's imports go through the stand-ins of
 from __future__ import annotations
 
 import json
-import re
-import shlex
 from pathlib import Path
 
 import numpy as np
@@ -27,28 +25,14 @@ from nemotron_layout import (
     write_nemotron_parquet,
     write_nemotron_spool,
 )
+from readme_sections import run_section
 
-from packlab.cli import main
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.spool import SpoolReader, SpoolWriter
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 TITLE = "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities"
 EOS = 2
-
-
-def section_blocks() -> list[tuple[str, str]]:
-    """``(language, code)`` of every fenced block of the section, in order."""
-    text = README.read_text()
-    start = text.index(TITLE)
-    end = text.find("\n## ", start + len(TITLE))
-    body = text[start:end if end > 0 else len(text)]
-    fences = re.findall(r"^```(\w*)$", body, flags=re.M)
-    blocks = re.findall(r"^```(\w+)\n(.*?)^```$", body, flags=re.M | re.S)
-    assert len(fences) == 2 * len(blocks), "every block of the section names its language"
-    assert {lang for lang, _ in blocks} <= {"sh", "python"}
-    return blocks
 
 
 def make_inputs(root: Path, bridge) -> None:
@@ -83,19 +67,7 @@ def test_the_section_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyP
     make_inputs(tmp_path, bridge)
     monkeypatch.chdir(tmp_path)
     namespace = {"tokenizer": Tokenizer(EOS)}
-    blocks = section_blocks()
-    assert [lang for lang, _ in blocks].count("python") >= 4
-    commands = 0
-    for number, (lang, code) in enumerate(blocks):
-        if lang == "python":
-            exec(compile(code, f"{README.name} block {number}", "exec"), namespace)
-            continue
-        for line in code.splitlines():
-            argv = shlex.split(line, comments=True)
-            if not argv:
-                continue
-            assert argv[0] == "packlab", line
-            assert main(argv[1:]) == 0, line
-            commands += 1
+    python_blocks, commands = run_section(TITLE, namespace)
+    assert python_blocks >= 4
     assert commands >= 10
     assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0

@@ -1,3 +1,4 @@
 """Where packlab meets other stacks' own code: Megatron-Bridge's batches and pack metadata,
-Modalities' JSONL index and packed data files. (Nemotron's spools and shards are read by
-:mod:`packlab.spool` and the formats themselves.)"""
+Modalities' JSONL index and packed data files, Hugging Face's flattened batch
+(:mod:`.hf_batch`) and TRL's pre-packed rows (:mod:`.hf_dataset`). (Nemotron's spools and
+shards are read by :mod:`packlab.spool` and the formats themselves.)"""

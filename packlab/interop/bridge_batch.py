@@ -42,6 +42,7 @@ from typing import Any, Literal
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.interop.items import as_tensors, item_bounds
 
 PackMetadata = Sequence[Mapping[str, Any]] | str | os.PathLike[str]
 
@@ -73,14 +74,9 @@ def _load_metadata(pack_metadata: PackMetadata | None) -> list[Mapping[str, Any]
 def _row(item: Mapping[str, Any], eos_id: int, answer_only_loss: bool
          ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """One item's tokens, labels, loss, positions, segment lengths and logical lengths."""
-    ids = np.asarray(item["input_ids"], dtype=np.int64)
-    bounds = np.asarray(item["seq_boundaries"], dtype=np.int64)
-    if bounds.ndim != 1 or bounds.shape[0] < 2 or bounds[0] != 0 or bounds[-1] != ids.shape[0]:
-        raise PacklabError(f"collate: seq_boundaries must run from 0 to packed_len "
-                           f"{ids.shape[0]}, got {bounds[:3].tolist()}...{bounds[-1:].tolist()}")
+    stored, bounds = item_bounds(item)
+    ids = stored.astype(np.int64, copy=False)
     lengths = np.diff(bounds)
-    if (lengths <= 0).any():
-        raise PacklabError("collate: seq_boundaries must be strictly increasing")
     keep = np.ones(ids.shape[0], dtype=bool)
     keep[bounds[1:] - 1] = False  # the last token of each sub-sequence is only a label
     src = np.flatnonzero(keep)
@@ -177,7 +173,7 @@ def megatron_bridge_batch(
     if cu_padded is not None:
         out["cu_seqlens_q_padded"] = out["cu_seqlens_kv_padded"] = cu_padded
     if return_tensors == "pt":
-        return _to_torch(out)
+        return as_tensors(out)
     if return_tensors != "np":
         raise PacklabError(f"collate: return_tensors must be 'pt' or 'np', got {return_tensors!r}")
     return out
@@ -190,15 +186,3 @@ def _extend(rows: list[list[int]], count: int) -> np.ndarray:
         out[i, :len(r)] = r
         out[i, len(r):] = r[-1]
     return out
-
-
-def _to_torch(batch: dict[str, Any]) -> dict[str, Any]:
-    """Arrays as tensors (one tensor where Bridge shares one: ``_q`` and ``_kv``)."""
-    try:
-        import torch
-    except ImportError:
-        raise PacklabError("collate: return_tensors='pt' needs torch, which is not installed"
-                           ) from None
-    tensors: dict[int, Any] = {}
-    return {key: tensors.setdefault(id(value), torch.from_numpy(value))
-            if isinstance(value, np.ndarray) else value for key, value in batch.items()}

@@ -31,6 +31,8 @@ class Packing(Record):
     sweep_loglog_slope: dict[str, float]
     seconds_at_1m: dict[str, float]
     trap: dict[str, int]
+    #: packlab's packers beside TRL's BFD on the same lengths, by packer
+    beside_trl: dict[str, dict[str, float]] | None = None
 
     @classmethod
     def from_flat(cls, numbers: Mapping[str, Any], parameters: Mapping[str, Any]) -> Self:
@@ -40,6 +42,7 @@ class Packing(Record):
                                            for f in fields(Algorithm)})
                       for a in numbers["sweep_loglog_slope"]}
         record = build(cls, {f.name: numbers[f.name] for f in fields(cls)
-                             if f.name != "algorithms"} | {"algorithms": {}})
+                             if f.name != "algorithms" and f.name in numbers}
+                       | {"algorithms": {}})
         record.algorithms = algorithms
         return record

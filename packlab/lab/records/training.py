@@ -35,3 +35,5 @@ class Training(Record):
     attention_without_mask: dict[str, float]
     wait_added_by: dict[str, str]
     first_difference: dict[str, Any] | None = None
+    #: the Hugging Face section (transformers and TRL beside packlab's shard and collator)
+    hf: dict[str, Any] | None = None

@@ -8,7 +8,9 @@ from typing import Any
 from packlab.lab.records.packing import Packing
 
 SHORT = {"first_fit_decreasing": "FFD", "best_fit_decreasing": "BFD",
-         "first_fit_shuffle": "first-fit shuffle", "next_fit": "next-fit"}
+         "first_fit_shuffle": "first-fit shuffle", "next_fit": "next-fit",
+         "trl_bfd (map batches of 1,000)": "TRL's BFD as SFTTrainer packs",
+         "trl_bfd (one batch)": "TRL's BFD in one batch"}
 
 
 def _name(algorithm: str) -> str:
@@ -46,4 +48,15 @@ def bullets(n: Packing, p: Mapping[str, Any]) -> list[str]:
         f"trains {trap['spurious']:,} positions it should not, and at {trap['leaking']:,} "
         "positions it trains a sequence's last token to predict the next sequence "
         f"({trap['bins_failing']:,} bins fail `check_bin`).",
+        *([_beside_trl(n.beside_trl, p)] if n.beside_trl else []),
     ]
+
+
+def _beside_trl(rows: Mapping[str, Mapping[str, Any]], p: Mapping[str, Any]) -> str:
+    """packlab's packers and TRL's BFD on the same lengths."""
+    return (f"**Beside TRL's BFD** ({p['trl_sequences']:,} sequences): "
+            + ", ".join(f"{_name(name)} {r['num_bins']:,} bins "
+                        f"({100 * r['bins_over_lower_bound']:.2f}% over, {r['seconds']:.3f} s)"
+                        for name, r in rows.items())
+            + ". TRL packs inside `Dataset.map`, one map batch at a time as `SFTTrainer` calls "
+            "it, and its time includes moving the tokens into their rows.")

@@ -7,10 +7,11 @@ from typing import Any
 
 from packlab.lab.records.training import Training
 from packlab.lab.tables import human_bytes
+from packlab.lab.train.hf_report import boundary_text
 from packlab.lab.train.report import BRIDGE_5289_SECONDS
 
 
-def _curves(n: Mapping[str, Any]) -> str:
+def _curves(n: Training) -> str:
     if n.losses_identical:
         return (f"{n.runs} runs of {n.steps} steps (every format and worker count): "
                 "losses and batches identical bit for bit")
@@ -56,4 +57,26 @@ def bullets(n: Training, p: Mapping[str, Any]) -> list[str]:
         f"when the others change (with the mask: {attention['block_change']:.3g}); loss "
         f"{attention['eval_loss']:.4f}, {attention['alone_eval_loss']:.4f} with each sequence "
         f"alone, against {attention['reference_eval_loss']:.4f}.",
+        *(_hugging_face(n.hf, p) if n.hf else []),
+    ]
+
+
+def _hugging_face(hf: Mapping[str, Any], p: Mapping[str, Any]) -> list[str]:
+    """The Hugging Face section: TRL's pipeline against packlab's shard and collator."""
+    losses = hf["losses"]
+    kept = [r for r in hf["boundaries"] if r["setting"] in hf["attentions"]]
+    lost = [r for r in hf["boundaries"] if r["setting"] not in hf["attentions"]]
+    return [
+        f"**Hugging Face**: a tiny Llama trained {len(losses['trl_packs'])} steps by TRL's "
+        f"`SFTTrainer` from a packlab `{p.get('hf_format', 'parquet')}` shard of TRL's own BFD "
+        f"bins: {hf['same_rows']:,} of {hf['rows']['trl_packs']:,} rows identical to TRL's, "
+        f"loss curve {'identical bit for bit' if hf['shard_identical'] else 'different'}; "
+        f"transformers' `Trainer` with `Collator(style=\"hf_flattening\")` within "
+        f"{hf['collator_max_abs_difference']:.2g} nats of it; from packlab's own packing "
+        f"({hf['rows']['trl_from_packlab_packing']:,} bins against TRL's "
+        f"{hf['rows']['trl_packs']:,}) the last loss is "
+        f"{losses['trl_from_packlab_packing'][-1]:.4f} against {losses['trl_packs'][-1]:.4f}.",
+        f"Per-sequence loss in a packed batch against alone ({kept[0]['sequences'] if kept else 0} "
+        f"sequences): {boundary_text(kept)} (the boundaries are kept); {boundary_text(lost)} "
+        "(the model attends across them).",
     ]

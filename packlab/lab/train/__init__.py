@@ -11,7 +11,12 @@ identical loss curves; benchmark memory usage and throughput"), in plain torch o
 - :mod:`~packlab.lab.train.runs`: every format trained in a fresh process; curves compared bit for
   bit; step time, data-wait share, startup and peak memory per format (notebook 10);
 - :mod:`~packlab.lab.train.traps`: the whole-bin loss-mask roll and attention across sequence
-  boundaries, measured.
+  boundaries, measured;
+- the Hugging Face stack (transformers and TRL, imported only by these modules):
+  :mod:`~packlab.lab.train.hf_model` (a tiny Llama and a tokenizer over ids, nothing
+  downloaded), :mod:`~packlab.lab.train.hf_runs` (TRL's own packing against packlab shards and
+  ``Collator(style="hf_flattening")``), :mod:`~packlab.lab.train.hf_boundaries` (per-sequence
+  losses packed against alone), :mod:`~packlab.lab.train.hf_report`.
 
 Layer 7, beside :mod:`packlab.lab.measure`: a training run is a measurement of the data path (it
 opens datasets by path through :mod:`packlab.sources` and runs in a fresh process through
