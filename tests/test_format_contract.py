@@ -409,7 +409,7 @@ def test_every_format_is_under_contract() -> None:
     for name in FORMATS:
         module = get_format(name)
         assert module.Writer.FORMAT == module.Reader.FORMAT == name
-        for fact in ("SUFFIX", "MANIFEST", "FILES", "NEEDS_SPOOL", "IN_RAM", "ZERO_COPY",
+        for fact in ("SUFFIX", "RECORD", "FILES", "NEEDS_SPOOL", "IN_RAM", "ZERO_COPY",
                      "PADDED", "STREAMS", "READS_IN_PLACE", "SQL_READABLE", "BUFFERED_BINS"):
             assert getattr(module.Writer, fact) == getattr(module.Reader, fact), (name, fact)
 

@@ -140,7 +140,10 @@ class NpyStream:
         self.row_shape = row_shape
         self.row_size = int(np.prod(row_shape, dtype=np.int64))
         self.header = npy_header(dtype, (rows or 0, *row_shape))
-        self.file = HashedFile(path)
+        # the padded rows through large aligned writes (huge page-cache folios: faster mapped
+        # reads); the per-bin sidecars, a few bytes a bin, through a plain buffered file, so
+        # no buffer grows with the bins until the shard is closed
+        self.file = HashedFile(path, aligned=bool(row_shape))
         self.file.write(self.header)
         self.values = 0
 
