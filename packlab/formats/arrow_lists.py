@@ -373,11 +373,11 @@ class ListIndex(BinIndex):
     Bin ``b`` of batch ``k`` (row ``r``) is ``values[offsets[r]:offsets[r + 1]]`` of each
     column, where a batch's offsets and values buffers lie in the file. The offsets are read
     where they are, through one int32 view of the whole mapped file; per batch only six
-    positions are kept (``array('q')``: 48 bytes a batch, so a reader's memory does not grow
-    with the bins)."""
+    positions are kept (a tuple of ints, about 300 bytes a batch of a thousand bins). Batches
+    of one size (packlab's) are found by a division, others by a bisection; a mask whose
+    offsets are its tokens' (packlab's) is located by theirs, without a lookup of its own."""
 
-    __slots__ = ("num_bins", "firsts", "path", "whole", "_whole", "tok_at", "tok_base",
-                 "mask_at", "mask_base", "seq_at", "seq_base")
+    __slots__ = ("num_bins", "firsts", "rows", "path", "whole", "_whole", "batches", "locate")
 
     def __init__(self, maps: Maps, path: Path, batches: list[Any], num_bins: int) -> None:
         mapped = maps.file(path)
@@ -385,22 +385,43 @@ class ListIndex(BinIndex):
         self._whole = mapped.view(np.dtype("<i4"), 0, mapped.size // 4)
         self.whole = lookup(self._whole)
         self.firsts = array("q", (first for first, _, _ in batches))
-        columns = [[(at // 4 + first, base) for at, first, base in spans]
-                   for _, _, spans in batches]
-        (self.tok_at, self.tok_base), (self.mask_at, self.mask_base), (self.seq_at,
-                                                                      self.seq_base) = (
-            (array("q", (c[i][0] for c in columns)), array("q", (c[i][1] for c in columns)))
-            for i in range(3))
+        sizes = [rows for _, rows, _ in batches]
+        regular = len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]
+        self.rows = sizes[0] if regular else 0  # 0: batches of several sizes
+        # per batch: where each column's offsets start (an int32 index into the file) and
+        # where its values start (an index into that column's view of the file)
+        self.batches = [tuple(x for at, first, base in spans for x in (at // 4 + first, base))
+                        for _, _, spans in batches]
+        same = all(np.array_equal(self._whole[ta:ta + rows + 1], self._whole[ma:ma + rows + 1])
+                   for (ta, _, ma, _, _, _), rows in zip(self.batches, sizes, strict=True))
+        self.locate = self._locate_with_tokens if same else self._locate_apart
 
-    def locate(self, b: int) -> tuple[int, int, int, int, int]:
+    def _batch(self, b: int) -> tuple[int, int]:
+        """The batch of bin ``b`` and its row there, in files of batches of several sizes."""
         k = bisect_right(self.firsts, b) - 1
-        r = b - self.firsts[k]
+        return k, b - self.firsts[k]
+
+    def _locate_with_tokens(self, b: int) -> tuple[int, int, int, int, int]:
+        """:meth:`BinIndex.locate`, the mask's offsets being the tokens'."""
+        rows = self.rows
+        k, r = (b // rows, b % rows) if rows else self._batch(b)
+        ta, tb, _, mb, sa, sb = self.batches[k]
         whole = self.whole
-        t = self.tok_at[k] + r
-        tb, sb = self.tok_base[k], self.seq_base[k]
-        s = self.seq_at[k] + r
-        return (tb + whole[t], tb + whole[t + 1], self.mask_base[k] + whole[self.mask_at[k] + r],
-                sb + whole[s], sb + whole[s + 1])
+        t = ta + r
+        s = sa + r
+        t0 = whole[t]
+        return tb + t0, tb + whole[t + 1], mb + t0, sb + whole[s], sb + whole[s + 1]
+
+    def _locate_apart(self, b: int) -> tuple[int, int, int, int, int]:
+        """:meth:`BinIndex.locate`, the mask's offsets its own."""
+        rows = self.rows
+        k, r = (b // rows, b % rows) if rows else self._batch(b)
+        ta, tb, ma, mb, sa, sb = self.batches[k]
+        whole = self.whole
+        t = ta + r
+        s = sa + r
+        return (tb + whole[t], tb + whole[t + 1], mb + whole[ma + r], sb + whole[s],
+                sb + whole[s + 1])
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``, batch by batch; the mask of each as long as its tokens."""
@@ -410,14 +431,13 @@ class ListIndex(BinIndex):
             first = self.firsts[k]
             stop = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.num_bins
             end = min(hi, stop)
-            rows = slice(lo - first, end - first + 1)
-            t, m, s = (self._whole[at + rows.start:at + rows.stop].astype(np.int64)
-                       for at in (self.tok_at[k], self.mask_at[k], self.seq_at[k]))
+            ta, tb, ma, mb, sa, sb = self.batches[k]
+            t, m, s = (self._whole[at + lo - first:at + end - first + 1].astype(np.int64)
+                       for at in (ta, ma, sa))
             if not np.array_equal(np.diff(t), np.diff(m)):
                 b = lo + int(np.argmax(np.diff(t) != np.diff(m)))
                 raise FormatError(f"{self.path}: bin {b}: loss_mask and input_ids differ in "
                                   "length (corrupted)")
-            tb, mb, sb = self.tok_base[k], self.mask_base[k], self.seq_base[k]
             for part, values in zip(parts, (t[:-1] + tb, np.diff(t), m[:-1] + mb, s[:-1] + sb,
                                             np.diff(s)), strict=True):
                 part.append(values)
