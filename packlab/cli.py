@@ -15,6 +15,7 @@ unexpected exception is a bug: one line, exit 1 (``PACKLAB_DEBUG=1`` shows the t
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import os
 import pkgutil
@@ -46,7 +47,10 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} -h`)\n")
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """The command's parser, built once per process (argparse takes 10-20 ms to build its
+    seventy arguments; a parser parses any number of command lines)."""
     parser = Parser(
         prog="packlab", description="Packed SFT data: spools, packing, formats, checks, benchmarks."
     )
