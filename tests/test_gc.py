@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from conftest import one_error_line, run_cli, write_random_spool
 
-from packlab.files import is_temporary, temporary_sibling
+from packlab.commands.gc import process_running
+from packlab.files import is_temporary, temporary_owner, temporary_sibling
 from packlab.pipeline.dataset_record import read_dataset_record, writing_lock
 from packlab.sources.validate import validate_path
 
@@ -74,6 +75,15 @@ def snapshot(root: Path) -> dict[str, str]:
             if p.is_file() and p not in inside and not any(q in inside for q in p.parents)}
 
 
+def wait_until_dead(pids: set[int | None], timeout: float = 30) -> None:
+    """A SIGKILL is delivered at once, but the killed processes take a moment to exit (the
+    pool's workers are the pack's children, not this process's): wait until none runs."""
+    deadline = time.monotonic() + timeout
+    while any(pid is not None and process_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"writers {sorted(pids)} still run after {timeout} s"
+        time.sleep(0.01)
+
+
 def dead_pid() -> int:
     child = subprocess.Popen(["true"])
     child.wait()
@@ -96,6 +106,7 @@ def test_gc_removes_a_killed_writers_temporaries_and_nothing_else(spool, tmp_pat
     pack.wait()
     left = temporaries(out)
     assert left and all(p.name.startswith(".") for p in left)
+    wait_until_dead({temporary_owner(p) for p in left})
     live = temporary_sibling(out / "shard_live")  # this process writes it: still running
     live.mkdir()
     (live / "input_ids.npy").write_bytes(b"partial")
