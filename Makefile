@@ -17,7 +17,7 @@ MDS_STAMP := $(MDS_VENV)/.installed
 # the requirement lists at dotted keys of pyproject.toml, space-separated
 TOML_LIST = $(PYTHON) -c "import functools, sys, tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(r for key in sys.argv[1:] for r in functools.reduce(dict.get, key.split('.'), t)))"
 
-.PHONY: install run test lab lint clean mds-env
+.PHONY: install run test test-fast lab lint clean mds-env
 
 install: $(STAMP) $(MDS_STAMP)
 
@@ -51,13 +51,23 @@ run: $(STAMP) $(MDS_STAMP)
 # The tests start servers (a local S3 server, Ray, torch.distributed). Where we may (root, as in
 # CI), they run in a private network namespace whose only interface is loopback, so nothing a
 # test starts can listen beyond 127.0.0.1 whatever address it binds; elsewhere, plainly.
+# Two pytest workers (pytest-xdist), each test handed to whichever is free: the suite is
+# CPU-bound, so on two cores two workers are all there is to gain.
+PYTEST_WORKERS ?= -n 2 --dist worksteal
+
 test: $(STAMP) $(MDS_STAMP)
 	@if unshare -n sh -c 'ip link set lo up' 2>/dev/null; then \
 	  echo "[packlab] tests in a loopback-only network namespace"; \
-	  unshare -n sh -c 'ip link set lo up && exec $(BIN)/python -m pytest $(PYTEST_ARGS)'; \
+	  unshare -n sh -c 'ip link set lo up && exec $(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS)'; \
 	else \
-	  $(BIN)/python -m pytest $(PYTEST_ARGS); \
+	  $(BIN)/python -m pytest $(PYTEST_WORKERS) $(PYTEST_ARGS); \
 	fi
+
+# The edit loop: everything but the slow tests (notebooks, fuzzing, interrupts, real ranks,
+# Ray, the S3 server's command runs, JupyterLab); a minute or two.
+test-fast: $(STAMP)
+	$(MAKE) --no-print-directory test PYTEST_ARGS='-m "not slow" $(PYTEST_ARGS)'
+
 
 lab: $(STAMP)
 	$(BIN)/python -m packlab.lab.jupyter

@@ -96,3 +96,27 @@ def check_masked_exactly(decode: Any, tokens: np.ndarray, mask: np.ndarray,
     assert learned == expected
     if not expected:
         assert int(mask.sum()) == 0
+
+
+UNLOCATED = chat(("user", "q"), ("assistant", "\nan answer that starts with a newline"))
+TOKENIZERS = {"bpe": {}, "o200k": {"encoding": "o200k_base"},
+              "llama3": {"tokenizer": "llama3"}, "generation": {"tokenizer": "chatml_generation"},
+              "chatml": {"tokenizer": "chatml"}}
+
+
+def chat_setup(root: Path) -> dict[str, Any]:
+    """A chat JSONL (the corpus, probes, unlocated records spread through it) and tokenizers."""
+    corpus, folders = build_tokenizers(root, records=240)
+    records = corpus_records(corpus)
+    for k, probe in enumerate([*PROBES, UNLOCATED, UNLOCATED]):
+        records.insert(17 * k + 5, probe)
+    jsonl = write_jsonl(root / "chat.jsonl", records)
+    return {"root": root, "jsonl": jsonl, "folders": folders, "records": records}
+
+
+def options(setup: dict[str, Any], name: str) -> dict[str, Any]:
+    """The tokenize options of tokenizer ``name`` (a folder of ``setup``'s, or an encoding)."""
+    opts = dict(TOKENIZERS[name])
+    if "tokenizer" in opts:
+        opts["tokenizer"] = setup["folders"][opts["tokenizer"]]
+    return opts

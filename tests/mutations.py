@@ -105,8 +105,15 @@ def rng_for(format: str, index: int) -> random.Random:
 
 
 def classes_for(ref: Reference) -> list[str]:
-    """The classes that apply to a reference (``pickle`` only where a pickle is kept)."""
-    return [c for c in CLASSES if c != "pickle" or pickle_sites(ref.tree)]
+    """The classes that apply to a reference (``pickle`` only where a pickle is kept), found
+    once per reference (every mutation asks)."""
+    key = str(ref.tree)
+    if key not in _CLASSES_OF:
+        _CLASSES_OF[key] = [c for c in CLASSES if c != "pickle" or pickle_sites(ref.tree)]
+    return _CLASSES_OF[key]
+
+
+_CLASSES_OF: dict[str, list[str]] = {}
 
 
 def mutate(tree: Path, ref: Reference, index: int) -> Mutation:

@@ -21,6 +21,8 @@ from packlab import open_dataset
 from packlab.cli import main
 from packlab.errors import PacklabError
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 SEED = 20261121
 TIMES = 10
 ROOT = Path(__file__).resolve().parents[1]

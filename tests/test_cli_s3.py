@@ -21,6 +21,8 @@ from packlab.formats import format_names, get_format
 from packlab.lab.s3server import S3Server
 from packlab.spool import SpoolReader
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 FORMATS = format_names()
 SPLITS = "train=0.8,valid=0.2"
 

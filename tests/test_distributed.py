@@ -24,6 +24,8 @@ from packlab.packing import pack
 from packlab.sharded import ChunkPlan, ChunkProducer, spool_source
 from packlab.sharded.plan import chunk_path, marker_path
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 pytest.importorskip("torch.distributed")
 
 PACK = 512

@@ -1,5 +1,5 @@
-"""Shard writes on Ray: byte for byte what the process pool writes; errors surface; the Ray
-session is always shut down. One local Ray session (about 20 s to start on this machine)."""
+"""Shard and spool writes on Ray: byte for byte what the process pool writes; errors surface;
+the Ray session is always shut down. One local Ray session (about 15 s to start here)."""
 
 from __future__ import annotations
 
@@ -8,13 +8,18 @@ from pathlib import Path
 
 import pytest
 import ray
+from chat_tokenizers import chat_setup, options
 from conftest import write_random_spool
 
 from packlab.cli import main
 from packlab.errors import PacklabError
 from packlab.executors import ray_session, run_jobs
+from packlab.jsonl_index import index_path
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shard, write_shards
+from packlab.tokenize import tokenize_chat_jsonl
+
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -30,13 +35,22 @@ def tree(directory: Path) -> dict[str, bytes]:
     return out
 
 
-def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) -> None:
+def test_ray_writes_what_the_process_pool_writes_byte_for_byte(tmp_path: Path) -> None:
+    """Shards and spools, in one Ray session (Ray takes ~15 s to start here: one start for
+    both), the command line reusing the running session, errors surfacing."""
     spool = write_random_spool(tmp_path / "spool", num_sequences=160, max_len=400, seed=9)
     assignment, _ = pack(spool.lengths, 1024, algorithm="first_fit_decreasing")
     formats = ["parquet", "memmap_v1", "binidx"]
     for name in formats:
         write_shards(spool, assignment, tmp_path / "pool" / name, format=name,
                      bins_per_shard=7, workers=2)
+    chats = chat_setup(tmp_path / "chats")
+    jsonl, folder = chats["jsonl"], chats["folders"]["chatml_generation"]
+    reference = {name: spool_tree(tokenize_chat_jsonl(jsonl, tmp_path / f"one-{name}",
+                                                      **options(chats, name)).path)
+                 for name in ("bpe", "llama3", "generation")}
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(jsonl.read_text(encoding="utf-8") + "{oops\n", encoding="utf-8")
     with ray_session(workers=2, temp_dir=tmp_path.parent / "ray") as session:
         assert session.is_initialized()
         for name in formats:
@@ -53,12 +67,28 @@ def test_ray_shards_equal_the_process_pool_shards_byte_for_byte(tmp_path: Path) 
         assert main(["pack", str(spool.path), str(tmp_path / "cli"), "--format", "parquet",
                      "--pack-size", "1024", "--algorithm", "first_fit_decreasing",
                      "--bins-per-shard", "7", "--executor", "ray"]) == 0
+        for name in ("bpe", "llama3"):
+            remote = tokenize_chat_jsonl(jsonl, tmp_path / f"ray-{name}", workers=2,
+                                         executor="ray", **options(chats, name))
+            assert spool_tree(remote.path) == reference[name]
+        assert main(["tokenize", str(jsonl), str(tmp_path / "ray-tok"), "--tokenizer",
+                     str(folder), "--executor", "ray", "--workers", "2"]) == 0
+        with pytest.raises(PacklabError, match=f"{bad}: line {len(chats['records']) + 1}: "
+                                               "malformed JSON"):
+            tokenize_chat_jsonl(bad, tmp_path / "ray-bad", workers=2, executor="ray")
     assert not ray.is_initialized()  # the session this test started is shut down
     for name in formats:
         pool, remote = tree(tmp_path / "pool" / name), tree(tmp_path / "ray" / name)
         assert len(pool) > 2 and pool == remote
     assert not list((tmp_path / "bad").glob("shard_*"))
     assert tree(tmp_path / "cli") == tree(tmp_path / "pool" / "parquet")
+    assert spool_tree(tmp_path / "ray-tok") == reference["generation"]
+    assert not (tmp_path / "ray-bad").exists()
+    assert not index_path(jsonl).exists()
+
+
+def spool_tree(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
 
 
 def test_an_unknown_executor_is_a_clear_error() -> None:

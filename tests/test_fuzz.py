@@ -12,6 +12,8 @@ from fuzzing import CLASSES, MARKER, Mutation, Reference, fuzz_format, judge
 
 from packlab.formats import format_names
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 PER_FORMAT = 200  # mutations per format in CI (each in a forked child)
 
 

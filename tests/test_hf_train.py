@@ -26,6 +26,8 @@ from packlab.sources import open_dataset
 from packlab.spool import SpoolReader
 from packlab.synth import synth_lengths, synthesize
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 PACK_SIZE = 256
 VOCAB = 512
 

@@ -19,6 +19,8 @@ import pytest
 from packlab.lab.jupyter import LANGUAGE_INFO, committed_form, lab_arguments, normalize
 from packlab.lab.notebooks import notebook_paths
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 NOTEBOOKS = notebook_paths()
 
 

@@ -14,6 +14,8 @@ from packlab.lab.measure.verdicts import VERDICTS
 from packlab.lab.notebooks import notebook_paths, notebooks_dir
 from packlab.lab.summaries import notebook_markdown
 
+pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
+
 NOTEBOOKS = notebook_paths()
 
 

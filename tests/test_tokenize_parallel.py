@@ -13,17 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from chat_tokenizers import PROBES, build_tokenizers, chat, corpus_records, write_jsonl
+from chat_tokenizers import TOKENIZERS, chat, chat_setup, options
 
 from packlab import cli
-from packlab.errors import PacklabError
-from packlab.executors import ray_session
-from packlab.jsonl_index import JsonlIndex, build_jsonl_index, index_path
+from packlab.jsonl_index import JsonlIndex, build_jsonl_index
 from packlab.spool import SpoolReader
 from packlab.tokenize import tokenize_chat_jsonl
 from packlab.tokenize.parallel import job_bounds
-
-UNLOCATED = chat(("user", "q"), ("assistant", "\nan answer that starts with a newline"))
 
 
 def tree(directory: Path) -> dict[str, bytes]:
@@ -32,26 +28,7 @@ def tree(directory: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A chat JSONL (the corpus, probes, unlocated records spread through it) and tokenizers."""
-    root = tmp_path_factory.mktemp("parallel")
-    corpus, folders = build_tokenizers(root, records=240)
-    records = corpus_records(corpus)
-    for k, probe in enumerate([*PROBES, UNLOCATED, UNLOCATED]):
-        records.insert(17 * k + 5, probe)
-    jsonl = write_jsonl(root / "chat.jsonl", records)
-    return {"root": root, "jsonl": jsonl, "folders": folders, "records": records}
-
-
-TOKENIZERS = {"bpe": {}, "o200k": {"encoding": "o200k_base"},
-              "llama3": {"tokenizer": "llama3"}, "generation": {"tokenizer": "chatml_generation"},
-              "chatml": {"tokenizer": "chatml"}}
-
-
-def options(setup: dict[str, Any], name: str) -> dict[str, Any]:
-    opts = dict(TOKENIZERS[name])
-    if "tokenizer" in opts:
-        opts["tokenizer"] = setup["folders"][opts["tokenizer"]]
-    return opts
+    return chat_setup(tmp_path_factory.mktemp("parallel"))
 
 
 @pytest.mark.parametrize("name", TOKENIZERS)
@@ -162,30 +139,3 @@ def test_the_parent_memory_stays_flat_while_parts_merge(tmp_path: Path) -> None:
     assert tokens > 3_000_000
     assert growth < tokens * 5 / 8, f"peak RSS grew {growth} bytes merging {tokens} tokens"
     assert SpoolReader(tmp_path / "s").num_sequences == 800
-
-
-def test_ray_writes_the_one_worker_spool_byte_for_byte(setup: dict[str, Any],
-                                                       tmp_path: Path) -> None:
-    import ray
-
-    jsonl, folder = setup["jsonl"], setup["folders"]["chatml_generation"]
-    reference = {name: tree(tokenize_chat_jsonl(jsonl, tmp_path / f"one-{name}",
-                                                **options(setup, name)).path)
-                 for name in ("bpe", "llama3", "generation")}
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(jsonl.read_text(encoding="utf-8") + "{oops\n", encoding="utf-8")
-    with ray_session(workers=2, temp_dir=tmp_path.parent / "ray"):
-        for name in ("bpe", "llama3"):
-            remote = tokenize_chat_jsonl(jsonl, tmp_path / f"ray-{name}", workers=2,
-                                         executor="ray", **options(setup, name))
-            assert tree(remote.path) == reference[name]
-        assert cli.main(["tokenize", str(jsonl), str(tmp_path / "ray-cli"), "--tokenizer",
-                         str(folder), "--executor", "ray", "--workers", "2"]) == 0
-        with pytest.raises(PacklabError, match=f"{bad}: line {len(setup['records']) + 1}: "
-                                               "malformed JSON"):
-            tokenize_chat_jsonl(bad, tmp_path / "ray-bad", workers=2, executor="ray")
-    assert not ray.is_initialized()
-    assert tree(tmp_path / "ray-cli") == reference["generation"]
-    assert not (tmp_path / "ray-bad").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert not index_path(jsonl).exists()

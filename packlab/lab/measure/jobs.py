@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
@@ -138,9 +139,13 @@ def write_shard(
 
 
 # -- calibration jobs (the tests use them to prove the harness honest) -----------------------
-def allocate(nbytes: int) -> int:
-    """A numpy allocation of ``nbytes``, every page touched: RSS and tracemalloc both see it."""
+def allocate(nbytes: int, hold: float = 0.05) -> int:
+    """A numpy allocation of ``nbytes``, every page touched: RSS and tracemalloc both see it.
+    Held ``hold`` seconds before it is freed: anonymous RSS is sampled (every 2 ms, by a
+    thread that waits for the GIL numpy's fill holds), and a peak shorter than a few samples
+    can be missed; ``VmHWM`` never misses one."""
     data = np.ones(nbytes, dtype=np.uint8)
+    time.sleep(hold)
     return int(data[:: 4096].sum())
 
 
