@@ -291,3 +291,9 @@ def server() -> Iterator[S3Server]:
         srv.create_bucket(BUCKET)
         yield srv
     assert not srv.running
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first: two workers (``make test``) then share the long ones from the
+    start and end on short ones together, instead of one worker finishing a notebook alone."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

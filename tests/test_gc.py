@@ -63,8 +63,14 @@ def stop_when(process: subprocess.Popen, ready, what: str) -> None:
 
 
 def temporaries(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*") if is_temporary(p)
-            and not any(is_temporary(q) for q in p.relative_to(root).parents if q.name)}
+    """The outermost temporaries under ``root``, listed while a writer may be renaming them
+    (``os.walk`` passes over a folder that vanished between its listing and its scan)."""
+    found: set[Path] = set()
+    for folder, folders, files in os.walk(root):
+        found.update(Path(folder) / name for name in [*folders, *files]
+                     if is_temporary(Path(name)))
+        folders[:] = [name for name in folders if not is_temporary(Path(name))]
+    return found
 
 
 def snapshot(root: Path) -> dict[str, str]:
