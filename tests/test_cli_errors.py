@@ -102,11 +102,11 @@ CASES = [
     # corpus
     (["corpus", "{new}", "--records", "0"], ["--records", "positive"]),
     (["corpus", "{new}", "--records", "2", "--seed", "-3"], ["--seed", "-3"]),
-    (["corpus", "{chat}", "--records", "2"], ["{chat}", "already exists", "--overwrite"]),
+    (["corpus", "{chat}", "--records", "2"], ["{chat}", "not a chat JSONL packlab wrote"]),
     (["corpus", "{unrelated}", "--records", "2", "--overwrite"], ["{unrelated}",
-                                                                  "not a JSONL file"]),
-    (["corpus", "{spool}/tokens.bin", "--records", "2", "--overwrite"], ["tokens.bin",
-                                                                          "not a JSONL file"]),
+                                                                  "not a chat JSONL"]),
+    (["corpus", "{spool}/tokens.bin", "--records", "2", "--overwrite"],
+     ["tokens.bin", "inside {spool}, a spool"]),
     # plan
     (["plan", "{spool}", "--pack-size", "64", "--seed", "-1"], ["--seed", "-1"]),
     (["plan", "{spool}", "--pack-size", "0"], ["--pack-size", "positive"]),
@@ -187,11 +187,13 @@ CASES = [
     (["gc", "{out}", "--dry-run", "--json", "--json=x"], ["--json"]),
     # pbin, raw-index
     (["pbin", "{missing}", "{new}.pbin"], ["{missing}"]),
-    (["pbin", "{spool}", "{file}"], ["{file}", "not a .pbin file"]),
-    (["pbin", "{spool}", "{file}", "--overwrite"], ["{file}", "not a .pbin file"]),
+    (["pbin", "{spool}", "{file}"], ["{file}", "not a Modalities packed data file"]),
+    (["pbin", "{spool}", "{file}", "--overwrite"], ["{file}",
+                                                    "not a Modalities packed data file"]),
     (["pbin", "{spool}", "{new}.pbin", "--token-width", "3"], ["3"]),
     (["raw-index", "{missing}"], ["{missing}"]),
-    (["raw-index", "{chat}", "--index-path", "{file}"], ["{file}", "not an index"]),
+    (["raw-index", "{chat}", "--index-path", "{file}"], ["{file}",
+                                                         "not a Modalities raw index"]),
     (["raw-index", "{badjsonl}"], ["{badjsonl}", "line 2"]),
 ]
 

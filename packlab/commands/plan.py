@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit, nonnegative_int, positive_int, warn
+from packlab.commands import emit, nonnegative_int, pack_size_int, warn
 
 
 def add_parser(sub: Any) -> None:
@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
         "of the tokens), and the time it took. SPOOL may be a URI (s3://...).",
     )
     p.add_argument("spool", help="spool directory (spool_v1), local or a URI")
-    p.add_argument("--pack-size", type=positive_int, required=True, help="tokens per bin")
+    p.add_argument("--pack-size", type=pack_size_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
                    help=f"one of {', '.join(sorted(ALGORITHMS))} (default {DEFAULT_ALGORITHM})")
     p.add_argument("--seed", type=nonnegative_int, default=0,

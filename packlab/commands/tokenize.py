@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from packlab.commands import add_executor_options, emit
+from packlab.commands import add_executor_options, emit, positive_int
 
 ENCODINGS = ("cl100k_base", "o200k_base")  # packlab.tokenize.ENCODINGS, without importing it
 
@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--unlocated", choices=("skip", "error"), default="skip",
                         help="a record whose assistant text cannot be masked exactly: skip and "
                              "count it (default) or stop with an error naming its line")
-    parser.add_argument("--limit", type=int, default=None,
+    parser.add_argument("--limit", type=positive_int, default=None,
                         help="tokenize only the first N records")
     parser.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -89,6 +89,39 @@ _INT32_MAX = 2**31 - 1
 _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
 
 
+MAX_PADDED_ROW = 64 << 20  # bytes of one padded bin (what the writer holds, a reader maps)
+PADDED_NOTICE = 1 << 30  # a plan that pads to more than this says so before it starts
+
+
+def padded_plan(pack_size: int, num_bins: int, num_tokens: int, where: object) -> list[str]:
+    """A padded plan's bounds: one padded bin at most :data:`MAX_PADDED_ROW` bytes (refused
+    above, naming the bytes); more than :data:`PADDED_NOTICE` bytes that are mostly padding
+    said before the work starts."""
+    per_position = sum(DTYPES[name].itemsize for name in ("input_ids", "loss_mask"))
+    row = pack_size * per_position
+    total = row * num_bins
+    if row > MAX_PADDED_ROW:
+        raise PacklabError(f"{where}: memmap_v1 pads every bin to pack_size {pack_size:,}: one "
+                           f"bin would be {human_bytes(row)}, {num_bins:,} bins "
+                           f"{human_bytes(total)} for {human_bytes(num_tokens * per_position)} "
+                           f"of tokens (at most {human_bytes(MAX_PADDED_ROW)} a bin: choose a "
+                           "smaller pack size, or a format that does not pad)")
+    filled = num_tokens / (pack_size * num_bins) if num_bins else 1.0
+    if total > PADDED_NOTICE and filled < 0.5:
+        return [f"memmap_v1 pads every bin to pack_size {pack_size:,}: {num_bins:,} bins will "
+                f"write {human_bytes(total)}, {filled:.0%} of it tokens"]
+    return []
+
+
+def human_bytes(n: float) -> str:
+    """``5.0 GB``: bytes for a person (powers of 1000)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 def detect(location: Location) -> bool:
     """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
     try:
@@ -109,6 +142,13 @@ class MemmapFacts(FormatFacts):
     ZERO_COPY = True
     PADDED = True
     detect = staticmethod(detect)
+
+    @classmethod
+    def plan_limits(cls, *, pack_size: int, num_bins: int, num_tokens: int,
+                    where: object) -> list[str]:
+        notes = super().plan_limits(pack_size=pack_size, num_bins=num_bins,
+                                    num_tokens=num_tokens, where=where)
+        return notes + padded_plan(pack_size, num_bins, num_tokens, where)
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
