@@ -16,7 +16,15 @@ A literal manifest, as :class:`SpoolWriter` writes it::
      "dtypes": {"tokens": "<i4", "masks": "|u1", "offsets": "<u8", "lengths": "<u4"},
      "vocab_size": 131072,
      "files": {"tokens.bin": {"bytes": 68, "sha256": "..."}, ...},
+     "ranges": {"sequences": 8192, "checksum": "xxh3_64",
+                "tokens.bin": [1234567890123456789], "masks.bin": [987654321098765432]},
      "source": {"generator": "synth", "profile": "chat", "seed": 0}}
+
+``ranges`` is the spool's checksum per range of ``sequences`` consecutive sequences (the last
+range may be shorter), for its two large files: what ``pack`` verifies as it reads, range by
+range, so a corrupted spool is refused naming the file and the sequences, never packed into
+fresh checksums (:meth:`SpoolReader.verify_sequences`). ``lengths.bin`` and ``offsets.bin``
+are verified whole against ``files`` before a plan is trusted (:meth:`SpoolReader.verify_index`).
 
 Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a manifest of its
 own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the four
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from xxhash import xxh3_64, xxh3_64_intdigest
 
 from packlab.errors import FormatError, PacklabError
 from packlab.files import (
@@ -67,8 +76,11 @@ NEMOTRON_DTYPE_KEYS = {"tokens": "tokens_dtype", "masks": "mask_dtype",
                        "offsets": "offsets_dtype", "lengths": "lengths_dtype"}
 COUNT_KEYS = ("num_tokens", "total_tokens")  # packlab's, Nemotron's: either, equal when both
 KNOWN_KEYS = frozenset({"version", "num_sequences", *COUNT_KEYS, "dtypes",
-                        *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "source"})
+                        *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "ranges", "source"})
 _FLUSH_TOKENS = 1 << 20
+RANGE_SEQUENCES = 8192  # sequences per range checksum (13M sequences: 1,600 ranges)
+RANGED = ("tokens", "masks")  # the files checked range by range (the others are small)
+_VERIFIED: dict[tuple[str, str], set[int]] = {}  # per process: (spool, record) -> ranges checked
 
 
 class SpoolWriter:
@@ -99,6 +111,9 @@ class SpoolWriter:
         self.num_sequences = 0
         self.num_tokens = 0
         self._closed = False
+        self._range_hash = {name: xxh3_64() for name in RANGED}
+        self._range_fill = 0  # sequences in the range being hashed
+        self._ranges: dict[str, list[int]] = {name: [] for name in RANGED}
 
     def __enter__(self) -> SpoolWriter:
         return self
@@ -160,8 +175,11 @@ class SpoolWriter:
             return
         lengths = np.concatenate(self._pending_lengths)
         offsets = self.num_tokens + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        self._files["tokens"].write(np.concatenate(self._pending_tokens))
-        self._files["masks"].write(np.concatenate(self._pending_masks))
+        tokens = np.concatenate(self._pending_tokens)
+        masks = np.concatenate(self._pending_masks)
+        self._hash_ranges({"tokens": tokens, "masks": masks}, lengths)
+        self._files["tokens"].write(tokens)
+        self._files["masks"].write(masks)
         self._files["offsets"].write(offsets.astype(DTYPES["offsets"]))
         self._files["lengths"].write(lengths.astype(DTYPES["lengths"]))
         self.num_sequences += lengths.shape[0]
@@ -170,6 +188,27 @@ class SpoolWriter:
         self._pending_masks.clear()
         self._pending_lengths.clear()
         self._pending_count = 0
+
+    def _hash_ranges(self, data: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+        """Feed each range's hash its sequences' bytes, closing a range every
+        :data:`RANGE_SEQUENCES` sequences."""
+        ends = np.concatenate(([0], np.cumsum(lengths)))
+        i, n = 0, lengths.shape[0]
+        while i < n:
+            take = min(RANGE_SEQUENCES - self._range_fill, n - i)
+            lo, hi = int(ends[i]), int(ends[i + take])
+            for name in RANGED:
+                self._range_hash[name].update(memoryview(data[name][lo:hi]).cast("B"))
+            self._range_fill += take
+            i += take
+            if self._range_fill == RANGE_SEQUENCES:
+                self._close_range()
+
+    def _close_range(self) -> None:
+        for name in RANGED:
+            self._ranges[name].append(self._range_hash[name].intdigest())
+            self._range_hash[name].reset()
+        self._range_fill = 0
 
     def finalize(self) -> dict[str, Any]:
         """Flush, write the manifest last and publish the directory atomically."""
@@ -180,6 +219,8 @@ class SpoolWriter:
             self.abort()
             raise PacklabError(f"{self.path}: no sequences were written (empty spool)")
         files = {FILES[name]: f.close() for name, f in self._files.items()}
+        if self._range_fill:
+            self._close_range()
         manifest = {
             "version": SPOOL_VERSION,
             "num_sequences": self.num_sequences,
@@ -189,6 +230,8 @@ class SpoolWriter:
             "dtypes": {name: dt.str for name, dt in DTYPES.items()},
             "vocab_size": self.vocab_size,
             "files": files,
+            "ranges": {"sequences": RANGE_SEQUENCES, "checksum": "xxh3_64",
+                       **{FILES[name]: self._ranges[name] for name in RANGED}},
             "source": self.source,
         }
         (self._staging.path / SPOOL_RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -257,6 +300,68 @@ class SpoolReader:
         state = self.__dict__.copy()
         state["_maps"] = None
         return state
+
+    # -- the chain of custody: what a reader that writes from the spool checks first ----------
+    def range_checksums(self) -> tuple[int, dict[str, np.ndarray]] | None:
+        """``(sequences per range, {file: uint64 checksums})`` from the record, or None for a
+        spool written before them (or by Nemotron); a damaged entry is one FormatError."""
+        ranges = self.record.get("ranges")
+        if ranges is None:
+            return None
+        where = self.path / SPOOL_RECORD
+        per = ranges.get("sequences") if isinstance(ranges, dict) else None
+        if not _is_count(per) or per == 0 or ranges.get("checksum") != "xxh3_64":
+            raise FormatError(f"{where}: bad 'ranges' (a damaged spool record)")
+        count = -(-self.num_sequences // per)
+        out = {}
+        for name in RANGED:
+            values = ranges.get(FILES[name])
+            if not isinstance(values, list) or len(values) != count or not all(
+                    _is_count(v) and v < 1 << 64 for v in values):
+                raise FormatError(f"{where}: 'ranges' of {FILES[name]}: not {count} checksums "
+                                  "(a damaged spool record)")
+            out[name] = np.array(values, dtype=np.uint64)
+        return per, out
+
+    def verify_index(self) -> None:
+        """``lengths.bin`` and ``offsets.bin`` against the record's checksums (where it has
+        them; a few bytes a sequence), before a plan made from them is trusted; a spool whose
+        record has no range checksums but whole-file ones gets every file checked now."""
+        recorded = self.record.get("files") or {}
+        names = ["lengths", "offsets"]
+        if self.range_checksums() is None:
+            names += list(RANGED)
+        for name in names:
+            entry = recorded.get(FILES[name])
+            if isinstance(entry, dict) and "sha256" in entry and \
+                    sha256_file(self.path / FILES[name]) != entry["sha256"]:
+                raise FormatError(f"{self.path / FILES[name]}: checksum mismatch (corrupted "
+                                  f"spool; `packlab validate {self.path}` checks it whole)")
+
+    def verify_sequences(self, indices: np.ndarray) -> None:
+        """Check every range of sequences ``indices`` fall in, once per process, against the
+        record's range checksums (nothing to check for a spool without them); a corrupted
+        range is one FormatError naming the file and its sequences."""
+        found = self.range_checksums()
+        if found is None or not len(indices):
+            return
+        per, sums = found
+        key = (str(self.path.resolve()), str(sums["tokens"][:4].tolist()))
+        done = _VERIFIED.setdefault(key, set())
+        offsets = self.offsets.view(np.ndarray)
+        for r in np.unique(np.asarray(indices, dtype=np.int64) // per).tolist():
+            if r in done:
+                continue
+            lo, hi = r * per, min((r + 1) * per, self.num_sequences)
+            start = int(offsets[lo])
+            stop = int(offsets[hi]) if hi < self.num_sequences else self.num_tokens
+            for name in RANGED:
+                view = self._map()[name].view(np.ndarray)[start:stop]
+                if xxh3_64_intdigest(memoryview(view).cast("B")) != int(sums[name][r]):
+                    raise FormatError(f"{self.path / FILES[name]}: sequences {lo}..{hi - 1}: "
+                                      "checksum mismatch (corrupted spool; nothing was "
+                                      "written from it)")
+            done.add(r)
 
     def _map(self) -> dict[str, np.ndarray]:
         if self._maps is None:

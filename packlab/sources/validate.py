@@ -23,8 +23,9 @@ from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import download_shard
 from packlab.dataset import check_place
 from packlab.errors import FormatError, PacklabError, one_line
+from packlab.files import sha256_file
 from packlab.formats import get_format
-from packlab.pipeline.dataset_record import DATASET_RECORD
+from packlab.pipeline.dataset_record import DATASET_RECORD, read_dataset_record
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
     check_receipt,
@@ -35,6 +36,7 @@ from packlab.progress import progress_bar
 from packlab.sources.file_records import check_file, describe_file, read_file_record
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source, resolve_source
+from packlab.spool import SPOOL_RECORD
 from packlab.storage import Location, is_remote
 
 
@@ -43,6 +45,8 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
     """Validate every shard of ``source``; raises on the first problem, naming it. Returns the
     totals, one row per shard, and per split counts when the shards carry splits."""
     rows: list[dict[str, Any]] = []
+    if source.kind == "directory" and not source.remote:
+        check_source_identity(Path(source.given), source)  # before any shard: a swapped spool
     with progress_bar(total=_bins_to_check(source), desc="validate", unit="bin") as bar:
         for shard in source.shards:
             row = _validate_remote(shard, cache_dir) if shard.remote else validate_shard(
@@ -174,6 +178,28 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
     summary["format"] = format
     summary["receipt"] = receipt is not None
     return summary
+
+
+def check_source_identity(directory: Path, source: Source) -> None:
+    """The chain of custody: a folder whose shards read their spool at read time
+    (``packed_index``) must find the spool its ``dataset.json`` says it was packed from (the
+    SHA-256 of that spool's record), not another one put in its place."""
+    record = read_dataset_record(directory)
+    spool = ((record or {}).get("job") or {}).get("spool")
+    if not isinstance(spool, dict) or not isinstance(spool.get("manifest_sha256"), str):
+        return
+    for shard in source.shards:
+        reader = get_format(shard.format).Reader
+        if not reader.NEEDS_SPOOL:
+            continue
+        relative = reader.spool_reference(Path(shard.path))["relative"]
+        found = Path(os.path.normpath(Path(shard.path).absolute() / relative))
+        if not (found / SPOOL_RECORD).is_file():
+            continue  # the shard's own check names a missing spool
+        if sha256_file(found / SPOOL_RECORD) != spool["manifest_sha256"]:
+            raise FormatError(f"{found}: not the spool {directory} was packed from (its record "
+                              f"differs from the one {DATASET_RECORD} names): the spool was "
+                              "replaced; put the original back, or pack this spool again")
 
 
 def check_orphan_receipts(directory: Path, names: set[str]) -> None:
