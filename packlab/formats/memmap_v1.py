@@ -37,6 +37,8 @@ import io
 import json
 import math
 import os
+import re
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,14 @@ from numpy.lib import format as npy_format
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, fsync_file, parse_json, verify_files
+from packlab.files import (
+    HashedFile,
+    fsync_directory,
+    fsync_file,
+    parse_json,
+    short_hash,
+    verify_files,
+)
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -151,12 +160,35 @@ class MemmapFacts(FormatFacts):
         return notes + padded_plan(pack_size, num_bins, num_tokens, where)
 
 
-def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` v1.0 header for an array; its length does not depend on the first axis."""
+IDENTITY_MARK = b" # packlab shard "
+_IDENTITY = re.compile(re.escape(IDENTITY_MARK) + rb"([0-9a-f]{16})")
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...], identity: str | None = None) -> bytes:
+    """The ``.npy`` v1.0 header for an array; its length does not depend on the first axis.
+
+    With ``identity`` (16 hex digits) the header carries the shard's identity as a comment
+    after the dictionary, in the padding the format reserves (``np.load`` and every reader that
+    parses the dictionary as a Python literal read it unchanged): so each file knows its shard,
+    and a file exchanged with another shard's is refused when its header is read."""
     buffer = io.BytesIO()
     npy_format.write_array_header_1_0(
         buffer, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
-    return buffer.getvalue()
+    header = buffer.getvalue()
+    if identity is None:
+        return header
+    text = header[10:].rstrip(b" \n") + IDENTITY_MARK + identity.encode()
+    room = len(header) - 10 - 1
+    if len(text) > room:  # one more alignment step of padding (never needed below 10**21 rows)
+        room += 64
+    body = text + b" " * (room - len(text)) + b"\n"
+    return header[:8] + struct.pack("<H", len(body)) + body
+
+
+def header_identity(raw: bytes) -> str | None:
+    """The shard identity a header carries (:func:`npy_header`), or None."""
+    found = _IDENTITY.search(raw)
+    return found.group(1).decode() if found else None
 
 
 def sha256_small_buffer(path: Path, chunk: int = 1 << 20) -> str:
@@ -174,12 +206,13 @@ class NpyStream:
     """A ``.npy`` file written row by row, hashed on the way; the row count fixed at close."""
 
     def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...],
-                 rows: int | None) -> None:
+                 rows: int | None, identity: str | None = None) -> None:
         self.path = path
         self.dtype = dtype
         self.row_shape = row_shape
+        self.identity = identity
         self.row_size = int(np.prod(row_shape, dtype=np.int64))
-        self.header = npy_header(dtype, (rows or 0, *row_shape))
+        self.header = npy_header(dtype, (rows or 0, *row_shape), identity)
         # the padded rows through large aligned writes (huge page-cache folios: faster mapped
         # reads); the per-bin sidecars, a few bytes a bin, through a plain buffered file, so
         # no buffer grows with the bins until the shard is closed
@@ -195,7 +228,8 @@ class NpyStream:
     def close(self) -> dict[str, Any]:
         """Finish the file; the manifest entry (bytes, sha256)."""
         entry = self.file.close()
-        header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape))
+        header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape),
+                            self.identity)
         if header == self.header:
             return entry
         if len(header) != len(self.header):  # cannot happen below 10**21 rows; never guess
@@ -216,16 +250,22 @@ class Writer(MemmapFacts, ShardWriter):
         self.tmp_path.mkdir()
         n, p = self.expected_bins, self.pack_size
         row = (p,)
+        # what this shard is, known before its first byte: its place and size (the pipeline
+        # records its bins in the metadata), so the same job writes the same bytes
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": p, "num_bins": n})
+
+        def stream(name: str, dtype: np.dtype, shape: tuple[int, ...],
+                   rows: int | None) -> NpyStream:
+            return NpyStream(self.tmp_path / name, dtype, shape, rows, self.identity)
+
         self._streams = {
-            "input_ids": NpyStream(self.tmp_path / FILES["input_ids"], DTYPES["input_ids"], row, n),
-            "loss_mask": NpyStream(self.tmp_path / FILES["loss_mask"], DTYPES["loss_mask"], row, n),
-            "packed_len": NpyStream(self.tmp_path / FILES["packed_len"], DTYPES["packed_len"],
-                                    (), n),
-            "seq_offsets": NpyStream(self.tmp_path / FILES["seq_offsets"], DTYPES["seq_offsets"],
-                                     (), None if n is None else n + 1),
-            "seq_starts": NpyStream(self.tmp_path / FILES["seq_starts"], DTYPES["seq_starts"],
-                                    (), None),
-            "checksums": NpyStream(self.tmp_path / CHECKSUMS, CHECKSUM_DTYPE, (), n),
+            "input_ids": stream(FILES["input_ids"], DTYPES["input_ids"], row, n),
+            "loss_mask": stream(FILES["loss_mask"], DTYPES["loss_mask"], row, n),
+            "packed_len": stream(FILES["packed_len"], DTYPES["packed_len"], (), n),
+            "seq_offsets": stream(FILES["seq_offsets"], DTYPES["seq_offsets"], (),
+                                  None if n is None else n + 1),
+            "seq_starts": stream(FILES["seq_starts"], DTYPES["seq_starts"], (), None),
+            "checksums": stream(CHECKSUMS, CHECKSUM_DTYPE, (), n),
         }
         self._checksum = np.zeros(1, dtype=CHECKSUM_DTYPE)
         self._ids_row = np.zeros(p, dtype=DTYPES["input_ids"])
@@ -280,6 +320,7 @@ class Writer(MemmapFacts, ShardWriter):
             "index_dtype": DTYPES["packed_len"].str,
             "bins_written": self.bins_written,
             "bin_checksum": CHECKSUM,
+            "identity": self.identity,
             "files": files,
         }
         manifest_path = self.tmp_path / RECORD
@@ -372,9 +413,12 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         file = self.path / CHECKSUMS
         with open(file, "rb") as fp:
             header = read_npy_header(fp, source=str(file))
+            fp.seek(0)
+            raw = fp.read(header.data_offset)
         if header.dtype != CHECKSUM_DTYPE or header.shape != (self.num_bins,):
             raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                               f"expected {CHECKSUM_DTYPE.str}[{self.num_bins}]")
+        self._check_identity(file, raw)
         return int(header.data_offset)
 
     def _corrupt(self, index: int, what: str) -> FormatError:
@@ -409,6 +453,8 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             file = self.path / FILES[name]
             with open(file, "rb") as fp:
                 header = read_npy_header(fp, source=str(file))
+                fp.seek(0)
+                raw = fp.read(header.data_offset)  # the header again, from the same buffer
             size = header.data_offset + math.prod(shape) * DTYPES[name].itemsize
             if header.dtype != DTYPES[name] or header.shape != shape or header.fortran_order:
                 raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
@@ -416,8 +462,21 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             if file.stat().st_size != size:
                 raise FormatError(f"{file}: {file.stat().st_size} bytes, header and manifest "
                                   f"need {size}")
+            self._check_identity(file, raw)
             data_at[name] = header.data_offset
         return data_at
+
+    def _check_identity(self, file: Path, header: bytes) -> None:
+        """The file's header names this shard (the header its reader reads anyway: no extra
+        read); a shard written before identities were recorded has none to check."""
+        expected = self.record.get("identity")
+        if not isinstance(expected, str):
+            return
+        found = header_identity(header)
+        if found != expected:
+            raise FormatError(f"{file}: belongs to another shard (its header names shard "
+                              f"{found}, this shard is {expected}): files exchanged between "
+                              "shards; refused")
 
     def _check_padding(self, maps: Maps, layout: Layout, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""
