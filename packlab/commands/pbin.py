@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
 
     width = args.token_width if args.token_width == "auto" else _width(args.token_width)
     spool = spool_at(args.src)
-    with output(args.out, kind="pbin", overwrite=args.overwrite) as local:
+    with output(args.out, kind="packed_data", overwrite=args.overwrite) as local:
         if spool is not None:
             from packlab.formats.modalities import write_pbin
 

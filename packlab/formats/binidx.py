@@ -7,9 +7,20 @@ A shard is a directory, published atomically::
     loss_mask.bin    header + uint8 loss mask per token (bin i at the token offset of data.bin)
     seq_starts.bin   header + CSR of the bins' seq_start_id: offsets int64, starts int32
     checksums.bin    header + each bin's xxh3_64 (packlab.bins.bin_checksum over its tokens as
-                     stored, its mask and its starts): 32 bytes, then uint64[num_bins]
+                     stored, its mask and its starts): 40 bytes, then uint64[num_bins]
     manifest.json    written last: counts, token dtype, pack_size, "bin_checksum": "xxh3_64",
+                     the shard's "identity", the "fingerprints" of data.bin and data.idx,
                      every file's bytes and sha256
+
+**The files know their shard.** Each sidecar's header (version 2) ends with the shard's
+identity, 8 bytes (the 16 hex digits of the manifest's ``identity``, derived from what the shard
+is before its first byte: its metadata, where the pipeline records its place in its dataset,
+and its pack size, so the same job writes the same bytes), checked when the header is read at open. ``data.bin`` and
+``data.idx`` stay megatron-core's bytes, so the manifest records their ``fingerprints``
+(xxh3_64 of ``data.idx`` whole, a few bytes a bin, and of ``data.bin``'s first and last 4 KiB),
+checked on the first read, when the index is mapped and checked anyway. A file exchanged with
+another shard's is refused before a bin is served. Version 1 sidecars (32, 48 and 32-byte
+headers, no identity) are shards written before identities: read as before.
 
 ``data.bin`` + ``data.idx`` are byte-compatible with megatron-core, so
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
@@ -30,8 +41,8 @@ Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every 
 int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
 fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 
-``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 1, ``<Q`` num_bins,
-``8s`` the algorithm (``b"xxh3_64\\x00"``), then ``<u8`` per bin. megatron-core never opens it.
+``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 2, ``<Q`` num_bins,
+``8s`` the algorithm (``b"xxh3_64\\x00"``), ``8s`` the shard's identity, then ``<u8`` per bin. megatron-core never opens it.
 Shards written before it have none (and no ``bin_checksum`` in the manifest): they read as
 before, and ``verify=True`` refuses them.
 
@@ -46,7 +57,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,7 +65,7 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import AlignedWriter, HashedFile, file_entry, verify_files
+from packlab.files import AlignedWriter, HashedFile, file_entry, short_hash, verify_files
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -64,6 +74,16 @@ from packlab.formats.base import (
     count_field,
     read_shard_record,
     starts_with,
+)
+from packlab.formats.binidx_headers import (
+    IdxHeader,
+    LossHeader,
+    SeqHeader,
+    Sidecar,
+    SumsHeader,
+    VersionPrefix,
+    fingerprint,
+    unpack,
 )
 from packlab.formats.table import (
     BinIndex,
@@ -95,45 +115,9 @@ DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
 CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
 
 
-class _IdxHeader:
-    """``data.idx`` header (Megatron-LM MMIDIDX version 1): 34 bytes."""
-
-    MAGIC = b"MMIDIDX\x00\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc count
-    SIZE = STRUCT.size  # 34
-
-
-class _LossHeader:
-    """``loss_mask.bin`` header: 32 bytes, then uint8 per token."""
-
-    MAGIC = b"PLKLOSS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQQ")  # magic, version, num_bins, num_tokens
-    SIZE = STRUCT.size  # 32
-
-
-class _SeqHeader:
-    """``seq_starts.bin`` header: 48 bytes, then int64 offsets[num_bins + 1], int32 starts."""
-
-    MAGIC = b"PLKSEQS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQQQB7x")  # magic, version, num_bins, num_starts, pack_size, code
-    SIZE = STRUCT.size  # 48
-
-
-class _SumsHeader:
-    """``checksums.bin`` header: 32 bytes, then uint64 per bin."""
-
-    MAGIC = b"PLKSUMS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQ8s")  # magic, version, num_bins, algorithm
-    SIZE = STRUCT.size  # 32
-
-
 def detect(location: Location) -> bool:
     """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
-    return starts_with(location / INDEX, _IdxHeader.MAGIC)
+    return starts_with(location / INDEX, IdxHeader.MAGIC)
 
 
 class BinidxFacts(FormatFacts):
@@ -221,11 +205,14 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _open(self) -> None:
         self.tmp_path.mkdir()
+        # what this shard is, known before its first byte (see the module docstring)
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": self.pack_size})
+        self._stamp = bytes.fromhex(self.identity)
         self._data = HashedFile(self.tmp_path / DATA)
         self._loss = AlignedWriter(self.tmp_path / LOSS)  # closed in _close
-        self._loss.write(bytes(_LossHeader.SIZE))  # placeholder, the header is written last
+        self._loss.write(bytes(LossHeader.size()))  # placeholder, the header is written last
         self._sums = open(self.tmp_path / SUMS, "wb")  # noqa: SIM115 - closed in _close
-        self._sums.write(bytes(_SumsHeader.SIZE))  # placeholder, the header is written last
+        self._sums.write(bytes(SumsHeader.size()))  # placeholder, the header is written last
         self._lengths = ScratchArray(self.tmp_path / ".lengths.scratch", "<i4")
         self._nseqs = ScratchArray(self.tmp_path / ".nseqs.scratch", "<i8")
         self._starts = ScratchArray(self.tmp_path / ".starts.scratch", "<i4")
@@ -265,6 +252,9 @@ class Writer(BinidxFacts, ShardWriter):
             vocab_size=self.vocab_size,
             megatron_prefix=PREFIX,
             bin_checksum=CHECKSUM,
+            identity=self.identity,
+            fingerprints={DATA: fingerprint(self.tmp_path / DATA, whole=False),
+                          INDEX: fingerprint(self.tmp_path / INDEX, whole=True)},
             files=files,
         )
         (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -273,9 +263,9 @@ class Writer(BinidxFacts, ShardWriter):
     def _write_index(self) -> dict[str, Any]:
         n = self.bins_written
         idx = HashedFile(self.tmp_path / INDEX)
-        idx.write(_IdxHeader.STRUCT.pack(
-            _IdxHeader.MAGIC,  # magic
-            _IdxHeader.VERSION,  # version 1
+        idx.write(IdxHeader.STRUCT.pack(
+            IdxHeader.MAGIC,  # magic
+            IdxHeader.VERSION,  # version 1
             CODE_OF[self.token_dtype.str],  # dtype code of data.bin
             n,  # sequence count: one sequence per bin
             n + 1,  # document count: document indices 0..n
@@ -293,11 +283,12 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _finish_loss(self) -> dict[str, Any]:
         self._loss.seek(0)
-        self._loss.write(_LossHeader.STRUCT.pack(
-            _LossHeader.MAGIC,  # magic
-            _LossHeader.VERSION,  # version 1
+        self._loss.write(LossHeader.struct_of(2).pack(
+            LossHeader.MAGIC,  # magic
+            LossHeader.VERSION,  # version 2
             self.bins_written,  # num_bins
             self.tokens_written,  # num_tokens: uint8 loss mask values that follow
+            self._stamp,  # the shard's identity
         ))
         self._loss.flush()
         os.fsync(self._loss.fileno())
@@ -306,11 +297,12 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _finish_sums(self) -> dict[str, Any]:
         self._sums.seek(0)
-        self._sums.write(_SumsHeader.STRUCT.pack(
-            _SumsHeader.MAGIC,  # magic
-            _SumsHeader.VERSION,  # version 1
+        self._sums.write(SumsHeader.struct_of(2).pack(
+            SumsHeader.MAGIC,  # magic
+            SumsHeader.VERSION,  # version 2
             self.bins_written,  # num_bins: uint64 checksums that follow
             CHECKSUM.encode(),  # algorithm, NUL-padded to 8 bytes
+            self._stamp,  # the shard's identity
         ))
         self._sums.flush()
         os.fsync(self._sums.fileno())
@@ -319,13 +311,14 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _write_seq_starts(self) -> dict[str, Any]:
         seqs = HashedFile(self.tmp_path / SEQS)
-        seqs.write(_SeqHeader.STRUCT.pack(
-            _SeqHeader.MAGIC,  # magic
-            _SeqHeader.VERSION,  # version 1
+        seqs.write(SeqHeader.struct_of(2).pack(
+            SeqHeader.MAGIC,  # magic
+            SeqHeader.VERSION,  # version 2
             self.bins_written,  # num_bins
             self.seqs_written,  # num_starts
             self.pack_size,  # pack_size
             CODE_OF["<i4"],  # dtype code of the starts (int32)
+            self._stamp,  # the shard's identity
         ))
         total = 0  # offsets: int64[num_bins + 1], where each bin's starts begin
         seqs.write(np.zeros(1, dtype="<i8"))
@@ -348,9 +341,10 @@ class Writer(BinidxFacts, ShardWriter):
                 handle.close()
 
 
-def _starts_offset(num_bins: int) -> int:
-    """Byte offset of the starts in ``seq_starts.bin`` (after the header and the offsets)."""
-    return _SeqHeader.SIZE + 8 * (num_bins + 1)
+def _starts_offset(num_bins: int, header: int) -> int:
+    """Byte offset of the starts in ``seq_starts.bin`` (after its ``header`` bytes and the
+    offsets)."""
+    return header + 8 * (num_bins + 1)
 
 
 class Reader(BinidxFacts, TableReads, ShardReader):
@@ -389,11 +383,11 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     # -- opening ------------------------------------------------------------------------------
     def _read_headers(self) -> np.dtype:
         """Check every header field against the manifest; the token dtype of ``data.bin``."""
-        magic, version, code, nseq, ndoc = _unpack(self.path / INDEX, _IdxHeader)
+        magic, version, code, nseq, ndoc = unpack(self.path / INDEX, IdxHeader)
         idx = self.path / INDEX
-        if magic != _IdxHeader.MAGIC:
+        if magic != IdxHeader.MAGIC:
             raise FormatError(f"{idx}: not a Megatron MMIDIDX index (bad magic {magic!r})")
-        if version != _IdxHeader.VERSION:
+        if version != IdxHeader.VERSION:
             raise FormatError(f"{idx}: MMIDIDX version {version}, this reader knows 1")
         if code not in DTYPE_CODES:
             raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
@@ -404,14 +398,15 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         if nseq != self.num_bins or ndoc != self.num_bins + 1:
             raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the manifest says "
                               f"{self.num_bins} bins (expected {self.num_bins + 1} documents)")
-        magic, version, nbins, ntok = _unpack(self.path / LOSS, _LossHeader)
-        if magic != _LossHeader.MAGIC or version != _LossHeader.VERSION:
+        self.header_size: dict[str, int] = {}
+        magic, version, nbins, ntok, *stamp = self._sidecar(LOSS, LossHeader)
+        if magic != LossHeader.MAGIC:
             raise FormatError(f"{self.path / LOSS}: bad magic or version ({magic!r}, {version})")
         if nbins != self.num_bins or ntok != self.num_tokens:
             raise FormatError(f"{self.path / LOSS}: header says {nbins} bins / {ntok} tokens, "
                               f"the manifest {self.num_bins} / {self.num_tokens}")
-        magic, version, nbins, nstarts, pack_size, code = _unpack(self.path / SEQS, _SeqHeader)
-        if magic != _SeqHeader.MAGIC or version != _SeqHeader.VERSION or code != CODE_OF["<i4"]:
+        magic, version, nbins, nstarts, pack_size, code, *stamp = self._sidecar(SEQS, SeqHeader)
+        if magic != SeqHeader.MAGIC or code != CODE_OF["<i4"]:
             raise FormatError(f"{self.path / SEQS}: bad magic, version or dtype code "
                               f"({magic!r}, {version}, {code})")
         if (nbins, nstarts, pack_size) != (self.num_bins, self.num_seqs, self.pack_size):
@@ -420,15 +415,48 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                               f"{self.num_seqs}, {self.pack_size}")
         return token_dtype
 
+    def _sidecar(self, name: str, header: type[Sidecar]) -> tuple[Any, ...]:
+        """A sidecar's header fields (its version read first: 1, or 2 with the shard's
+        identity, checked here against the manifest's); its size is remembered."""
+        file = self.path / name
+        _, version = unpack(file, VersionPrefix)
+        if version not in (1, 2):
+            raise FormatError(f"{file}: header version {version}, this reader knows 1 and 2")
+        fields = unpack(file, header, header.struct_of(version))
+        self.header_size[name] = header.size(version)
+        expected = self.record.get("identity")
+        if version == 2 and isinstance(expected, str) and fields[-1].hex() != expected:
+            raise FormatError(f"{file}: belongs to another shard (its header names shard "
+                              f"{fields[-1].hex()}, this shard is {expected}): files exchanged "
+                              "between shards; refused")
+        return fields
+
+    def _check_fingerprints(self) -> None:
+        """megatron-core's two files against the fingerprints the manifest records (on the
+        first read: the index is mapped and checked whole then anyway)."""
+        recorded = self.record.get("fingerprints")
+        if not isinstance(recorded, dict):
+            return  # a shard written before them
+        for name, whole in ((INDEX, True), (DATA, False)):
+            if fingerprint(self.path / name, whole=whole) != recorded.get(name):
+                raise FormatError(f"{self.path / name}: not this shard's (its fingerprint "
+                                  "differs from the manifest's): a file exchanged with another "
+                                  "shard's, or corrupted; refused")
+
     def _expected_sizes(self) -> dict[str, int]:
         n = self.num_bins
         return {
             DATA: self.num_tokens * self.token_dtype.itemsize,
-            INDEX: _IdxHeader.SIZE + 4 * n + 8 * n + 8 * (n + 1),
-            LOSS: _LossHeader.SIZE + self.num_tokens,
-            SEQS: _SeqHeader.SIZE + 8 * (n + 1) + 4 * self.num_seqs,
-            **({SUMS: _SumsHeader.SIZE + 8 * n} if self.has_checksums else {}),
+            INDEX: IdxHeader.SIZE + 4 * n + 8 * n + 8 * (n + 1),
+            LOSS: self.header_size[LOSS] + self.num_tokens,
+            SEQS: self.header_size[SEQS] + 8 * (n + 1) + 4 * self.num_seqs,
+            **({SUMS: self._sums_header() + 8 * n} if self.has_checksums else {}),
         }
+
+    def _sums_header(self) -> int:
+        if SUMS not in self.header_size:
+            self._sidecar(SUMS, SumsHeader)
+        return self.header_size[SUMS]
 
     def _check_sizes(self) -> None:
         for name, want in self._expected_sizes().items():
@@ -443,20 +471,23 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _layout(self, maps: Maps) -> Layout:
         """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
         n, p, width = self.num_bins, self.path, self.token_dtype.itemsize
+        self._check_fingerprints()
         checksum = None
         if self.has_checksums:
             self.check_checksums_header()
-            checksum = lookup(maps.values(p / SUMS, "<u8", _SumsHeader.SIZE, n)).__getitem__
+            checksum = lookup(maps.values(p / SUMS, "<u8", self._sums_header(), n)).__getitem__
+        seqs_at = self.header_size[SEQS]
         return Layout(Column(p / DATA, self.token_dtype, 0, self.num_tokens),
-                      Column(p / LOSS, np.dtype("|u1"), _LossHeader.SIZE, self.num_tokens),
-                      Column(p / SEQS, np.dtype("<i4"), _starts_offset(n), self.num_seqs),
-                      _Index(maps, p, n, width, self.num_tokens, self.num_seqs),
+                      Column(p / LOSS, np.dtype("|u1"), self.header_size[LOSS], self.num_tokens),
+                      Column(p / SEQS, np.dtype("<i4"), _starts_offset(n, seqs_at),
+                             self.num_seqs),
+                      _Index(maps, p, n, width, self.num_tokens, self.num_seqs, seqs_at),
                       self.pack_size, str(self.path), checksum)
 
     def check_checksums_header(self) -> None:
         """``checksums.bin``'s header against the shard (before its values are read)."""
-        magic, version, nbins, algorithm = _unpack(self.path / SUMS, _SumsHeader)
-        if (magic, version, nbins) != (_SumsHeader.MAGIC, _SumsHeader.VERSION, self.num_bins) \
+        magic, version, nbins, algorithm, *_ = self._sidecar(SUMS, SumsHeader)
+        if (magic, nbins) != (SumsHeader.MAGIC, self.num_bins) \
                 or algorithm.rstrip(b"\x00") != CHECKSUM.encode():
             raise FormatError(f"{self.path / SUMS}: header ({magic!r}, version {version}, "
                               f"{nbins} bins, {algorithm!r}) does not match the shard's "
@@ -474,7 +505,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
                               f"expected {sorted(self._expected_sizes())}")
         n = self.num_bins
-        documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
+        documents = load_array(self.path / INDEX, "<i8", IdxHeader.SIZE + 12 * n, n + 1)
         if not np.array_equal(documents, np.arange(n + 1)):
             raise FormatError(f"{self.path / INDEX}: document indices are not 0..{n}")
         maps = Maps()
@@ -498,12 +529,12 @@ class _Index(BinIndex):
                  "_seqs", "width", "num_tokens", "num_seqs", "path")
 
     def __init__(self, maps: Maps, path: Path, n: int, width: int, num_tokens: int,
-                 num_seqs: int) -> None:
+                 num_seqs: int, seqs_at: int) -> None:
         self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
         self.path = path
-        lengths = (path / INDEX, "<i4", _IdxHeader.SIZE, n)
-        pointers = (path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
-        seqs = (path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
+        lengths = (path / INDEX, "<i4", IdxHeader.SIZE, n)
+        pointers = (path / INDEX, "<i8", IdxHeader.SIZE + 4 * n, n)
+        seqs = (path / SEQS, "<i8", seqs_at, n + 1)
         self._lengths, self._pointers, self._seqs = (maps.values(*c)
                                                      for c in (lengths, pointers, seqs))
         self.lengths, self.pointers, self.seqs = (lookup(values) for values in
@@ -552,16 +583,3 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
     return count_field(manifest, key, path / RECORD)
-
-
-def _unpack(file: Path, header: Any) -> tuple[Any, ...]:
-    """The header fields of ``file``; a FormatError when the file is missing or too short."""
-    try:
-        with open(file, "rb") as f:
-            raw = f.read(header.SIZE)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
-    if len(raw) < header.SIZE:
-        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {header.SIZE}-byte header "
-                          "(truncated)")
-    return header.STRUCT.unpack(raw)

@@ -33,17 +33,13 @@ bin's checksum and mask as it is read.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
-import re
-import struct
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
@@ -63,6 +59,7 @@ from packlab.formats.base import (
     count_field,
     read_shard_record,
 )
+from packlab.formats.npy_identity import check_identity, npy_header
 from packlab.formats.table import (
     BinIndex,
     BinTable,
@@ -160,37 +157,6 @@ class MemmapFacts(FormatFacts):
         return notes + padded_plan(pack_size, num_bins, num_tokens, where)
 
 
-IDENTITY_MARK = b" # packlab shard "
-_IDENTITY = re.compile(re.escape(IDENTITY_MARK) + rb"([0-9a-f]{16})")
-
-
-def npy_header(dtype: np.dtype, shape: tuple[int, ...], identity: str | None = None) -> bytes:
-    """The ``.npy`` v1.0 header for an array; its length does not depend on the first axis.
-
-    With ``identity`` (16 hex digits) the header carries the shard's identity as a comment
-    after the dictionary, in the padding the format reserves (``np.load`` and every reader that
-    parses the dictionary as a Python literal read it unchanged): so each file knows its shard,
-    and a file exchanged with another shard's is refused when its header is read."""
-    buffer = io.BytesIO()
-    npy_format.write_array_header_1_0(
-        buffer, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
-    header = buffer.getvalue()
-    if identity is None:
-        return header
-    text = header[10:].rstrip(b" \n") + IDENTITY_MARK + identity.encode()
-    room = len(header) - 10 - 1
-    if len(text) > room:  # one more alignment step of padding (never needed below 10**21 rows)
-        room += 64
-    body = text + b" " * (room - len(text)) + b"\n"
-    return header[:8] + struct.pack("<H", len(body)) + body
-
-
-def header_identity(raw: bytes) -> str | None:
-    """The shard identity a header carries (:func:`npy_header`), or None."""
-    found = _IDENTITY.search(raw)
-    return found.group(1).decode() if found else None
-
-
 def sha256_small_buffer(path: Path, chunk: int = 1 << 20) -> str:
     """SHA-256 of a file read into one reused buffer: no allocation per block, flat RSS."""
     digest = hashlib.sha256()
@@ -250,9 +216,9 @@ class Writer(MemmapFacts, ShardWriter):
         self.tmp_path.mkdir()
         n, p = self.expected_bins, self.pack_size
         row = (p,)
-        # what this shard is, known before its first byte: its place and size (the pipeline
-        # records its bins in the metadata), so the same job writes the same bytes
-        self.identity = short_hash({"metadata": self.metadata, "pack_size": p, "num_bins": n})
+        # what this shard is, known before its first byte: its metadata (where the pipeline
+        # records its place in its dataset) and pack size, so the same job writes the same bytes
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": p})
 
         def stream(name: str, dtype: np.dtype, shape: tuple[int, ...],
                    rows: int | None) -> NpyStream:
@@ -469,14 +435,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
     def _check_identity(self, file: Path, header: bytes) -> None:
         """The file's header names this shard (the header its reader reads anyway: no extra
         read); a shard written before identities were recorded has none to check."""
-        expected = self.record.get("identity")
-        if not isinstance(expected, str):
-            return
-        found = header_identity(header)
-        if found != expected:
-            raise FormatError(f"{file}: belongs to another shard (its header names shard "
-                              f"{found}, this shard is {expected}): files exchanged between "
-                              "shards; refused")
+        check_identity(file, header, self.record.get("identity"))
 
     def _check_padding(self, maps: Maps, layout: Layout, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""

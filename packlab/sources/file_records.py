@@ -33,7 +33,7 @@ STATES = ("writing", "complete")
 FILE_KINDS = {"jsonl": ("a chat JSONL", "corpus"),
               "jsonl_index": ("a JSONL line index", "corpus --index"),
               "raw_index": ("a Modalities raw index (.idx)", "raw-index"),
-              "pbin": ("a Modalities packed data file (.pbin)", "pbin")}
+              "packed_data": ("a Modalities packed data file (.pbin)", "pbin")}
 
 
 def record_path(path: Any) -> Any:
@@ -145,7 +145,7 @@ def describe_file(path: Path) -> dict[str, Any]:
 
 
 def _contents(path: Path, kind: str) -> dict[str, Any]:
-    if kind == "pbin":
+    if kind == "packed_data":
         from packlab.formats.modalities import ModalitiesFile
 
         pbin = ModalitiesFile(path)

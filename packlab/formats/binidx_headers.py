@@ -1,0 +1,100 @@
+"""The headers of a ``binidx`` shard's files (:mod:`packlab.formats.binidx` describes the
+shard): megatron-core's ``data.idx`` header, packlab's three sidecar headers (version 1, or 2
+ending with the shard's identity), and the fingerprints the manifest records of megatron-core's
+two files, which have no room for an identity of their own."""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from xxhash import xxh3_64_hexdigest
+
+from packlab.errors import FormatError
+
+
+class IdxHeader:
+    """``data.idx`` header (Megatron-LM MMIDIDX version 1): 34 bytes."""
+
+    MAGIC = b"MMIDIDX\x00\x00"
+    VERSION = 1
+    STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc count
+    SIZE = STRUCT.size  # 34
+
+
+class Sidecar:
+    """A packlab sidecar's header: version 1 (``STRUCT``) or version 2, the same fields then
+    the shard's identity (8 bytes)."""
+
+    MAGIC: bytes
+    STRUCT: struct.Struct
+    VERSION = 2
+
+    @classmethod
+    def struct_of(cls, version: int) -> struct.Struct:
+        return cls.STRUCT if version == 1 else struct.Struct(cls.STRUCT.format + "8s")
+
+    @classmethod
+    def size(cls, version: int = 2) -> int:
+        return cls.struct_of(version).size
+
+
+class LossHeader(Sidecar):
+    """``loss_mask.bin`` header: 40 bytes (32 in version 1), then uint8 per token."""
+
+    MAGIC = b"PLKLOSS\x00"
+    STRUCT = struct.Struct("<8sQQQ")  # magic, version, num_bins, num_tokens (v2: identity)
+
+
+class SeqHeader(Sidecar):
+    """``seq_starts.bin`` header: 56 bytes (48 in version 1), then int64 offsets[num_bins + 1],
+    int32 starts."""
+
+    MAGIC = b"PLKSEQS\x00"
+    STRUCT = struct.Struct("<8sQQQQB7x")  # magic, version, num_bins, num_starts, pack_size, code
+
+
+class SumsHeader(Sidecar):
+    """``checksums.bin`` header: 40 bytes (32 in version 1), then uint64 per bin."""
+
+    MAGIC = b"PLKSUMS\x00"
+    STRUCT = struct.Struct("<8sQQ8s")  # magic, version, num_bins, algorithm (v2: identity)
+
+
+FINGERPRINT_BLOCK = 4096  # bytes of data.bin's start and end a fingerprint covers
+
+
+def fingerprint(path: Path, *, whole: bool) -> str:
+    """xxh3_64 (hex) of a file whole, or of its first and last :data:`FINGERPRINT_BLOCK`
+    bytes: what the manifest records of megatron-core's files, which have no room for an
+    identity of their own."""
+    with open(path, "rb") as f:
+        if whole:
+            return xxh3_64_hexdigest(f.read())
+        head = f.read(FINGERPRINT_BLOCK)
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(size - FINGERPRINT_BLOCK, 0))
+        return xxh3_64_hexdigest(head + f.read(FINGERPRINT_BLOCK))
+
+
+class VersionPrefix:
+    """What every sidecar header starts with: its magic and version."""
+
+    STRUCT = struct.Struct("<8sQ")
+
+
+def unpack(file: Path, header: Any, layout: struct.Struct | None = None) -> tuple[Any, ...]:
+    """The header fields of ``file`` (``layout``, or the header's ``STRUCT``); a FormatError
+    when the file is missing or too short."""
+    layout = layout or header.STRUCT
+    try:
+        with open(file, "rb") as f:
+            raw = f.read(layout.size)
+    except OSError as exc:
+        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
+    if len(raw) < layout.size:
+        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {layout.size}-byte header "
+                          "(truncated)")
+    return layout.unpack(raw)
