@@ -275,8 +275,15 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
         if kind in FILE_KINDS:
             with _file_output(Path(target), kind) as local:
                 yield local
-        else:
-            yield Path(target)
+            return
+        path = Path(target)
+        new = not path.exists() or (path.is_dir() and not any(path.iterdir()))
+        try:
+            yield path
+        except PacklabError:
+            if new and kind in FOLDER_KINDS:  # refused (bad input found on the way): what
+                remove(path)  # this run began is gone; an interrupted run keeps it to finish
+            raise
         return
     location = resolve(target)
     staging = staging_root() / short_hash(location.uri)
