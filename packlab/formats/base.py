@@ -93,6 +93,18 @@ class FormatFacts:
     #: a shard carries a record of its writer (a manifest, footer metadata or trailer), so
     #: packlab tells its own shards from another program's; False: no room for one (legacy)
     KEEPS_RECORD: ClassVar[bool] = True
+    #: a one-file shard's other files, each by the suffix that takes the place of ``SUFFIX``
+    #: in its name (a Megatron pair's ``.bin``, packlab's sidecar): published before the file
+    #: itself (the shard's commit point), uploaded, downloaded, counted and removed with it
+    COMPANIONS: ClassVar[tuple[str, ...]] = ()
+    #: of the companions, the one holding packlab's record of the shard (it may be missing
+    #: from a shard another tool wrote); its checksum stands for the shard's in receipts
+    COMPANION_RECORD: ClassVar[str | None] = None
+    #: the files holding the bins' tokens and masks (names inside a directory shard; in a
+    #: one-file shard companion suffixes): a reader that ``READS_IN_PLACE`` reads them by
+    #: ranges where they are, and fetches the shard's other files (its index) once into a
+    #: local cache
+    DATA_FILES: ClassVar[tuple[str, ...]] = ()
     #: bins the writer holds before it writes them out, at its defaults (a row group, a record
     #: batch; 1 for a writer that writes each bin as it comes): its memory is bounded by that
     #: many bins' bytes (times what its encoder needs) plus a constant, never by the shard
@@ -120,6 +132,16 @@ class FormatFacts:
             raise PacklabError(f"{where}: pack_size must be from 1 to {MAX_PACK_SIZE:,} (a "
                                f"bin's positions are int32), got {pack_size:,}")
         return []
+
+    @classmethod
+    def companions(cls, entry: Any) -> list[Any]:
+        """The companion files of the one-file shard ``entry`` (a ``Path`` or a
+        :class:`~packlab.storage.Location`: the same kind back), whether they exist or not."""
+        name = entry.name
+        if not cls.COMPANIONS or not name.endswith(cls.SUFFIX):
+            return []
+        stem = name[: -len(cls.SUFFIX)]
+        return [entry.parent / f"{stem}{suffix}" for suffix in cls.COMPANIONS]
 
     @classmethod
     def shard_files(cls) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """The headers of a ``binidx`` shard's files (:mod:`packlab.formats.binidx` describes the
-shard): megatron-core's ``data.idx`` header, packlab's three sidecar headers (version 1, or 2
+shard): packlab's three sidecar headers (version 1, or 2
 ending with the shard's identity), and the fingerprints the manifest records of megatron-core's
-two files, which have no room for an identity of their own."""
+two files, which have no room for an identity of their own. ``data.idx`` is megatron-core's
+MMIDIDX index, whose one home is :mod:`packlab.formats.mmidx`."""
 
 from __future__ import annotations
 
@@ -13,15 +14,6 @@ from typing import Any
 from xxhash import xxh3_64_hexdigest
 
 from packlab.errors import FormatError
-
-
-class IdxHeader:
-    """``data.idx`` header (Megatron-LM MMIDIDX version 1): 34 bytes."""
-
-    MAGIC = b"MMIDIDX\x00\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc count
-    SIZE = STRUCT.size  # 34
 
 
 class Sidecar:
@@ -89,12 +81,18 @@ def unpack(file: Path, header: Any, layout: struct.Struct | None = None) -> tupl
     """The header fields of ``file`` (``layout``, or the header's ``STRUCT``); a FormatError
     when the file is missing or too short."""
     layout = layout or header.STRUCT
-    try:
-        with open(file, "rb") as f:
-            raw = f.read(layout.size)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
+    raw = head(file, layout.size)
     if len(raw) < layout.size:
         raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {layout.size}-byte header "
                           "(truncated)")
     return layout.unpack(raw)
+
+
+def head(file: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``file`` (fewer if it is shorter); a FormatError when it
+    cannot be read."""
+    try:
+        with open(file, "rb") as f:
+            return f.read(size)
+    except OSError as exc:
+        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None

@@ -232,7 +232,8 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
     unfinished = False
     if location.is_file():
         if kind == "shard":
-            own = location.suffix == _suffix(format)
+            suffix = _suffix(format)
+            own = bool(suffix) and location.name.endswith(suffix)
         elif kind in FILE_KINDS:
             own = recognised(location, kind)
             record = read_file_record(location) if own else None
