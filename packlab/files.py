@@ -51,6 +51,31 @@ def temporary_owner(path: Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie, killed and not yet reaped by
+    its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def left_by_a_dead_writer(path: Path) -> bool:
+    """A temporary whose writer (the process id in its name) no longer runs: a killed run's,
+    which no one will finish or remove (``packlab gc`` and every writer sweep them)."""
+    owner = temporary_owner(path)
+    return owner is not None and not process_running(owner)
+
+
 def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadable JSON") -> Any:
     """JSON from bytes read off disk (manifests, receipts, footers), whatever they hold: bytes
     that are not UTF-8, broken syntax, nesting deeper than the parser's recursion limit, an

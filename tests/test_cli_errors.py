@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli, write_random_spool
+from test_cli_interrupt import WRITERS
 
 from packlab.cli import build_parser, in_cli_words
 from packlab.pipeline.dataset_record import DATASET_RECORD
@@ -313,12 +314,13 @@ def test_overwrite_never_replaces_a_file_inside_another_output_or_a_persons_file
 
 
 def test_every_writing_command_is_driven_by_the_overwrite_test() -> None:
-    """A new command that writes (it has --overwrite) joins OVERWRITES."""
+    """A new command that writes (it has --overwrite) joins OVERWRITES, and WRITERS of
+    tests/test_cli_interrupt.py."""
     parser = build_parser()
     action = next(a for a in parser._actions if a.dest == "command")
     writing = {name for name, sub in action.choices.items()
                if any("--overwrite" in a.option_strings for a in sub._actions)}
-    assert writing == set(OVERWRITES)
+    assert writing == set(OVERWRITES) == set(WRITERS)  # and the interruption test drives it
 
 
 def test_the_table_covers_every_subcommand() -> None:

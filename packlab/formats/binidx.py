@@ -74,10 +74,10 @@ from packlab.formats.binidx_headers import (
     Sidecar,
     SumsHeader,
     VersionPrefix,
-    fingerprint,
     head,
     unpack,
 )
+from packlab.formats.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.scratch import ScratchArray
 from packlab.formats.table import (
     BinIndex,
@@ -372,14 +372,9 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _check_fingerprints(self) -> None:
         """megatron-core's two files against the fingerprints the manifest records (on the
         first read: the index is mapped and checked whole then anyway)."""
-        recorded = self.record.get("fingerprints")
-        if not isinstance(recorded, dict):
-            return  # a shard written before them
-        for name, whole in ((INDEX, True), (DATA, False)):
-            if fingerprint(self.path / name, whole=whole) != recorded.get(name):
-                raise FormatError(f"{self.path / name}: not this shard's (its fingerprint "
-                                  "differs from the manifest's): a file exchanged with another "
-                                  "shard's, or corrupted; refused")
+        check_fingerprints(self.record.get("fingerprints"),
+                           {DATA: (self.path / DATA, False), INDEX: (self.path / INDEX, True)},
+                           f"its manifest {RECORD}")
 
     def _expected_sizes(self) -> dict[str, int]:
         n = self.num_bins

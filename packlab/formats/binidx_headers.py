@@ -1,17 +1,14 @@
 """The headers of a ``binidx`` shard's files (:mod:`packlab.formats.binidx` describes the
-shard): packlab's three sidecar headers (version 1, or 2
-ending with the shard's identity), and the fingerprints the manifest records of megatron-core's
-two files, which have no room for an identity of their own. ``data.idx`` is megatron-core's
-MMIDIDX index, whose one home is :mod:`packlab.formats.mmidx`."""
+shard): packlab's three sidecar headers (version 1, or 2 ending with the shard's identity).
+``data.idx`` is megatron-core's MMIDIDX index, whose one home is :mod:`packlab.formats.mmidx`;
+it and ``data.bin`` have no room for an identity of their own: the manifest records their
+fingerprints (:mod:`packlab.formats.fingerprints`)."""
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 from typing import Any
-
-from xxhash import xxh3_64_hexdigest
 
 from packlab.errors import FormatError
 
@@ -53,22 +50,6 @@ class SumsHeader(Sidecar):
 
     MAGIC = b"PLKSUMS\x00"
     STRUCT = struct.Struct("<8sQQ8s")  # magic, version, num_bins, algorithm (v2: identity)
-
-
-FINGERPRINT_BLOCK = 4096  # bytes of data.bin's start and end a fingerprint covers
-
-
-def fingerprint(path: Path, *, whole: bool) -> str:
-    """xxh3_64 (hex) of a file whole, or of its first and last :data:`FINGERPRINT_BLOCK`
-    bytes: what the manifest records of megatron-core's files, which have no room for an
-    identity of their own."""
-    with open(path, "rb") as f:
-        if whole:
-            return xxh3_64_hexdigest(f.read())
-        head = f.read(FINGERPRINT_BLOCK)
-        size = os.fstat(f.fileno()).st_size
-        f.seek(max(size - FINGERPRINT_BLOCK, 0))
-        return xxh3_64_hexdigest(head + f.read(FINGERPRINT_BLOCK))
 
 
 class VersionPrefix:

@@ -47,6 +47,7 @@ from packlab.pipeline.receipts import (
     reusable_receipt,
     shard_bytes,
 )
+from packlab.pipeline.shards import sweep_own_temporaries
 from packlab.progress import progress_bar
 from packlab.sources import open_shard, open_writer
 from packlab.sources.outputs import output
@@ -152,6 +153,7 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
     rows, receipts = [], []
     dst.mkdir(parents=True, exist_ok=True)
     with writing_lock(dst):
+        sweep_own_temporaries(dst)  # a killed run's: nobody else writes here now
         before = _record_before(dst)
         same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
         if before is not None and not same_job and not overwrite:

@@ -26,7 +26,9 @@ spool        ``manifest.json`` of version ``spool_v1`` (synth, tokenize); refuse
 dataset      ``dataset.json`` (pack, convert into a folder), or a folder of nothing but pipeline
              shards and their receipts (written before dataset records existed)
 layout       ``blend.json`` or a ``runs/`` folder (pack with ``--split`` or several spools)
-shard        a shard of the same format carrying packlab's own record (convert into one shard)
+shard        a shard of the same format carrying packlab's own record (convert into one shard);
+             a one-file shard's companions (a pair's ``.bin``, a sidecar) go with it, and one
+             found without its shard is refused
 jsonl, ...   a one-file output's record beside it, naming it with its size and checksum
              (corpus, raw-index, pbin: :mod:`packlab.sources.file_records`)
 ===========  ==================================================================================
@@ -34,7 +36,8 @@ jsonl, ...   a one-file output's record beside it, naming it with its size and c
 Never inside another output: a path under a pack output, a layout, a spool or a directory shard
 is refused, whatever the flag (a file written there would be a stray in someone else's record).
 A path the command line cannot name in UTF-8 is refused up front (records and SQL name paths
-in UTF-8). An empty folder may always be written into.
+in UTF-8). An empty folder may always be written into; what a killed run left (hidden
+temporaries whose writer no longer runs) is swept first.
 
 **Staged, published atomically, resumed.** A spool and every shard are built under a temporary
 name and renamed into place by their writers; a one-file output is built under a temporary
@@ -65,7 +68,16 @@ from packlab.cloud.transfer import (
 )
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json, publish, remove, short_hash, temporary_sibling
+from packlab.files import (
+    TMP_MARKER,
+    is_temporary,
+    left_by_a_dead_writer,
+    parse_json,
+    publish,
+    remove,
+    short_hash,
+    temporary_sibling,
+)
 from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
@@ -114,6 +126,8 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
         where, what = enclosing
         raise PacklabError(f"{path}: inside {where}, {what}: packlab writes nothing inside "
                            "another output (choose a path outside it)")
+    if kind == "shard":
+        _check_companions(path, format)
     if not (path.exists() or path.is_symlink()):
         return
     if kind in FOLDER_KINDS and not path.is_dir():
@@ -137,6 +151,18 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
         return  # the same command, interrupted: it finishes the job
     if not overwrite and not resume:
         raise PacklabError(f"{path}: already exists (pass --overwrite to replace it)")
+
+
+def _check_companions(path: Path, format: str | None) -> None:
+    """A one-file shard's other files (a Megatron pair's ``.bin``, packlab's sidecar) are
+    written with it: where the shard is not there, one of them that is would be a person's
+    file (or what is left of another shard), refused."""
+    if format is None or path.exists():
+        return  # an existing shard is judged whole, by its record
+    for companion in get_format(format).Reader.companions(path):
+        if companion.exists() or companion.is_symlink():
+            raise PacklabError(f"{companion}: exists, and writing the {format} shard {path.name} "
+                               f"would replace it; {REFUSAL}")
 
 
 def enclosing_output(path: Path) -> tuple[Path, str] | None:
@@ -271,6 +297,8 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
     shard ``local`` is where the command's writer builds (and publishes) its output; for a
     one-file kind it is a temporary name this block publishes with the file's record; for a
     URI it is a staging folder's entry, uploaded when the block ends normally."""
+    if not is_remote(target):
+        sweep_leftovers(Path(target))
     check_output(target, kind=kind, overwrite=overwrite, resume=resume, format=format)
     if not is_remote(target):
         if kind in FILE_KINDS:
@@ -307,6 +335,26 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
             raise type(exc)(str(exc).replace(str(local), location.uri)) from None
         raise
     remove(staging)
+
+
+def sweep_leftovers(path: Path) -> list[Path]:
+    """Remove what a killed run of a command writing ``path`` left: its hidden temporaries
+    beside it (the output's, its record's: ``.NAME.tmp-PID-...``), and in a folder that holds
+    nothing else, the temporaries inside it, each only when its writer no longer runs (as
+    ``packlab gc`` decides). So the same command finishes, and nothing of a run is left."""
+    gone: list[Path] = []
+    if not path.parent.is_dir():
+        return gone
+    prefixes = (f".{path.name}{TMP_MARKER}", f".{record_path(path).name}{TMP_MARKER}")
+    beside = [p for p in path.parent.iterdir() if p.name.startswith(prefixes)]
+    inside = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+    if not all(is_temporary(p) for p in inside):
+        inside = []  # a folder with content: its own writer sweeps it, under its lock
+    for leftover in (*beside, *inside):
+        if left_by_a_dead_writer(leftover):
+            remove(leftover)
+            gone.append(leftover)
+    return gone
 
 
 @contextmanager
