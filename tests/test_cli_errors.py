@@ -369,3 +369,29 @@ def test_a_closed_pipe_ends_quietly(tree) -> None:
         err = packlab.stderr.read().decode()
         assert packlab.wait(timeout=120) == 141, err
         assert err == "" and head.stdout.decode().startswith(("split", "split,"))
+
+
+def test_its_own_files_and_outputs_with_a_persons_folder_inside_are_read(
+        tree, tmp_path, capsys) -> None:
+    """What ``packlab pbin`` wrote validates and inspects; a folder (even empty) and a file a
+    person put inside a pack output are ignored with one warning line by validate, inspect and
+    ``open_dataset``, never a failure."""
+    from packlab import open_dataset
+
+    for command in ("validate", "inspect"):
+        code, out, err = run_cli(capsys, command, tree["pbinfile"])
+        assert (code, err) == (0, ""), err
+        assert "packlab pbin" in out
+    out = tmp_path / "out"
+    shutil.copytree(tree["out"], out)
+    (out / "my_notes").mkdir()
+    (out / "empty").mkdir()
+    (out / "my_notes" / "todo.txt").write_text("look at bin 3\n")
+    for command in ("validate", "inspect"):
+        code, _, err = run_cli(capsys, command, out)
+        assert code == 0, err
+        warnings = err.strip().splitlines()
+        assert len(warnings) == 1 and "empty and 1 more" in warnings[0], err
+        assert "ignored" in warnings[0], err
+    with pytest.warns(UserWarning, match="ignored"):
+        assert len(open_dataset(out)) == len(open_dataset(tree["out"]))

@@ -25,7 +25,14 @@ from typing import Any
 
 from packlab.errors import FormatError
 from packlab.files import parse_versioned_json, sha256_file, staged
-from packlab.storage import Location, as_location, put_object
+from packlab.storage import (
+    Location,
+    as_location,
+    cache_entry,
+    cache_root,
+    download_file,
+    put_object,
+)
 
 VERSION = "packlab_file_v1"
 STATES = ("writing", "complete")
@@ -129,18 +136,46 @@ def check_file(path: Any) -> dict[str, Any]:
     return record
 
 
-def describe_file(path: Path) -> dict[str, Any]:
-    """What ``packlab inspect`` says of a one-file output packlab wrote: its record and what
-    the file holds (documents, records or index entries), read the way its readers read it."""
-    record = read_file_record(path)
+def file_output(path: Any, *, check: bool) -> tuple[Path | None, dict[str, Any]] | None:
+    """The one-file output packlab wrote that ``path`` names (a local path or a URI) as a
+    local file and its record; None when ``path`` names none. With ``check`` its record must
+    be complete and its bytes the recorded ones (:func:`check_file`). A file on object storage
+    is downloaded once into the cache, checked against its record's checksum; the local file
+    is None while its record says ``"writing"``."""
+    if isinstance(path, list | tuple):
+        return None
+    location = as_location(path)
+    if not location.is_file():
+        return None
+    record = read_file_record(location)
     if record is None:
+        return None
+    if check or (not location.is_local and record["state"] == "complete"):
+        record = check_file(location)
+    if location.is_local:
+        return Path(location.local_path), record
+    if record["state"] != "complete":
+        return None, record
+    local = cache_entry(cache_root() / "files", location, record["sha256"]) / location.name
+    if not local.is_file():
+        download_file(location, local, expect=record)
+    return local, record
+
+
+def describe_file(path: Any, *, check: bool = False) -> dict[str, Any]:
+    """What ``packlab inspect`` (and ``validate``, with ``check``) says of a one-file output
+    packlab wrote, local or on object storage: its record and what the file holds (documents,
+    records or index entries), read the way its readers read it."""
+    found = file_output(path, check=check)
+    if found is None:
         raise FormatError(f"{path}: not a file packlab wrote (no record beside it)")
+    local, record = found
     out: dict[str, Any] = {"path": str(path), "kind": record["kind"],
                            "what": FILE_KINDS[record["kind"]][0],
                            "written_by": f"packlab {record['command']}",
-                           "state": record["state"], "bytes_on_disk": path.stat().st_size}
-    if record["state"] == "complete":
-        out.update(_contents(path, record["kind"]))
+                           "state": record["state"], "bytes_on_disk": as_location(path).size()}
+    if record["state"] == "complete" and local is not None:
+        out.update(_contents(local, record["kind"]))
     return out
 
 

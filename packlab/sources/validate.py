@@ -33,11 +33,11 @@ from packlab.pipeline.receipts import (
     shard_checksum,
 )
 from packlab.progress import progress_bar
-from packlab.sources.file_records import check_file, describe_file, read_file_record
+from packlab.sources.file_records import describe_file, file_output
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source, resolve_source
 from packlab.spool import SPOOL_RECORD
-from packlab.storage import Location, is_remote
+from packlab.storage import Location
 
 
 def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None = None
@@ -69,20 +69,15 @@ def validate_path(path: Any, *, split: str | None = None,
     """``packlab validate PATH [--split]``: a spool, or any dataset path or URI, resolved and
     validated. Returns ``kind`` (``spool``, or the dataset's), counts and, for a dataset, one
     row per shard; raises on the first problem, naming it."""
-    if split is None and _is_local_file(path) and read_file_record(Path(path)) is not None:
-        check_file(Path(path))  # a one-file output packlab wrote: its bytes, its contents
-        return {**describe_file(Path(path)), "kind": "file"}
+    if split is None and file_output(path, check=False) is not None:
+        # a one-file output packlab wrote: its record, its bytes, its contents
+        return {**describe_file(path, check=True), "kind": "file"}
     spool = spool_at(str(path)) if split is None else None
     if spool is not None:
         spool.verify()
         return {"path": str(path), "kind": "spool", "num_sequences": spool.num_sequences,
                 "num_tokens": spool.num_tokens}
     return validate_source(resolve_source(path, split=split), cache_dir=cache_dir)
-
-
-def _is_local_file(path: Any) -> bool:
-    return not isinstance(path, list | tuple) and not is_remote(str(path)) \
-        and Path(path).is_file()
 
 
 def _split_totals(source: Source, rows: list[dict[str, Any]]) -> dict[str, Any]:
