@@ -31,6 +31,17 @@ DIRECTORY_RECORD = "manifest.json"
 TMP_MARKER = ".tmp-"
 
 
+def check_path_name(path: str | os.PathLike[str]) -> None:
+    """A path the OS accepts but UTF-8 cannot spell (bytes that are no character) is refused,
+    one line, before anything is read or written: the filesystems, records and SQL packlab
+    uses name paths in UTF-8."""
+    try:
+        os.fsdecode(path).encode("utf-8")
+    except UnicodeError:
+        raise PacklabError(f"{os.fsencode(path)!r:.200}: the path is not valid UTF-8 (rename "
+                           "it, or choose another path)") from None
+
+
 def temporary_sibling(final: Path) -> Path:
     """A unique hidden name beside ``final``, so the rename that publishes it is atomic:
     ``.NAME.tmp-PID-XXXXXXXX``, the writing process's id in it (what ``packlab gc`` reads to

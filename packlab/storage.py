@@ -46,6 +46,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from packlab import files
 from packlab.errors import FormatError, PacklabError
 from packlab.files import TMP_MARKER, HashedFile, fsync_path, publish, remove, staged
 
@@ -143,17 +144,6 @@ def as_location(path: str | os.PathLike[str] | Location) -> Location:
     return path if isinstance(path, Location) else resolve(path)
 
 
-def check_path_name(path: str | os.PathLike[str]) -> None:
-    """A path the OS accepts but UTF-8 cannot spell (bytes that are no character) is refused,
-    one line, before anything is read or written: the filesystems, records and SQL packlab
-    uses name paths in UTF-8."""
-    try:
-        os.fsdecode(path).encode("utf-8")
-    except UnicodeError:
-        raise PacklabError(f"{os.fsencode(path)!r:.200}: the path is not valid UTF-8 (rename "
-                           "it, or choose another path)") from None
-
-
 def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> Location:
     """A :class:`Location` for a URI (``s3://bucket/key``), or for a path inside ``filesystem``.
 
@@ -163,7 +153,7 @@ def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> 
     if isinstance(path, Location):
         return path
     text = os.fspath(path)
-    check_path_name(text)
+    files.check_path_name(text)
     scheme = scheme_of(text)
     inner = text[len(scheme) + 3:] if scheme else text
     if filesystem is not None:

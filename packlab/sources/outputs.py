@@ -70,6 +70,7 @@ from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
 from packlab.files import (
     TMP_MARKER,
+    check_path_name,
     is_temporary,
     left_by_a_dead_writer,
     parse_json,
@@ -95,7 +96,7 @@ from packlab.sources.file_records import (
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
-from packlab.storage import Location, check_path_name, is_remote, resolve
+from packlab.storage import Location, is_remote, resolve
 
 FOLDER_KINDS = ("spool", "dataset", "layout")
 KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS)
