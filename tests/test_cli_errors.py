@@ -52,6 +52,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert run_cli_quiet("pack", spool, root / "mm", "--format", "memmap_v1", *pack) == 0
     assert run_cli_quiet("pack", spool, root / "bi", "--format", "binidx", *pack) == 0
     assert run_cli_quiet("pack", spool, root / "pb", "--format", "pbin", *pack) == 0
+    assert run_cli_quiet("pack", spool, root / "sft", "--format", "megatron_sft", *pack) == 0
     assert run_cli_quiet("pbin", spool, root / "chat.pbin") == 0
     (root / "mydocs.jsonl").write_text((root / "chat.jsonl").read_text())  # a person's
     shutil.copytree(spool, root / "flipped_spool")  # one byte of one token flipped
@@ -72,6 +73,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "chat": str(root / "chat.jsonl"), "badjsonl": str(root / "bad.jsonl"),
             "missing": str(root / "missing"), "new": str(root / "new"),
             "mm": str(root / "mm"), "bi": str(root / "bi"), "pb": str(root / "pb"),
+            "sft": str(root / "sft"),
             "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
@@ -294,7 +296,7 @@ OVERWRITES = {
 }
 INSIDE = ("{out}/shard_000000.parquet", "{bi}/shard_000000/data.idx",
           "{mm}/shard_000000/input_ids.npy", "{spool}/tokens.bin", "{layout}/blend.json",
-          "{pb}/shard_000000.pbin")
+          "{pb}/shard_000000.pbin", "{sft}/shard_000000.sft.bin", "{sft}/shard_000000.sft.idx")
 
 
 @pytest.mark.parametrize("name", sorted(OVERWRITES))
