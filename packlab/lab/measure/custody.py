@@ -2,7 +2,8 @@
 :func:`packlab.pipeline.shards.write_shards` with the spool's verification (``lengths.bin``
 and ``offsets.bin`` whole, the range checksums of every sequence the plan reads:
 :meth:`SpoolReader.verify_index`, :meth:`SpoolReader.verify_sequences`) and without it (both
-made no-ops for the run), alternately, each into a fresh folder, page cache warm (the spool
+made no-ops for the run; forked workers inherit that), alternately and in turns first, each
+into a fresh folder, page cache warm (the spool
 read once first); the median of ``repeats`` runs each. Also the verification alone, timed
 once per run (its per-process memo cleared, as in a fresh ``packlab pack``).
 """
@@ -47,7 +48,7 @@ def _verification_alone(spool: SpoolReader, indices: Any) -> float:
 
 def custody_cost(spool_path: str | os.PathLike[str], work: str | os.PathLike[str], *,
                  format: str = "parquet", pack_size: int = 4096, bins_per_shard: int = 2048,
-                 workers: int = 1, repeats: int = 3) -> dict[str, Any]:
+                 workers: int = 1, repeats: int = 5) -> dict[str, Any]:
     """Pack throughput (tokens per second) with and without the spool's verification, and
     what the verification alone takes; ``work`` is a scratch folder, removed after."""
     spool = SpoolReader(spool_path)
@@ -58,7 +59,8 @@ def custody_cost(spool_path: str | os.PathLike[str], work: str | os.PathLike[str
     times: dict[str, list[float]] = {"verified": [], "unverified": []}
     alone = []
     for i in range(repeats):
-        for variant in ("verified", "unverified"):
+        order = ("verified", "unverified")
+        for variant in order if i % 2 == 0 else order[::-1]:  # neither always first
             out = work / f"{variant}{i}"
             spool_module._VERIFIED.clear()  # a fresh process's memo
             began = time.perf_counter()
