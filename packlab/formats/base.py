@@ -93,6 +93,9 @@ class FormatFacts:
     #: a shard carries a record of its writer (a manifest, footer metadata or trailer), so
     #: packlab tells its own shards from another program's; False: no room for one (legacy)
     KEEPS_RECORD: ClassVar[bool] = True
+    #: the stacks (names from :data:`READERS`) that store packed data in this format by default:
+    #: the report sets packlab's recommendation beside their choice, with the numbers
+    CHOSEN_BY: ClassVar[tuple[str, ...]] = ()
     #: a one-file shard's other files, each by the suffix that takes the place of ``SUFFIX``
     #: in its name (a Megatron pair's ``.bin``, packlab's sidecar): published before the file
     #: itself (the shard's commit point), uploaded, downloaded, counted and removed with it
