@@ -63,6 +63,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                          "arrow_ipc") == 0
     record = json.loads((root / "converting" / DATASET_RECORD).read_text())
     (root / "converting" / DATASET_RECORD).write_text(json.dumps({**record, "state": "writing"}))
+    shutil.copytree(ref, root / "swap" / "spool")  # a packed_index output, then its spool
+    assert run_cli_quiet("pack", root / "swap" / "spool", root / "swap" / "out", "--format",
+                         "packed_index", *pack) == 0  # replaced: another record in its place
+    record = root / "swap" / "spool" / "manifest.json"
+    record.write_text(json.dumps(json.loads(record.read_text()), indent=1))
     truncated = root / "truncated.pbin"  # a pbin shard cut inside its trailer
     truncated.write_bytes(sorted((root / "pb").glob("*.pbin"))[0].read_bytes()[:-30])
     return {"root": str(root), "spool": str(spool), "other": str(other), "refspool": str(ref),
@@ -73,7 +78,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "chat": str(root / "chat.jsonl"), "badjsonl": str(root / "bad.jsonl"),
             "missing": str(root / "missing"), "new": str(root / "new"),
             "mm": str(root / "mm"), "bi": str(root / "bi"), "pb": str(root / "pb"),
-            "sft": str(root / "sft"),
+            "sft": str(root / "sft"), "swapped": str(root / "swap" / "out"),
             "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
@@ -245,6 +250,8 @@ CASES = [
      ["{flipped_out}/shard_000001", "bin", "checksum mismatch"]),
     (["validate", "{converting}"], ["{converting}", "incomplete output",
                                     "`packlab convert` again"]),
+    (["validate", "{swapped}"], ["spool", "not the spool {swapped} was packed from",
+                                 "replaced"]),
     # limits, before any work
     (["pack", "{spool}", "{new}", "--format", PARQUET, "--pack-size", "2147483648"],
      ["--pack-size", "2,147,483,647"]),
