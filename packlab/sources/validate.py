@@ -45,8 +45,6 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
     """Validate every shard of ``source``; raises on the first problem, naming it. Returns the
     totals, one row per shard, and per split counts when the shards carry splits."""
     rows: list[dict[str, Any]] = []
-    if source.kind == "directory" and not source.remote:
-        check_source_identity(Path(source.given), source)  # before any shard: a swapped spool
     with progress_bar(total=_bins_to_check(source), desc="validate", unit="bin") as bar:
         for shard in source.shards:
             row = _validate_remote(shard, cache_dir) if shard.remote else validate_shard(
@@ -57,6 +55,9 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
     if source.kind == "directory" and not source.remote:
         directory = Path(source.given)
         check_orphan_receipts(directory, {Path(s.path).name for s in source.shards})
+        # after the shards' own checks (which name a damaged spool's fault): a spool that
+        # passes them all may still be another one than the output was packed from
+        check_source_identity(directory, source)
     out: dict[str, Any] = {"path": source.given, "kind": source.kind, **totals(rows),
                            "manifest": any(s.sha256 is not None for s in source.shards)}
     if source.splits:
