@@ -229,3 +229,21 @@ def test_open_shard_takes_any_name_of_a_pair(bins, bridge_dir: Path, name: str) 
     reader = open_shard(bridge_dir / name)
     assert reader.FORMAT == "megatron_sft" and reader.num_bins == 7
     assert bins_equal(reader.read_bin(6), bins[11])
+
+
+def test_sizes_and_the_page_cache_count_every_file_of_a_pair(bridge_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """``bench size`` and the cold-cache measurements see the ``.bin`` (and the sidecar) beside
+    the ``.idx`` a shard is named by, not the index alone."""
+    from packlab.lab.measure.pagecache import shard_files
+    from packlab.lab.measure.size import size_report
+
+    pairs = sorted(bridge_dir.glob("*.sft.[bi][id][nx]"))
+    report = size_report(bridge_dir)
+    assert report["bytes_on_disk"] == sum(p.stat().st_size for p in pairs)
+    assert sorted(report["files"]) == sorted(p.name for p in pairs)
+    ours = write_pair(tmp_path / "p" / "one.sft.idx", [ROW], pack_size=16)
+    assert [p.name for p in shard_files(ours)] == ["one.sft.bin", "one.sft.packlab",
+                                                   "one.sft.idx"]
+    assert size_report(ours)["bytes_on_disk"] == sum(
+        p.stat().st_size for p in ours.parent.iterdir())
