@@ -471,8 +471,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         verify_files(self.path, self.record.get("files", {}), checksums=True)
         listed = set(self.record.get("files", {}))
         if listed != set(self._expected_sizes()):
-            raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
-                              f"expected {sorted(self._expected_sizes())}")
+            raise FormatError(f"{self.path / RECORD}: lists {', '.join(sorted(listed))}, "
+                              f"expected {', '.join(sorted(self._expected_sizes()))}")
         n = self.num_bins
         documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
         if not np.array_equal(documents, np.arange(n + 1)):
