@@ -120,8 +120,8 @@ def test_help_lists_formats_and_shows_defaults(capsys) -> None:
     for name in format_names():
         assert name in text
     assert "validate -h" not in text
-    assert re.search(r"--bins-per-shard BINS_PER_SHARD bins in each shard file \(default 8192\)",
-                     text)
+    assert re.search(r"--bins-per-shard BINS_PER_SHARD bins in each shard file; the last shard "
+                     r"holds the rest \(default: 8192\)", text)
 
 
 # -- progress ----------------------------------------------------------------------------------
