@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import PacklabError
-from packlab.formats import detect_format
+from packlab.formats import detect_format, shard_size
 from packlab.layout.blend import is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.sources import open_shard
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source
-from packlab.storage import as_location
 
 
 def what_is(folder: Path) -> str:
@@ -50,7 +49,7 @@ def shard_info(shard: Shard) -> dict[str, Any]:
                 "pack_size": int(reader.pack_size)}
         if not shard.remote:
             info = {**dict(reader.info()), **info}
-    info["bytes_on_disk"] = as_location(shard.path).tree_size()
+    info["bytes_on_disk"] = shard_size(shard.path)
     return info
 
 

@@ -64,10 +64,13 @@ def format_rows(run: Run) -> list[dict[str, Any]]:
             "warm_floor_us": warm.python_floor_p50_us if warm else None,
             "warm_raw_csr_us": warm.raw_csr_p50_us if warm else None,
             "cold_p50_us": cold.p50_us if cold else None,
+            "warm_p50_us_parts": warm.p50_by_part_us if warm else None,
+            "cold_p50_us_parts": cold.p50_by_part_us if cold else None,
             "cold_pread_us": cold.pread_p50_us if cold else None,
             "scan_tokens_per_s": scan.tokens_per_s if scan else None,
             "bytes_per_token": sizes.get(fmt),
-            "read_by": list(facts.READ_BY), "in_ram": facts.IN_RAM,
+            "read_by": list(facts.READ_BY), "chosen_by": list(facts.CHOSEN_BY),
+            "in_ram": facts.IN_RAM,
             "needs_spool": facts.NEEDS_SPOOL, "reads_in_place": facts.READS_IN_PLACE,
         })
     return rows
@@ -106,22 +109,64 @@ def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[
             NOT_MEASURED, "also": list(also)}
 
 
+def _stable_key(row: Mapping[str, Any]) -> tuple[int, float, str]:
+    """What breaks a speed tie: what does not move between runs (more systems reading the
+    files, then fewer bytes per token)."""
+    size = row["bytes_per_token"]
+    return -len(row["read_by"]), size if size is not None else float("inf"), row["format"]
+
+
+def _fastest_tied(rows: Sequence[Mapping[str, Any]], warm: str, cold: str | None = None,
+                  part: int | None = None) -> list[Mapping[str, Any]]:
+    """The formats within :data:`TIE` of the fastest warm p50, best first: by what does not
+    move (:func:`_stable_key`), or by the lowest ``cold`` p50 (the former rule). ``part``:
+    the p50 of one fifth of the reads instead of the whole (a rerun in miniature)."""
+    def p50(row: Mapping[str, Any], key: str) -> float:
+        return row[key] if part is None else row[f"{key}_parts"][part]
+
+    fastest = min(p50(r, warm) for r in rows)
+    tied = [r for r in rows if p50(r, warm) <= TIE * fastest]
+    return sorted(tied, key=(lambda r: p50(r, cold)) if cold else _stable_key)
+
+
+def rerun_agreement(rows: Sequence[Mapping[str, Any]], cold: str | None = None
+                    ) -> tuple[int, int] | None:
+    """In how many fifths of the run (each a rerun in miniature) the local-training rule
+    chooses what the whole run chooses, of how many; ``cold``: the former rule, ties broken
+    by the lowest cold p50. None without the parts (a run recorded before them)."""
+    keys = ["warm_p50_us"] + ([cold] if cold else [])
+    if not rows or any(r.get(f"{k}_parts") is None for r in rows for k in keys):
+        return None
+    chosen = _fastest_tied(rows, "warm_p50_us", cold)[0]["format"]
+    parts = min(len(r[f"{k}_parts"]) for r in rows for k in keys)
+    same = sum(_fastest_tied(rows, "warm_p50_us", cold, k)[0]["format"] == chosen
+               for k in range(parts))
+    return same, parts
+
+
 def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
-            f"every bin at open); formats within {TIE:.2f}x of it tie, and the lowest cold p50 "
-            "among them wins")
+            f"every bin at open); formats within {TIE:.2f}x of it tie, and a tie goes to what "
+            "does not move between runs: the format more systems read, then the fewest bytes "
+            "per token")
     fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
            and r["cold_p50_us"] is not None]
     if not fit:
         return _choice("local training", rule, None, "")
-    fastest = min(r["warm_p50_us"] for r in fit)
-    tied = sorted((r for r in fit if r["warm_p50_us"] <= TIE * fastest),
-                  key=lambda r: r["cold_p50_us"])
+    tied = _fastest_tied(fit, "warm_p50_us")
     best = tied[0]
     why = (f"warm p50 {fmt_us(best['warm_p50_us'])} µs (Python floor "
            f"{fmt_us(best['warm_floor_us'])}), cold {fmt_us(best['cold_p50_us'])} µs (raw pread "
            f"{fmt_us(best['cold_pread_us'])}), writer peak {human_bytes(best['write_peak_bytes'])}"
            f", load peak {human_bytes(best['load_peak_bytes'])}")
+    if best["read_by"] or best["bytes_per_token"] is not None:
+        why += (f"; read by {', '.join(best['read_by']) or 'packlab only'}, "
+                f"{best['bytes_per_token']:.2f} bytes/token")
+    agreed, former = rerun_agreement(fit), rerun_agreement(fit, "cold_p50_us")
+    if agreed is not None and former is not None:
+        why += (f"; the same answer in {agreed[0]} of {agreed[1]} fifths of the run, each a "
+                f"rerun in miniature (a tie broken by the lowest cold p50: {former[0]} of "
+                f"{former[1]})")
     return _choice("local training", rule, best["format"], why, [r["format"] for r in tied[1:]])
 
 
@@ -187,6 +232,90 @@ def recommendations_table(run: Run) -> str:
             if r["also"] and r["use_case"] == "local training" else "")
           if r["format"] else NOT_MEASURED, r["why"], r["rule"]]
          for r in recommendations(run)])
+
+
+# -- packlab's answer beside another stack's default -------------------------------------------
+def _against(value: float | None, other: float | None, unit: str, *, lower_is_better: bool = True
+             ) -> str:
+    """How ``value`` stands against ``other``: tied within :data:`TIE`, else the ratio."""
+    if value is None or other is None or other <= 0:
+        return "not measured"
+    ratio = value / other
+    if 1 / TIE <= ratio <= TIE:
+        return "agree (within 1.10x)"
+    better = ratio < 1 if lower_is_better else ratio > 1
+    return f"{'better' if better else 'worse'}: {ratio:,.2f}x ({unit})"
+
+
+def _aspects(chosen: Mapping[str, Any], pick: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Size, warm and cold reads, write memory: (aspect, chosen's value, pick's, verdict)."""
+    def size(r: Mapping[str, Any]) -> str:
+        return f"{r['bytes_per_token']:.2f} B/token" if r["bytes_per_token"] is not None else "n/a"
+
+    def us(r: Mapping[str, Any], key: str) -> str:
+        return f"{fmt_us(r[key])} µs" if r[key] is not None else "n/a"
+
+    return [
+        ("size on disk", size(chosen), size(pick),
+         _against(chosen["bytes_per_token"], pick["bytes_per_token"], "bytes per token")),
+        ("warm random read, p50", us(chosen, "warm_p50_us"), us(pick, "warm_p50_us"),
+         _against(chosen["warm_p50_us"], pick["warm_p50_us"], "p50")),
+        ("cold random read, p50", us(chosen, "cold_p50_us"), us(pick, "cold_p50_us"),
+         _against(chosen["cold_p50_us"], pick["cold_p50_us"], "p50")),
+        ("write peak RSS", human_bytes(chosen["write_peak_bytes"]),
+         human_bytes(pick["write_peak_bytes"]),
+         _against(chosen["write_peak_bytes"], pick["write_peak_bytes"], "peak")),
+    ]
+
+
+def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None
+                    ) -> tuple[str, str, str, str]:
+    """Object storage: read in place or downloaded first, and the bytes a read moves."""
+    def how(r: Mapping[str, Any]) -> str:
+        way = "read in place by ranged GETs" if r["reads_in_place"] else "downloaded whole first"
+        size = (f", {r['bytes_per_token']:.2f} B/token stored"
+                if r["bytes_per_token"] is not None else "")
+        return way + size
+
+    if pick is None:
+        return ("object storage", how(chosen), NOT_MEASURED, "not measured")
+    if pick["format"] == chosen["format"]:
+        verdict = "agree (the same format)"
+    elif not chosen["reads_in_place"]:
+        verdict = "differs: downloaded before its first bin"
+    else:
+        verdict = "differs: " + _against(chosen["bytes_per_token"], pick["bytes_per_token"],
+                                         "bytes per token").split(": ", 1)[-1]
+    return ("object storage", how(chosen), f"`{pick['format']}`: {how(pick)}", verdict)
+
+
+def chosen_elsewhere(run: Run) -> list[dict[str, Any]]:
+    """Each format another stack stores by default (``CHOSEN_BY``) beside packlab's
+    recommendations, aspect by aspect, with the numbers and where they agree."""
+    rows = format_rows(run)
+    by_name = {r["format"]: r for r in rows}
+    picks = {c["use_case"]: by_name.get(c["format"]) for c in recommendations(run)}
+    local, storage = picks.get("local training"), picks.get("object storage")
+    out = []
+    for chosen in (r for r in rows if r["chosen_by"]):
+        aspects = _aspects(chosen, local) if local is not None else []
+        out.append({"format": chosen["format"], "stacks": chosen["chosen_by"],
+                    "local": local["format"] if local else None,
+                    "aspects": [*aspects, _storage_aspect(chosen, storage)]})
+    return out
+
+
+def chosen_elsewhere_table(run: Run) -> str:
+    """The comparison as Markdown: one table per stack's choice."""
+    parts = []
+    for c in chosen_elsewhere(run):
+        stacks = ", ".join(c["stacks"])
+        local = f"`{c['local']}`" if c["local"] else NOT_MEASURED
+        parts.append(markdown_table(
+            ["", f"{stacks}'s choice: `{c['format']}`",
+             f"packlab's recommendation (local training: {local})", "where they stand"],
+            [list(a) for a in c["aspects"]]))
+    return "\n\n".join(parts) or NOT_MEASURED
 
 
 # -- claims across notebooks -------------------------------------------------------------------
