@@ -54,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.allow_writes:
         check_read_only(args.sql)  # before the shards are even listed
     con = connect(args.data, split=args.split, tokens=args.tokens, threads=args.threads,
-                  memory_limit=args.memory_limit, allow_writes=args.allow_writes)
+                  memory_limit=args.memory_limit, allow_writes=args.allow_writes,
+                  note=lambda message: print(f"packlab query: {message}", file=sys.stderr))
     try:
         try:
             result = execute(con, args.sql)
