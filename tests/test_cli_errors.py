@@ -418,3 +418,16 @@ def test_tables_print_plain_values(tree, capsys) -> None:
     assert code == 0 and "formats" in out
     assert_plain_words(out.replace("\n", " "))
     assert "['" not in out and "e+0" not in out
+
+
+def test_the_local_s3_store_prints_help_instead_of_serving() -> None:
+    """``python -m packlab.lab.s3server --help`` (a server would never return: the timeout
+    fails the test) and an abbreviated flag refused in one line."""
+    run = [sys.executable, "-m", "packlab.lab.s3server"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m packlab.lab.s3server")
+    assert "127.0.0.1 only" in shown.stdout and "(default: 0)" in shown.stdout
+    refused = subprocess.run([*run, "--po", "9000"], capture_output=True, text=True, timeout=60,
+                             env=env)
+    assert refused.returncode == 2 and "unrecognized arguments: --po" in refused.stderr
