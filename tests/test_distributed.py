@@ -26,8 +26,6 @@ from packlab.sharded.plan import chunk_path, marker_path
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
-pytest.importorskip("torch.distributed")
-
 PACK = 512
 SPC = 6
 MBS = 2
