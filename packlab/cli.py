@@ -37,8 +37,8 @@ _FLAGS = {"overwrite": "--overwrite", "split": "--split", "max_records": "--reco
           "bins_per_shard": "--bins-per-shard", "vocab_size": "--vocab-size",
           "workers": "--workers", "seed": "--seed", "samples": "--samples",
           "batch_size": "--batch-size", "limit": "--limit", "threads": "--threads",
-          "memory_limit": "--memory-limit"}
-_KEYWORD = re.compile(r"\b(?:pass )?(" + "|".join(_FLAGS) + r")=(?:True|\.\.\.)?")
+          "memory_limit": "--memory-limit", "token_width": "--token-width"}
+_KEYWORD = re.compile(r"\b(?:pass )?(" + "|".join(_FLAGS) + r")=(True\b|\.\.\.|[\w.]+)?")
 _USAGE_ERROR: list[str] = []  # the last usage error's line (main prints it as JSON on --json)
 _SUBJECT = re.compile(r"^(?:(.*?): )?(" + "|".join(_FLAGS) + r") (must|should)\b")
 
@@ -118,11 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def in_cli_words(message: str) -> str:
     """A library message in the command line's words: ``pass overwrite=True`` becomes
-    ``pass --overwrite``, ``max_records must be positive`` ``--records must be positive``."""
+    ``pass --overwrite``, ``token_width=4`` ``--token-width 4``, ``max_records must be
+    positive`` ``--records must be positive``."""
     message = _SUBJECT.sub(lambda m: f"{m.group(1) + ': ' if m.group(1) else ''}"
                                      f"{_FLAGS[m.group(2)]} {m.group(3)}", message)
     return _KEYWORD.sub(lambda m: ("pass " if m.group(0).startswith("pass ") else "")
-                        + _FLAGS[m.group(1)], message)
+                        + _FLAGS[m.group(1)]
+                        + (f" {m.group(2)}" if m.group(2) not in (None, "True", "...") else ""),
+                        message)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -263,6 +263,9 @@ def test_library_words_become_flags() -> None:
         "--records must be positive, got 0"
     assert in_cli_words("/a/b: vocab_size must be an integer") == \
         "/a/b: --vocab-size must be an integer"
+    assert in_cli_words("x.pbin: bin 3: token ids 0..70000 do not fit 2-byte tokens; pass "
+                        "token_width=4") == \
+        "x.pbin: bin 3: token ids 0..70000 do not fit 2-byte tokens; pass --token-width 4"
 
 
 def test_a_closed_pipe_ends_quietly(tree) -> None:
