@@ -183,11 +183,9 @@ def serve(host: str = HOST, port: int = 0, buckets: Iterable[str] = (),
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m packlab.lab.s3server``: a store to try ``s3://`` paths on, by hand."""
-    from packlab.cli import HelpFormatter
-
     parser = argparse.ArgumentParser(
         prog="python -m packlab.lab.s3server", allow_abbrev=False,
-        formatter_class=HelpFormatter,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description=f"A local S3-compatible store (moto) to try packlab's s3:// paths on: it "
                     f"listens on {HOST} only, keeps every object in memory (gone when it "
                     f"stops) and takes one fixed pair of keys. It prints PORT and the port "
@@ -195,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                     f"(in another shell) at it. Ctrl-C stops it.")
     parser.add_argument("--port", type=int, default=0,
                         help="the port to listen on; 0 picks a free one")
-    parser.add_argument("--bucket", action="append", default=None, metavar="NAME",
+    parser.add_argument("--bucket", action="append", default=argparse.SUPPRESS, metavar="NAME",
                         help="a bucket to create at start (repeat for more; default: none)")
     args = parser.parse_args(argv)
-    args.bucket = args.bucket or []
+    args.bucket = getattr(args, "bucket", [])
     if not 0 <= args.port <= 65535:
         parser.error(f"--port must be in 0..65535, got {args.port}")
 
