@@ -29,6 +29,7 @@ from packlab.lab.s3server import HOST, CountingMiddleware, S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
+from packlab.sources.convert import convert
 from packlab.sources.validate import validate_path
 
 
@@ -696,3 +697,38 @@ def test_packlab_open_dataset_takes_uris(server, data) -> None:
     assert isinstance(ds, cloud.RemoteDataset) and ds.formats == ["parquet"]
     same_bins(ds, bins)
     assert len(packlab.open_dataset([uri, uri])) == 2 * len(bins)
+
+
+def test_bridges_pairs_on_s3_open_validate_and_convert_item_exact(server, data,
+                                                                  tmp_path: Path) -> None:
+    """Pairs as Bridge writes them (megatron-core's builder, no packlab sidecar), copied to the
+    store as they are: a directory, a glob, one prefix open item-exact, in place (the .idx
+    cached, a ranged GET per bin); validate and convert take them too."""
+    from sft_pairs import builder_pair, item_from_facts
+
+    _, _, _, bins = data
+    parts = (bins[:9], bins[9:20], bins[20:])
+    fs = server.filesystem()
+    for k, part in enumerate(parts):
+        idx = builder_pair(tmp_path / "bridge" / f"training_512_{k}.sft",
+                           [item_from_facts(b) for b in part])
+        for file in (idx, idx.with_suffix(".bin")):
+            with fs.open_output_stream(f"{BUCKET}/bridge/{file.name}") as out:
+                out.write(file.read_bytes())
+    root = f"s3://{BUCKET}/bridge"
+    for name, want in ((root, bins), (f"{root}/*.sft.idx", bins),
+                       (f"{root}/training_512_1.sft", parts[1])):
+        ds = open_dataset(name, cache_dir=tmp_path / "cache")
+        assert ds.formats == ["megatron_sft"] * len(ds.shards), name
+        same_bins(ds, want)
+    reader = open_shard(f"{root}/training_512_2.sft.bin", cache_dir=tmp_path / "cache")
+    assert isinstance(reader.path, storage.Location) and not reader.has_checksums
+    server.reset_counts()
+    packed = reader.read_bin(3)
+    log = [e for e in server.stats()["log"] if e["method"] == "GET"]
+    assert len(log) == 1 and log[0]["path"].endswith("training_512_2.sft.bin"), log
+    assert np.array_equal(packed.input_ids, parts[2][3].input_ids)
+    summary = validate_path(root, cache_dir=tmp_path / "download")
+    assert summary["num_bins"] == len(bins)
+    convert(root, str(tmp_path / "parquet"), format="parquet")
+    same_bins(open_dataset(tmp_path / "parquet"), bins)
