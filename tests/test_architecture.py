@@ -27,8 +27,8 @@ NOT_FORMAT_NAMES = {
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "storage", "progress", "safe_pickle", "mapping", "bins",
      "invariants", "executors"),
-    ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
-     "materialize"),
+    ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "mffd",
+     "packing", "materialize"),
     ("formats",),
     ("dataset", "discovery", "samplers", "collate", "pipeline", "sharded", "interop"),
     ("layout",),
