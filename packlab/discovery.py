@@ -7,6 +7,12 @@ storage). In a directory, hidden temporaries, receipts and manifests (``*.json``
 layout folders are skipped; anything else that no format claims is an error, so a damaged shard
 is never silently left out.
 
+A one-file shard may have companions (a Megatron pair's ``train.sft.bin`` and packlab's
+sidecar beside its ``train.sft.idx``): they belong to their shard, never shards themselves,
+and a path naming one of them, or the prefix they share (``train.sft``, as Megatron's tools
+name a pair), names the shard (:func:`packlab.formats.shard_entry`); a companion without its
+shard is refused as an unfinished one.
+
 A spool beside the shards, or a folder of spools, is no shard and is skipped too: Nemotron's
 output directory holds ``shard_000000.parquet``... beside ``spool/shard_000000/``..., the
 spools it packed them from (finished, empty or still being written).
@@ -30,7 +36,15 @@ from typing import Any
 
 from packlab.errors import FormatError
 from packlab.files import is_temporary
-from packlab.formats import detect_format, directory_shard_files, format_names, get_format
+from packlab.formats import (
+    detect_format,
+    directory_shard_files,
+    format_names,
+    get_format,
+    is_companion,
+    shard_entry,
+    shard_size,
+)
 from packlab.formats.base import SHARD_RECORD
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
@@ -45,7 +59,7 @@ from packlab.storage import Location, resolve
 PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
 IGNORED_NAMES = {"splits", "runs", "receipts", "README", "README.md", "_SUCCESS"}
-IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log")
+IGNORED_SUFFIXES = (".json", ".txt", ".md", ".log", ".lock")  # locks: Bridge's X.sft.lock
 
 
 class NoShardsError(FormatError):
@@ -138,7 +152,8 @@ def is_shard_like(location: Any) -> bool:
     """An entry of a shard directory that could be a shard (what a dataset record must
     list): anything but hidden names, temporaries, receipts, notes, layout and spool folders."""
     location = resolve(location)
-    return not _ignored(location) and not holds_spools(location)
+    return not _ignored(location) and not is_companion(location.name) \
+        and not holds_spools(location)
 
 
 def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
@@ -151,6 +166,9 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     location = resolve(path, filesystem)
     if not location.exists() and _has_magic(location):
         return _globbed(location, format)
+    named = shard_entry(location)
+    if named != location and (named.exists() or not location.exists()):
+        location = named  # a pair's other file, or its prefix: the pair
     if not location.exists():
         raise FormatError(f"{_shown(path)}: no such file or directory")
     if not location.is_dir():
@@ -164,7 +182,7 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     if manifest is not None:
         return [ShardRef.listed(p, expect_format(p, manifest["format"], format), entry)
                 for p, entry in listed_shards(location, manifest, is_shard_like,
-                                              lambda p: p.tree_size())]
+                                              shard_size)]
     if holds_spools(location):
         what = "a spool (spool_v1)" if _is_spool(location) else "a folder of spools (spool_v1)"
         raise FormatError(f"{_shown(path)}: {what}, not packed shards: pack it first "
@@ -185,14 +203,20 @@ def _has_magic(location: Location) -> bool:
 
 
 def _globbed(location: Location, format: str | None) -> list[ShardRef]:
-    matches = location.glob()
+    matches = location.glob() or shard_entry(location).glob()  # a pattern of prefixes
     if not matches:
         raise FormatError(f"{location}: the pattern matches nothing")
     picked: list[ShardRef] = []
     manifests: Placements = {}
+    seen: set[str] = set()
     for match in matches:
-        if _ignored(match):
+        match = shard_entry(match)  # a pair matched by any of its files is the pair, once
+        if _ignored(match) or match.path in seen:
             continue
+        seen.add(match.path)
+        if not match.exists():
+            raise FormatError(f"{match}: missing beside the files the pattern matched (an "
+                              "unfinished pair?)")
         name = detect_format(match)
         if _is_main_entry(match, name):
             picked.append(placed(match, expect_format(match, name, format), manifests))
@@ -227,6 +251,11 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
             raise FormatError(f"{child}: broken link to {child.link_target()} (its shard is "
                               "missing; rerun `packlab pack` to rewrite it)")
         if holds_spools(child):
+            continue
+        if is_companion(child.name):
+            if not any(shard_entry(child).name == c.name for c in children):
+                raise FormatError(f"{child}: no {shard_entry(child).name} beside it (an "
+                                  "unfinished or damaged pair; refused)")
             continue
         name = _detect(child)
         if name is None:

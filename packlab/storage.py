@@ -365,6 +365,10 @@ class Location:
         with self.open_input() as f:
             return f.read_at(nbytes, offset)
 
+    def ranged(self) -> RangedFile:
+        """This file, read by byte ranges where it is (:class:`RangedFile`)."""
+        return RangedFile(self)
+
     def temporary(self) -> Location:
         """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing (a
         local parent folder is made if missing)."""
@@ -396,6 +400,62 @@ class Location:
             pass
         except (OSError, pa.ArrowException) as exc:
             raise PacklabError(f"{self}: cannot delete: {_short(exc)}") from None
+
+
+class RangedFile:
+    """One file read by byte ranges where it is: opened on the first read (on object storage
+    one HEAD, as pyarrow opens a file), then every :meth:`read` is exactly one ranged GET of
+    exactly the bytes asked (locally, a ``pread``). How a reader reads bins in place on object
+    storage, as Megatron-core's object-storage path does. Pickles as its Location (a process
+    opens its own handle)."""
+
+    __slots__ = ("location", "_file", "requests")
+
+    def __init__(self, location: Location) -> None:
+        self.location = location
+        self._file: pa.NativeFile | None = None
+        self.requests = 0  # ranged reads made through this handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"location": self.location}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["location"])  # type: ignore[misc]
+
+    def size(self) -> int:
+        return int(self._opened().size())
+
+    def _opened(self) -> pa.NativeFile:
+        if self._file is None:
+            self._file = self.location.open_input()
+        return self._file
+
+    def read(self, offset: int, nbytes: int) -> bytes:
+        """Bytes ``[offset, offset + nbytes)``: one request; fewer bytes than asked (a file
+        shorter than its index says) is a FormatError naming the file."""
+        try:
+            data = self._opened().read_at(nbytes, offset)
+        except (OSError, pa.ArrowException) as exc:
+            raise FormatError(f"{self.location}: cannot read bytes {offset}..{offset + nbytes}: "
+                              f"{_short(exc)}") from None
+        self.requests += 1
+        if len(data) != nbytes:
+            raise FormatError(f"{self.location}: {len(data)} of the {nbytes} bytes at byte "
+                              f"{offset} (truncated or corrupted)")
+        return data
+
+    def close(self) -> None:
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()
+
+
+def cache_root() -> Path:
+    """Where packlab keeps what it fetched from object storage (verified downloads, the
+    indexes of shards read in place): ``$PACKLAB_CACHE_DIR``, default
+    ``~/.cache/packlab/remote``."""
+    env = os.environ.get("PACKLAB_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "packlab" / "remote"
 
 
 def _short(exc: BaseException) -> str:
@@ -497,3 +557,37 @@ def download_file(source: Location, local: str | os.PathLike[str], *,
                 raise FormatError(f"{source}: checksum mismatch with its manifest (corrupted); "
                                   "the shard is refused")
     return entry
+
+
+def cache_entry(cache: Path, location: Location, version: str) -> Path:
+    """The cache folder of ``location``'s bytes as of ``version`` (a record's hash, a size
+    and modification time): a replaced object is a new entry, never a mix of old and new."""
+    def digest(text: str) -> str:
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    return cache / digest(location.uri) / digest(version)
+
+
+def fetch_files(folder: Location, files: dict[str, dict[str, Any] | None], final: Path, *,
+                last: dict[str, bytes] | None = None) -> Path:
+    """The files ``files`` names under ``folder`` downloaded whole into the local folder
+    ``final`` (a cache entry), each refused unless it matches its expected manifest entry
+    (``bytes``, ``sha256``) where one is given; ``last`` (name: bytes) written after them, as
+    a record is on the store. Published by one rename, so processes sharing the cache never
+    see a half download; a folder already there is checked by its sizes only (cheap)."""
+    marker = next(iter(last)) if last else next(iter(files))
+    if (final / marker).is_file():
+        for name, entry in files.items():
+            have = (final / name).stat().st_size if (final / name).is_file() else -1
+            if entry is not None and have != entry.get("bytes"):
+                raise FormatError(f"{final / name}: {have} bytes in the cache, its record says "
+                                  f"{entry.get('bytes')} (remove the cache entry)")
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with staged(final, overwrite=True, directory=True) as tmp:
+        for name, entry in files.items():
+            download_file(folder / name, tmp / name, expect=entry)
+        for name, data in (last or {}).items():
+            (tmp / name).write_bytes(data)
+    return final
+

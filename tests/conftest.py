@@ -189,9 +189,11 @@ def write_format_shard(format: str, path: Path, spool: SpoolReader, assignment: 
 
 
 def shard_files_of(format: str, path: Path) -> list[Path]:
-    """Every file a shard consists of, largest first: the file itself, or a directory's files."""
+    """Every file a shard consists of, largest first: the file itself and its companions
+    (a pair's ``.bin``, packlab's sidecar), or a directory's files."""
     facts = get_format(format).Reader
-    files = [path / name for name in facts.shard_files()] if facts.is_directory() else [path]
+    files = [path / name for name in facts.shard_files()] if facts.is_directory() else [
+        path, *(c for c in facts.companions(path) if c.exists())]
     return sorted(files, key=lambda f: -f.stat().st_size)
 
 

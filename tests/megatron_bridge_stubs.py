@@ -30,6 +30,41 @@ Everything the tests call (``GPTSFTPackedDataset``, ``GPTSFTPackedParquetDataset
 ``collate_fn``, ``build_gpt_sft_split``, ``PackedSequenceSpecs``, the offline packer
 ``prepare_gpt_sft_packed_data`` and its algorithms, ``write_packed_parquet``,
 ``safe_load_npy``) is Bridge's unmodified code from the installed wheel.
+
+:func:`import_bridge_loaders` adds Bridge's loader builder (``data/loaders.py``:
+``build_train_valid_test_data_loaders``), its samplers (``data/samplers.py``), the provider
+contract (``data/base.py``), ``get_dataset_provider`` (``data/utils.py``) and the GPT SFT
+builder (``data/builders/gpt_sft.py``: ``GPTSFTDatasetConfig`` and its datasets provider), all
+real (the bare ``megatron.bridge.data.builders`` package of 3. is given the two names of
+``gpt_sft`` its ``__init__`` exports and the loader modules import). The modules they import on
+the way that cannot load here get stand-ins, each only what the real code reads of it:
+
+6. ``megatron.bridge.training.config``: needs ``megatron.training`` (Megatron-LM's training
+   package, not in the megatron-core wheel). The loader modules use ``ConfigContainer`` as a
+   type annotation and ``GPTDatasetConfig``, ``GPTFIMDatasetConfig``, ``MockGPTDatasetConfig``
+   in ``isinstance`` checks (pretraining configs, which a packed SFT dataset is not): empty
+   classes. The container the builder reads is :class:`RecipeConfig` below.
+7. ``megatron.bridge.training.state``: needs ``get_async_strategy``, absent from this
+   megatron-core. ``TrainState`` is what the builder reads and writes of it: the consumed
+   sample counts and the three ``do_*`` flags (:class:`TrainState` below, Bridge's fields and
+   defaults, without its checkpoint methods).
+8. ``megatron.bridge.data.megatron_mimo.base_provider`` and
+   ``megatron.bridge.models.megatron_mimo.megatron_mimo_provider`` (need megatron-core and
+   ``transformers`` modules absent here): the builder imports ``MegatronMIMODatasetProvider``
+   and ``MegatronMIMOProvider`` to ask whether the model is a MIMO model: empty classes (it is
+   not).
+9. ``megatron.bridge.data.builders.direct_hf_sft``, ``.energon``, ``.mock_vlm_sft`` and
+   ``megatron.bridge.data.datasets.fim_dataset`` (need ``transformers`` modules, Energon,
+   ``megatron.training``): ``get_dataset_provider``'s registry maps their config classes to
+   their builders; stand-ins are empty config classes (a packlab provider is none of them) and
+   builders that refuse to run.
+10. ``megatron.bridge.utils.common_utils`` (already a stand-in, 4. above) also gives
+    ``get_world_size_safe`` (the world size of the initialized process group, else
+    ``WORLD_SIZE``, else 1), which ``training/utils/sig_utils.py`` (real) imports.
+
+One call is redirected, not stubbed: the builder puts its three ``do_*`` flags on ``"cuda"``
+to broadcast them; this machine has no GPU, so :func:`cuda_flags_on_cpu` creates tensors asked
+for on ``"cuda"`` on the CPU, where the gloo group broadcasts them.
 """
 
 from __future__ import annotations
@@ -37,8 +72,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import signal
 import sys
 import types
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +111,16 @@ def _common_utils() -> types.ModuleType:
     def resolve_path(path: str) -> Path:
         return Path(path).expanduser().absolute().resolve()
 
+    def get_world_size_safe() -> int:
+        import torch.distributed
+
+        if torch.distributed.is_initialized():
+            return torch.distributed.get_world_size()
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
     module.get_local_rank_preinit = get_local_rank_preinit
     module.get_rank_safe = safe_get_rank
+    module.get_world_size_safe = get_world_size_safe
     module.print_rank_0 = print_rank_0
     module.resolve_path = resolve_path
     return module
@@ -107,6 +154,146 @@ def import_bridge() -> types.SimpleNamespace:
     return types.SimpleNamespace(**{k: importlib.import_module(v) for k, v in names.items()})
 
 
+def _module(name: str, **names: Any) -> types.ModuleType:
+    module = types.ModuleType(name)
+    for key, value in names.items():
+        setattr(module, key, value)
+    return module
+
+
+def _refusing_builder(name: str) -> Any:
+    def provider(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{name}: a stand-in (its module cannot load here); not a packlab "
+                           "provider's path")
+    return provider
+
+
+def _empty(name: str) -> type:
+    return type(name, (), {})
+
+
+@dataclass
+class TrainState:
+    """What Bridge's loader builder reads and writes of its ``TrainState``: Bridge's fields and
+    defaults (``megatron/bridge/training/state.py``), without its checkpoint methods."""
+
+    step: int = 0
+    consumed_train_samples: int = 0
+    skipped_train_samples: int = 0
+    consumed_valid_samples: int = 0
+    floating_point_operations_so_far: int = 0
+    do_train: bool = False
+    do_valid: bool = False
+    do_test: bool = False
+
+
+def _loader_stand_ins() -> dict[str, types.ModuleType]:
+    builders = {"direct_hf_sft": "DirectHFSFT", "energon": "Energon", "mock_vlm_sft": "MockVLMSFT"}
+    stand_ins = {
+        f"megatron.bridge.data.builders.{module}": _module(
+            f"megatron.bridge.data.builders.{module}", **{
+                f"{prefix}DatasetConfig": _empty(f"{prefix}DatasetConfig"),
+                f"{module}_train_valid_test_datasets_provider": _refusing_builder(module)})
+        for module, prefix in builders.items()}
+    stand_ins.update({
+        "megatron.bridge.data.datasets.fim_dataset": _module(
+            "megatron.bridge.data.datasets.fim_dataset", GPTFIMDataset=_empty("GPTFIMDataset")),
+        "megatron.bridge.training.config": _module(
+            "megatron.bridge.training.config", ConfigContainer=_empty("ConfigContainer"),
+            GPTDatasetConfig=_empty("GPTDatasetConfig"),
+            GPTFIMDatasetConfig=_empty("GPTFIMDatasetConfig"),
+            MockGPTDatasetConfig=_empty("MockGPTDatasetConfig")),
+        "megatron.bridge.training.state": _module("megatron.bridge.training.state",
+                                                  TrainState=TrainState),
+        "megatron.bridge.data.megatron_mimo.base_provider": _module(
+            "megatron.bridge.data.megatron_mimo.base_provider",
+            MegatronMIMODatasetProvider=_empty("MegatronMIMODatasetProvider")),
+        "megatron.bridge.models.megatron_mimo.megatron_mimo_provider": _module(
+            "megatron.bridge.models.megatron_mimo.megatron_mimo_provider",
+            MegatronMIMOProvider=_empty("MegatronMIMOProvider")),
+    })
+    return stand_ins
+
+
+LOADER_STUBBED = tuple(_loader_stand_ins())
+
+
+def import_bridge_loaders() -> types.SimpleNamespace:
+    """Bridge's loader builder, samplers, provider contract, ``get_dataset_provider`` and GPT
+    SFT builder, imported for real behind the stand-ins listed in the module docstring (on top
+    of :func:`import_bridge`'s)."""
+    bridge = import_bridge()
+    for name, module in _loader_stand_ins().items():
+        sys.modules.setdefault(name, module)
+    builders = sys.modules["megatron.bridge.data.builders"]
+    for name in ("GPTSFTDatasetConfig", "gpt_sft_train_valid_test_datasets_provider"):
+        setattr(builders, name, getattr(bridge.builders, name))  # what its __init__ exports
+    names = {
+        "base": "megatron.bridge.data.base",
+        "samplers": "megatron.bridge.data.samplers",
+        "loaders": "megatron.bridge.data.loaders",
+        "utils": "megatron.bridge.data.utils",
+    }
+    for key, module in names.items():
+        setattr(bridge, key, importlib.import_module(module))
+    return bridge
+
+
+@contextmanager
+def cuda_flags_on_cpu() -> Iterator[None]:
+    """While open, ``torch.tensor(..., device="cuda")`` makes a CPU tensor (see the module
+    docstring: Bridge's builder broadcasts three flags from the GPU; this machine has none)."""
+    import torch
+
+    real = torch.tensor
+
+    def tensor(*args: Any, device: Any = None, **kwargs: Any) -> Any:
+        return real(*args, device="cpu" if device == "cuda" else device, **kwargs)
+
+    torch.tensor = tensor
+    try:
+        yield
+    finally:
+        torch.tensor = real
+
+
+@dataclass
+class TrainingSettings:
+    """The fields of Megatron-LM's ``TrainingConfig`` (``megatron.training.config``, not in the
+    megatron-core wheel) that Bridge's loader builder reads, with Megatron-LM's defaults."""
+
+    micro_batch_size: int
+    global_batch_size: int
+    train_iters: int
+    train_samples: int | None = None
+    num_epochs: int | None = None
+    exit_signal: int = signal.SIGTERM
+    exit_signal_handler_for_dataloader: bool = False
+
+
+@dataclass
+class ValidationSettings:
+    """The fields of Megatron-LM's ``ValidationConfig`` the loader builder reads."""
+
+    eval_interval: int | None = None
+    eval_iters: int = 0
+    eval_global_batch_size: int | None = None
+    eval_micro_batch_size: int | None = None
+    skip_train: bool = False
+
+
+@dataclass
+class RecipeConfig:
+    """The smallest container Bridge's ``build_train_valid_test_data_loaders`` reads in place
+    of its ``ConfigContainer``: ``train``, ``validation``, ``dataset`` (the real provider or
+    ``GPTSFTDatasetConfig``) and ``model`` (only asked whether it is a MIMO model)."""
+
+    train: TrainingSettings
+    validation: ValidationSettings
+    dataset: Any
+    model: Any = None
+
+
 class Tokenizer:
     """What Bridge's packed datasets and packer read of a tokenizer: the EOS id."""
 
@@ -132,3 +319,26 @@ class SpoolAsTokenizedDataset:
     def __getitem__(self, i: int) -> dict[str, list[int]]:
         tokens, mask = self.spool.read_sequence(i)
         return {"input_ids": tokens.tolist(), "loss_mask": mask.tolist()}
+
+
+def same_item(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
+    """Two packed items equal key for key and value for value (lists or arrays alike)."""
+    import numpy as np
+
+    return set(theirs) == set(ours) and all(
+        np.asarray(theirs[k]).tolist() == np.asarray(ours[k]).tolist() for k in theirs)
+
+
+def assert_same_batch(theirs: dict[str, Any], ours: dict[str, Any]) -> None:
+    """Key for key (in order), dtype for dtype, shape and value for value."""
+    import torch
+
+    assert list(theirs) == list(ours)
+    for key, value in theirs.items():
+        mine = ours[key]
+        if isinstance(value, torch.Tensor):
+            assert isinstance(mine, torch.Tensor), key
+            assert (value.dtype, tuple(value.shape)) == (mine.dtype, tuple(mine.shape)), key
+            assert torch.equal(value, mine), key
+        else:
+            assert type(value) is type(mine) and value == mine, key

@@ -161,6 +161,8 @@ def test_random_access_warm_and_cold_with_floors(shards: dict[str, Path], fmt: s
         assert row["ratio_to_python_floor"] == pytest.approx(
             row["p50_us"] / row["python_floor_p50_us"])
         assert row["bytes_per_bin"] > 0
+        parts = row["p50_by_part_us"]  # each fifth's p50: the whole's lies among them
+        assert len(parts) == 5 and min(parts) <= row["p50_us"] <= max(parts)
     assert cold["cold_verified"] is True and cold["cold_max_resident_pages"] == 0
     assert "cold_verified" not in warm
 

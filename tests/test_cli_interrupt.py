@@ -48,14 +48,21 @@ def command(spool: Path, out: Path, format: str, extra: list[str]) -> list[str]:
     return ["pack", str(spool), str(out), "--format", format, *extra]
 
 
-def interrupted(argv: list[str], delay: float, sig: int) -> int:
-    """Run ``packlab ARGV`` in a process group of its own; ``sig`` to the group after
-    ``delay`` seconds; its exit status (0: it finished first)."""
+def entries(out: Path) -> int:
+    """How many files and folders OUT holds now (a writer renames as we walk: tolerated)."""
+    return sum(len(dirs) + len(files) for _, dirs, files in os.walk(out))
+
+
+def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
+    """Run ``packlab ARGV`` in a process group of its own; ``sig`` to the group once OUT holds
+    ``at`` entries (progress, not time: a loaded machine only slows both); its exit status
+    (0: it finished first)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-m", "packlab.cli", *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                start_new_session=True)
-    time.sleep(delay)
+    while process.poll() is None and entries(out) < at:
+        time.sleep(0.001)
     try:
         os.killpg(process.pid, sig)
     except ProcessLookupError:
@@ -82,21 +89,18 @@ def refused(out: Path, capsys: pytest.CaptureFixture[str]) -> str | None:
     return err
 
 
-def timeline(argv: list[str], out: Path) -> tuple[float, float]:
-    """When, in an uninterrupted run, the first file appears in OUT (writing starts) and when
-    the run ends: the window the interruptions are drawn from (mostly mid-write)."""
+def most_entries(argv: list[str], out: Path) -> int:
+    """The most entries OUT held at once during an uninterrupted run: the interruptions are
+    drawn below it (mid-write)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    began = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-m", "packlab.cli", *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    first = None
+    most = 0
     while process.poll() is None:
-        if first is None and out.is_dir() and any(out.iterdir()):
-            first = time.perf_counter() - began
-        time.sleep(0.005)
+        most = max(most, entries(out))
+        time.sleep(0.001)
     assert process.returncode == 0
-    end = time.perf_counter() - began
-    return (first if first is not None else 0.5 * end), end
+    return max(most, entries(out))
 
 
 def test_pack_interrupted_at_random_points_resumes_to_the_same_bytes(tmp_path, capsys) -> None:
@@ -104,38 +108,33 @@ def test_pack_interrupted_at_random_points_resumes_to_the_same_bytes(tmp_path, c
                                seed=9).path
     rng = random.Random(SEED)
     formats = ["parquet", "memmap_v1"]  # a one-file format and a directory format
-    # each format's own window: their writers differ in speed (Parquet compresses harder)
-    window = {name: timeline(command(spool, tmp_path / f"timed-{name}", name, FLAT),
-                             tmp_path / f"timed-{name}") for name in formats}
-    reference = {}
+    # each format's own count: their writers leave different files (Parquet one a shard)
+    most, reference = {}, {}
     for name in formats:
-        assert main(command(spool, tmp_path / f"ref-{name}", name, FLAT)) == 0
-        reference[name] = tree(tmp_path / f"ref-{name}")
-    capsys.readouterr()
+        ref = tmp_path / f"ref-{name}"
+        most[name] = most_entries(command(spool, ref, name, FLAT), ref)
+        reference[name] = tree(ref)
     done = attempts = 0
     seen = set()
-    missed: list[tuple[str, float, int]] = []
+    missed: list[tuple[str, int, int]] = []
     while done < TIMES:
         attempts += 1
-        assert attempts <= 4 * TIMES, ("the command always finished before the signal", window,
+        assert attempts <= 2 * TIMES, ("the command always finished before the signal", most,
                                        missed)
         name = formats[done % 2]
         sig = (signal.SIGINT, signal.SIGKILL)[(done // 2) % 2]
         out = tmp_path / f"run{attempts}"
         argv = command(spool, out, name, FLAT)
-        start, end = window[name]
-        delay = rng.uniform(0.8 * start, 0.85 * end)
-        status = interrupted(argv, delay, sig)
-        if status == 0:  # finished before the signal: not an interruption; the machine's
-            missed.append((name, delay, status))  # load changed, so time the window again
-            timed = tmp_path / f"timed{attempts}"
-            window[name] = timeline(command(spool, timed, name, FLAT), timed)
+        at = rng.randint(1, max(1, int(0.9 * most[name])))
+        status = interrupted(argv, out, at, sig)
+        if status == 0:  # finished before the signal: not an interruption
+            missed.append((name, at, status))
             continue
         # 130: it reported the interruption; -SIGINT: the signal came as it was exiting
         assert status in (130, -signal.SIGINT, -signal.SIGKILL), status
         why = refused(out, capsys)
         if why is None:
-            missed.append((name, delay, status))
+            missed.append((name, at, status))
             continue  # the job had finished: the signal came as it was exiting
         seen.add(why.split(": ", 2)[-1].split(" (")[0])
         assert main(argv) == 0  # the same command finishes the job
@@ -154,15 +153,16 @@ def test_an_interrupted_layout_is_refused_until_the_same_pack_finishes_it(tmp_pa
     extra = [*FLAT, "--split", "train=0.9,valid=0.1"]
     ref = tmp_path / "ref"
     argv = ["pack", *map(str, spools), str(ref), "--format", "parquet", *extra]
-    start, end = timeline(argv, ref)
+    most = most_entries(argv, ref)
     rng = random.Random(SEED + 1)
     done = attempts = 0
     while done < 2:
         attempts += 1
-        assert attempts <= 12, "the command always finished before the signal"
+        assert attempts <= 8, "the command always finished before the signal"
         out = tmp_path / f"run{attempts}"
         argv = ["pack", *map(str, spools), str(out), "--format", "parquet", *extra]
-        status = interrupted(argv, rng.uniform(start, 0.85 * end), signal.SIGKILL)
+        status = interrupted(argv, out, rng.randint(1, max(1, int(0.9 * most))),
+                             signal.SIGKILL)
         if status == 0:
             continue
         if main(["validate", str(out)]) == 0:

@@ -37,7 +37,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bridge
+from megatron_bridge_stubs import (
+    SpoolAsTokenizedDataset,
+    Tokenizer,
+    assert_same_batch,
+    import_bridge,
+    same_item,
+)
 
 from packlab.bins import PackedBin
 from packlab.collate import Collator
@@ -101,24 +107,6 @@ def bridge_split(bridge: Any, path: Path, **options: Any) -> Any:
         str(path), tokenizer=Tokenizer(EOS), seq_length=PACK_SIZE, memmap_workers=1, seed=0,
         packed_sequence_size=PACK_SIZE, pad_seq_to_mult=options.pop("pad_seq_to_mult", 1),
         dataset_kwargs=dataset_kwargs, **options)
-
-
-def same_item(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
-    return set(theirs) == set(ours) and all(
-        np.asarray(theirs[k]).tolist() == np.asarray(ours[k]).tolist() for k in theirs)
-
-
-def assert_same_batch(theirs: dict[str, Any], ours: dict[str, Any]) -> None:
-    """Key for key (in order), dtype for dtype, shape and value for value."""
-    assert list(theirs) == list(ours)
-    for key, value in theirs.items():
-        mine = ours[key]
-        if isinstance(value, torch.Tensor):
-            assert isinstance(mine, torch.Tensor), key
-            assert (value.dtype, tuple(value.shape)) == (mine.dtype, tuple(mine.shape)), key
-            assert torch.equal(value, mine), key
-        else:
-            assert type(value) is type(mine) and value == mine, key
 
 
 # -- Bridge reads packlab ---------------------------------------------------------------------

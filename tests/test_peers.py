@@ -238,6 +238,23 @@ def test_labels_overlap_neither_each_other_nor_the_points(tmp_path: Path) -> Non
     plt.close(fig)
 
 
+def test_systems_on_one_spot_share_a_label_and_the_size_as_written_is_plotted() -> None:
+    from packlab.lab.measure.peers.figure import coinciding, system_label
+
+    xs = [5.86, 5.92, 5.88, 6.9, 4.82, 35.6, 38.1]
+    ys = [5.01, 5.03, 5.01, 5.01, 4.0, 2.1, 2.1]
+    names = ["binidx", "memmap_v1", "pbin", "raw CSR", "Megatron-core", "MDS", "HF arrow"]
+    groups = coinciding(xs, ys, names)
+    assert [g[2].split("\n") for g in groups] == [
+        ["Megatron-core"], ["binidx (5.9 µs)", "pbin (5.9 µs)", "memmap_v1 (5.9 µs)"],
+        ["raw CSR"], ["MDS (35.6 µs)", "HF arrow (38.1 µs)"]]
+    assert groups[1][:2] == (5.86, 5.01)  # at its fastest member
+    row = {"system": "MDS (zstd)", "environment": ".venv-mds", "bytes_per_token": 7.04,
+           "bytes_per_token_written": 2.1}
+    assert system_label(row) == "MDS (zstd) [.venv-mds], 7.0 B/token after reads"
+    assert system_label({**row, "environment": "venv", "bytes_per_token": 2.1}) == "MDS (zstd)"
+
+
 def test_every_system_reads_the_one_index_list_after_a_warm_pass() -> None:
     from packlab.lab.measure.delivery import Sink
     from packlab.lab.measure.peers.run import SETTLE, timed_loop

@@ -16,12 +16,14 @@ import pytest
 from conftest import shard_per_format
 
 from packlab.formats import format_names, get_format
+from packlab.formats.items import ItemTable
 from packlab.formats.table import BinTable, gather
 from packlab.packing import pack
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader
 
 VIEWS = {"memmap_v1", "binidx", "arrow_ipc", "pbin"}  # formats whose bins are views of files
+ITEMS = {"megatron_sft"}  # formats whose bin is one item of a file, decoded
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,11 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_the_formats_whose_bins_are_views_are_the_zero_copy_ones(shards) -> None:
-    tabled = {name for name, shard in shards.items() if _table(shard) is not None}
+    tables = {name: _table(shard) for name, shard in shards.items()}
+    tabled = {name for name, table in tables.items() if isinstance(table, BinTable)}
     assert tabled == VIEWS == {n for n in format_names() if get_format(n).Reader.ZERO_COPY}
+    # a bin that is one item it decodes is read through the items' table
+    assert {name for name, table in tables.items() if isinstance(table, ItemTable)} == ITEMS
 
 
 def _table(shard: Path) -> BinTable | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bridge
+from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bridge_loaders
 from nemotron_layout import (
     chat_sft_extra,
     length_mix,
@@ -63,11 +63,12 @@ def make_inputs(root: Path, bridge) -> None:
 
 
 def test_the_section_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    bridge = import_bridge()
+    bridge = import_bridge_loaders()  # its packed datasets and its loader builder
     make_inputs(tmp_path, bridge)
     monkeypatch.chdir(tmp_path)
     namespace = {"tokenizer": Tokenizer(EOS)}
     python_blocks, commands = run_section(TITLE, namespace)
-    assert python_blocks >= 4
-    assert commands >= 10
+    assert python_blocks >= 5
+    assert commands >= 11
     assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0
+    assert len(namespace["train"]) == 64  # "Train from packlab outputs in a Megatron-Bridge recipe"

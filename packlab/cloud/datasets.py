@@ -24,6 +24,7 @@ from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError
 from packlab.formats import detect_format, get_format, suffix_formats
+from packlab.formats.table import TableReads
 from packlab.storage import Location, is_remote, resolve
 
 
@@ -34,14 +35,22 @@ def remote_shard(uri: str | Location, format: str | None = None, *, filesystem: 
     (unless ``direct=False``), else from the verified local cache."""
     location = resolve(uri, filesystem)
     # on object storage a one-file shard is known by its name (no request); else its bytes
-    name = format or suffix_formats().get(location.suffix) or detect_format(location)
+    name = format or _by_name(location) or detect_format(location)
     reader = get_format(name).Reader
     if reader.READS_IN_PLACE and direct:
+        if issubclass(reader, TableReads):  # its index fetched once, into the cache
+            options.setdefault("cache_dir", cache_dir)
         return reader(location, **options)
     local = download_shard(location, cache_dir=cache_dir, format=name)
     if reader.NEEDS_SPOOL and "spool" not in options:
         options["spool"] = fetch_spool(location, local, reader, cache_dir=cache_dir)
     return reader(local, **options)
+
+
+def _by_name(location: Location) -> str | None:
+    """The one-file format whose suffix ``location``'s name ends with (no request)."""
+    return next((name for suffix, name in suffix_formats().items()
+                 if location.name.endswith(suffix)), None)
 
 
 def fetch_spool(location: Location, local_shard: Path, reader: Any, *,

@@ -16,6 +16,9 @@ record on object storage, where a directory cannot appear in one step:
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
 through a temporary key and published by a server-side copy (:func:`packlab.storage.upload_file`).
+A one-file shard with companions (``megatron_sft``: a Megatron pair and packlab's sidecar) is
+uploaded companions first and its own file last (its commit point; an old one removed first),
+and downloaded whole.
 Downloaded, they are checked against the store's size and then by their format's own
 ``validate()`` (Arrow's batch CRCs, pbin's SHA-256, Parquet's page CRCs; the legacy pickle has
 no checksum at all) before they enter the cache, keyed by URI, size and modification time.
@@ -33,10 +36,22 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import DIRECTORY_RECORD, TMP_MARKER, parse_json, staged, verify_files
+from packlab.files import (
+    DIRECTORY_RECORD,
+    TMP_MARKER,
+    parse_json,
+    remove,
+    staged,
+    verify_files,
+)
+from packlab.formats import files_of_shard
 from packlab.storage import (
     Location,
+    as_location,
+    cache_entry,
+    cache_root,
     download_file,
+    fetch_files,
     put_object,
     resolve,
     upload_file,
@@ -49,8 +64,8 @@ class NoFileList(FormatError):
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get("PACKLAB_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "packlab" / "remote"
+    """The verified download cache (:func:`packlab.storage.cache_root`)."""
+    return cache_root()
 
 
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
@@ -101,8 +116,14 @@ def upload_shard(local: str | os.PathLike[str], uri: str | Location, *, filesyst
         raise FormatError(f"{source}: no such shard to upload")
     if not overwrite and target.exists():
         raise PacklabError(f"{target}: already exists (pass overwrite=True to replace it)")
+    companions = files_of_shard(as_location(source))[:-1]
+    if companions and target.exists():
+        target.delete()  # the old shard's commit point first: it disappears whole
+    total = 0
+    for part in companions:
+        total += upload_file(Path(part.path), target.parent / part.name, overwrite=True)["bytes"]
     entry = upload_file(source, target, overwrite=overwrite, atomic=True)
-    return {"uri": target.uri, "files": 1, "bytes": entry["bytes"]}
+    return {"uri": target.uri, "files": 1 + len(companions), "bytes": entry["bytes"] + total}
 
 
 def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dict[str, Any]:
@@ -146,28 +167,32 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
     return _download_object(location, _cache_root(cache_dir), format=format, validate=validate)
 
 
-def _entry_dir(cache: Path, location: Location, version: str) -> Path:
-    return cache / _digest(location.uri) / _digest(version)
-
-
 def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
                         cache: Path) -> Path:
-    final = _entry_dir(cache, location, _digest(raw)) / (location.name or "shard")
-    if (final / DIRECTORY_RECORD).is_file():
-        verify_files(final, manifest["files"], checksums=False)  # sizes: cheap
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with staged(final, overwrite=True, directory=True) as tmp:
-        for name, entry in manifest["files"].items():
-            download_file(location / name, tmp / name, expect=entry)
-        (tmp / DIRECTORY_RECORD).write_bytes(raw)  # last, as on the store
-    return final
+    final = cache_entry(cache, location, _digest(raw)) / (location.name or "shard")
+    return fetch_files(location, manifest["files"], final, last={DIRECTORY_RECORD: raw})
 
 
 def _download_object(location: Location, cache: Path, *, format: str | None,
                      validate: bool) -> Path:
     info = location.info()
-    final = _entry_dir(cache, location, f"{info.size}:{info.mtime_ns}") / location.name
+    companions = files_of_shard(location)[:-1]
+    if companions:  # every file of the shard, in one cache folder
+        version = ",".join(f"{c.name}:{c.info().size}:{c.info().mtime_ns}" for c in companions)
+        folder = cache_entry(cache, location, f"{info.size}:{info.mtime_ns}:{version}")
+        final = folder / location.name
+        if final.is_file():
+            return final
+        fetch_files(location.parent, {c.name: None for c in companions}, folder,
+                    last={location.name: location.read_bytes()})
+        if validate:
+            try:
+                _validate_local(final, location, format)
+            except PacklabError:
+                remove(folder)
+                raise
+        return final
+    final = cache_entry(cache, location, f"{info.size}:{info.mtime_ns}") / location.name
     if final.is_file() and final.stat().st_size == info.size:
         return final
     with staged(final, overwrite=True) as tmp:

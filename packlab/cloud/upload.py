@@ -21,7 +21,7 @@ from typing import Any
 from packlab.cloud.transfer import DIRECTORY_RECORD, remote_record, upload_shard
 from packlab.errors import FormatError, PacklabError
 from packlab.files import is_temporary
-from packlab.formats import get_format
+from packlab.formats import get_format, is_companion, shard_entry, shard_size
 from packlab.layout.blend import (
     BLEND_FILE,
     SPLITS_DIR,
@@ -76,6 +76,8 @@ def _upload_into(folder: Path, target: Location, totals: dict[str, int], *, over
         children = [c for c in children if c.name != DATASET_RECORD]
         put_object(json.dumps(as_writing(dataset), indent=2).encode(), target / DATASET_RECORD)
     for child in children:
+        if is_companion(child.name):
+            continue  # uploaded with its shard, before it
         if child.is_dir() and not (child / DIRECTORY_RECORD).is_file():
             _upload_into(child, target / child.name, totals, overwrite=overwrite, skip=())
             continue
@@ -115,14 +117,14 @@ def _already_there(local: Path, remote: Location) -> bool:
     except FormatError:
         return False
     same = all(mine.get(k) == theirs.get(k) for k in ("format", "bins", "bytes", "sha256"))
-    return same and remote.exists() and remote.tree_size() == shard_bytes(local)
+    return same and remote.exists() and shard_size(remote) == shard_bytes(local)
 
 
 def _drop_stale(target: Location, keep: set[str]) -> None:
     """Shards of an earlier, larger output at ``target`` (and their receipts) not in ``keep``."""
     for child in target.iterdir():
         name = child.name[: -len(RECEIPT_SUFFIX)] if child.name.endswith(RECEIPT_SUFFIX) \
-            else child.name
+            else shard_entry(child).name
         if SHARD_NAME.match(name) and name not in keep:
             child.delete()
 

@@ -46,6 +46,7 @@ from packlab.storage import Location, as_location
 _MODULES: dict[str, str] = {
     "memmap_v1": "packlab.formats.memmap_v1",
     "binidx": "packlab.formats.binidx",
+    "megatron_sft": "packlab.formats.megatron_sft",
     "packed_index": "packlab.formats.packed_index",
     "parquet": "packlab.formats.parquet",
     "arrow_ipc": "packlab.formats.arrow_ipc",
@@ -112,3 +113,72 @@ def detect_format(path: str | os.PathLike[str] | Location) -> str:
         if reader.is_directory() == (kind == pafs.FileType.Directory) and reader.detect(location):
             return name
     raise FormatError(f"{path}: not a shard of any known format ({', '.join(format_names())})")
+
+
+# -- one-file shards of several files (a Megatron pair and its sidecar) ---------------------------
+def _paired() -> list[type]:
+    """The Readers of the formats whose one-file shards have companions."""
+    return [get_format(n).Reader for n in format_names() if get_format(n).Reader.COMPANIONS]
+
+
+def shard_entry(location: Location) -> Location:
+    """The shard a path names by another of its names, as Megatron's tools name a pair: one of
+    its companions (``train.sft.bin`` -> ``train.sft.idx``) or the prefix they share
+    (``train.sft``); any other path is itself. A glob pattern maps the same way."""
+    name = location.name
+    for reader in _paired():
+        for suffix in reader.COMPANIONS:
+            if name.endswith(suffix):
+                return location.parent / f"{name[: -len(suffix)]}{reader.SUFFIX}"
+        prefix, extension = reader.SUFFIX.rsplit(".", 1)
+        if name.endswith(prefix):
+            return location.parent / f"{name}.{extension}"
+    return location
+
+
+def is_companion(name: str) -> bool:
+    """A file name that is a companion of a one-file shard (never a shard itself)."""
+    return any(name.endswith(suffix) for reader in _paired() for suffix in reader.COMPANIONS)
+
+
+def files_of_shard(location: Location) -> list[Location]:
+    """Every file of the shard at ``location`` that is there: a directory shard's files, or a
+    one-file shard's companions and then the file itself (the order it is published in)."""
+    if location.is_dir():
+        return [Location(location.filesystem, i.path, location.scheme)
+                for i in location.walk_files()]
+    files = []
+    for reader in _paired():
+        if location.name.endswith(reader.SUFFIX):
+            files = [c for c in reader.companions(location) if c.is_file()]
+            break
+    return [*files, location]
+
+
+def shard_size(path: str | os.PathLike[str] | Location) -> int:
+    """All bytes of a shard: a file's and its companions', or every file's of a directory."""
+    location = as_location(path)
+    if location.is_dir():
+        return location.tree_size()
+    return sum(f.size() for f in files_of_shard(location))
+
+
+def record_companion(location: Location) -> Location | None:
+    """The companion holding packlab's record of the one-file shard at ``location`` (its
+    checksum stands for the shard's), when its format has one and it is there."""
+    for reader in _paired():
+        if reader.COMPANION_RECORD and location.name.endswith(reader.SUFFIX):
+            stem = location.name[: -len(reader.SUFFIX)]
+            found = location.parent / f"{stem}{reader.COMPANION_RECORD}"
+            return found if found.is_file() else None
+    return None
+
+
+def delete_shard(path: str | os.PathLike[str] | Location) -> None:
+    """Remove a shard whole: a directory, or a file and then its companions (the file first:
+    it is the commit point, so what remains for a moment is no shard at all)."""
+    location = as_location(path)
+    companions = [c for reader in _paired() if location.name.endswith(reader.SUFFIX)
+                  for c in reader.companions(location)]
+    for part in (location, *companions):
+        part.delete()

@@ -90,6 +90,18 @@ class FormatFacts:
     #: the other stacks that read this format's shards as packlab writes them (names from
     #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
     READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: a one-file shard's other files, each by the suffix that takes the place of ``SUFFIX``
+    #: in its name (a Megatron pair's ``.bin``, packlab's sidecar): published before the file
+    #: itself (the shard's commit point), uploaded, downloaded, counted and removed with it
+    COMPANIONS: ClassVar[tuple[str, ...]] = ()
+    #: of the companions, the one holding packlab's record of the shard (it may be missing
+    #: from a shard another tool wrote); its checksum stands for the shard's in receipts
+    COMPANION_RECORD: ClassVar[str | None] = None
+    #: the files holding the bins' tokens and masks (names inside a directory shard; in a
+    #: one-file shard companion suffixes): a reader that ``READS_IN_PLACE`` reads them by
+    #: ranges where they are, and fetches the shard's other files (its index) once into a
+    #: local cache
+    DATA_FILES: ClassVar[tuple[str, ...]] = ()
     #: bins the writer holds before it writes them out, at its defaults (a row group, a record
     #: batch; 1 for a writer that writes each bin as it comes): its memory is bounded by that
     #: many bins' bytes (times what its encoder needs) plus a constant, never by the shard
@@ -105,6 +117,16 @@ class FormatFacts:
         registry asks only those) is, or looks like, a shard of this format (let the reader
         explain what is wrong); reads a few bytes at most, never raises."""
         raise NotImplementedError(f"{cls.__name__}.detect")
+
+    @classmethod
+    def companions(cls, entry: Any) -> list[Any]:
+        """The companion files of the one-file shard ``entry`` (a ``Path`` or a
+        :class:`~packlab.storage.Location`: the same kind back), whether they exist or not."""
+        name = entry.name
+        if not cls.COMPANIONS or not name.endswith(cls.SUFFIX):
+            return []
+        stem = name[: -len(cls.SUFFIX)]
+        return [entry.parent / f"{stem}{suffix}" for suffix in cls.COMPANIONS]
 
     @classmethod
     def shard_files(cls) -> tuple[str, ...]:

@@ -15,16 +15,9 @@ A shard is a directory, published atomically::
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
 sidecars carry what the pretraining format lacks (loss mask, sub-sequence starts).
 
-``data.idx``, field by field (little-endian, as megatron-core's ``_IndexWriter`` writes it)::
-
-    magic          9 bytes  b"MMIDIDX\\x00\\x00"
-    version        <Q       1
-    dtype code     <B       8 = uint16, 4 = int32 (megatron-core's DType enum)
-    sequence count <Q       num_bins
-    document count <Q       num_bins + 1
-    lengths        int32    [num_bins]        tokens per bin
-    pointers       int64    [num_bins]        byte offset of each bin in data.bin
-    doc indices    int64    [num_bins + 1]    0, 1, ..., num_bins (one document per bin)
+``data.idx`` is megatron-core's index (:mod:`packlab.formats.mmidx`, field by field): dtype
+code 8 (uint16) or 4 (int32), one sequence and one document per bin, its length the bin's
+tokens.
 
 Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every id fits),
 int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
@@ -47,7 +40,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +48,7 @@ import numpy as np
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import AlignedWriter, HashedFile, file_entry, verify_files
+from packlab.formats import mmidx
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -65,6 +58,7 @@ from packlab.formats.base import (
     read_shard_record,
     starts_with,
 )
+from packlab.formats.scratch import ScratchArray
 from packlab.formats.table import (
     BinIndex,
     BinTable,
@@ -91,17 +85,8 @@ SUMS = "checksums.bin"
 PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 
 # megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
-DTYPE_CODES: dict[int, np.dtype] = {8: np.dtype("<u2"), 4: np.dtype("<i4")}
-CODE_OF = {dt.str: code for code, dt in DTYPE_CODES.items()}
-
-
-class _IdxHeader:
-    """``data.idx`` header (Megatron-LM MMIDIDX version 1): 34 bytes."""
-
-    MAGIC = b"MMIDIDX\x00\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, doc count
-    SIZE = STRUCT.size  # 34
+DTYPE_CODES: dict[int, np.dtype] = {8: mmidx.DTYPES[8], 4: mmidx.DTYPES[4]}
+CODE_OF = mmidx.CODE_OF
 
 
 class _LossHeader:
@@ -133,7 +118,7 @@ class _SumsHeader:
 
 def detect(location: Location) -> bool:
     """A directory holding a ``data.idx`` that starts with the MMIDIDX magic."""
-    return starts_with(location / INDEX, _IdxHeader.MAGIC)
+    return starts_with(location / INDEX, mmidx.MAGIC)
 
 
 class BinidxFacts(FormatFacts):
@@ -164,38 +149,6 @@ def resolve_token_dtype(dtype: str, vocab_size: int | None, *, source: str) -> n
     if dtype in ("int32", "<i4", "i4"):
         return DTYPE_CODES[4]
     raise PacklabError(f"{source}: token dtype must be 'auto', 'uint16' or 'int32', got {dtype!r}")
-
-
-class ScratchArray:
-    """An append-only on-disk array: per-bin values a writer needs again at ``finalize``.
-
-    Keeps writer memory bounded by one bin, not by the number of bins.
-    """
-
-    def __init__(self, path: Path, dtype: str) -> None:
-        self.path = path
-        self.dtype = np.dtype(dtype)
-        self._file = open(path, "wb")  # noqa: SIM115 - closed in finish()/discard()
-        self.size = 0
-
-    def append(self, values: np.ndarray) -> None:
-        self._file.write(np.ascontiguousarray(values, dtype=self.dtype).tobytes())
-        self.size += int(np.size(values))
-
-    def finish(self) -> None:
-        self._file.close()
-
-    def chunks(self, step: int = 1 << 17) -> Iterator[np.ndarray]:
-        """The values back, ``step`` at a time, read with ``fromfile`` (a map held over the
-        whole loop would keep every page it touched counted in the writer's memory)."""
-        with open(self.path, "rb") as f:
-            for lo in range(0, self.size, step):
-                yield np.fromfile(f, dtype=self.dtype, count=min(step, self.size - lo))
-
-    def discard(self) -> None:
-        if not self._file.closed:
-            self._file.close()
-        self.path.unlink(missing_ok=True)
 
 
 class Writer(BinidxFacts, ShardWriter):
@@ -253,7 +206,8 @@ class Writer(BinidxFacts, ShardWriter):
         for scratch in (self._lengths, self._nseqs, self._starts):
             scratch.finish()
         files = {DATA: self._data.close()}
-        files[INDEX] = self._write_index()
+        files[INDEX] = mmidx.write_index(self.tmp_path / INDEX, self._lengths,
+                                         self.bins_written, self.token_dtype)
         files[LOSS] = self._finish_loss()
         files[SEQS] = self._write_seq_starts()
         files[SUMS] = self._finish_sums()
@@ -269,27 +223,6 @@ class Writer(BinidxFacts, ShardWriter):
         )
         (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
         return manifest
-
-    def _write_index(self) -> dict[str, Any]:
-        n = self.bins_written
-        idx = HashedFile(self.tmp_path / INDEX)
-        idx.write(_IdxHeader.STRUCT.pack(
-            _IdxHeader.MAGIC,  # magic
-            _IdxHeader.VERSION,  # version 1
-            CODE_OF[self.token_dtype.str],  # dtype code of data.bin
-            n,  # sequence count: one sequence per bin
-            n + 1,  # document count: document indices 0..n
-        ))
-        for lengths in self._lengths.chunks():  # lengths: int32[n]
-            idx.write(lengths)
-        pointer = 0  # pointers: int64[n], byte offset of each bin in data.bin
-        for lengths in self._lengths.chunks():
-            ends = np.cumsum(lengths, dtype=np.int64) * self.token_dtype.itemsize + pointer
-            idx.write(np.concatenate(([pointer], ends[:-1])).astype("<i8"))
-            pointer = int(ends[-1])
-        for lo in range(0, n + 1, 1 << 17):  # document indices: int64[n + 1], 0..n
-            idx.write(np.arange(lo, min(lo + (1 << 17), n + 1), dtype="<i8"))
-        return idx.close()
 
     def _finish_loss(self) -> dict[str, Any]:
         self._loss.seek(0)
@@ -389,12 +322,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     # -- opening ------------------------------------------------------------------------------
     def _read_headers(self) -> np.dtype:
         """Check every header field against the manifest; the token dtype of ``data.bin``."""
-        magic, version, code, nseq, ndoc = _unpack(self.path / INDEX, _IdxHeader)
         idx = self.path / INDEX
-        if magic != _IdxHeader.MAGIC:
-            raise FormatError(f"{idx}: not a Megatron MMIDIDX index (bad magic {magic!r})")
-        if version != _IdxHeader.VERSION:
-            raise FormatError(f"{idx}: MMIDIDX version {version}, this reader knows 1")
+        code, nseq, ndoc = mmidx.parse_header(_head(idx, mmidx.HEADER_SIZE), idx)
         if code not in DTYPE_CODES:
             raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
         token_dtype = DTYPE_CODES[code]
@@ -424,7 +353,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         n = self.num_bins
         return {
             DATA: self.num_tokens * self.token_dtype.itemsize,
-            INDEX: _IdxHeader.SIZE + 4 * n + 8 * n + 8 * (n + 1),
+            INDEX: mmidx.index_size(n),
             LOSS: _LossHeader.SIZE + self.num_tokens,
             SEQS: _SeqHeader.SIZE + 8 * (n + 1) + 4 * self.num_seqs,
             **({SUMS: _SumsHeader.SIZE + 8 * n} if self.has_checksums else {}),
@@ -474,9 +403,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
                               f"expected {sorted(self._expected_sizes())}")
         n = self.num_bins
-        documents = load_array(self.path / INDEX, "<i8", _IdxHeader.SIZE + 12 * n, n + 1)
-        if not np.array_equal(documents, np.arange(n + 1)):
-            raise FormatError(f"{self.path / INDEX}: document indices are not 0..{n}")
+        mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
+                              n, self.path / INDEX)
         maps = Maps()
         layout = self._layout(maps)
         table = BinTable.mapped(layout, maps, check=False)
@@ -501,8 +429,8 @@ class _Index(BinIndex):
                  num_seqs: int) -> None:
         self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
         self.path = path
-        lengths = (path / INDEX, "<i4", _IdxHeader.SIZE, n)
-        pointers = (path / INDEX, "<i8", _IdxHeader.SIZE + 4 * n, n)
+        lengths = (path / INDEX, "<i4", mmidx.HEADER_SIZE, n)
+        pointers = (path / INDEX, "<i8", mmidx.pointers_at(n), n)
         seqs = (path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
         self._lengths, self._pointers, self._seqs = (maps.values(*c)
                                                      for c in (lengths, pointers, seqs))
@@ -532,12 +460,10 @@ class _Index(BinIndex):
                 f"{self.path}: bin {lo + b}: index entry points outside the data (pointer "
                 f"{int(pointers[b])}, length {int(lengths[b])}, starts "
                 f"{int(seqs[b])}:{int(seqs[b + 1])}; corrupted)")
-        previous = self._pointers[lo - 1] + self._lengths[lo - 1] * self.width if lo else 0
-        follows = np.concatenate(([previous], pointers[:-1] + lengths[:-1] * self.width))
-        stray = pointers != follows
-        stray[-1] |= hi == self.num_bins and pointers[-1] + lengths[-1] * self.width != end
-        if stray.any():
-            b = int(np.argmax(stray))
+        previous = int(self._pointers[lo - 1] + self._lengths[lo - 1] * self.width) if lo else 0
+        b = mmidx.first_stray(pointers, lengths, self.width, previous,
+                              end if hi == self.num_bins else None)
+        if b >= 0:
             raise FormatError(f"{self.path / INDEX}: bin {lo + b}: byte pointer "
                               f"{int(pointers[b])} does not follow the lengths (corrupted)")
         first = pointers // self.width
@@ -554,13 +480,19 @@ def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
     return count_field(manifest, key, path / RECORD)
 
 
-def _unpack(file: Path, header: Any) -> tuple[Any, ...]:
-    """The header fields of ``file``; a FormatError when the file is missing or too short."""
+def _head(file: Path, size: int) -> bytes:
+    """The first ``size`` bytes of ``file`` (fewer if it is shorter); a FormatError when it
+    cannot be read."""
     try:
         with open(file, "rb") as f:
-            raw = f.read(header.SIZE)
+            return f.read(size)
     except OSError as exc:
         raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
+
+
+def _unpack(file: Path, header: Any) -> tuple[Any, ...]:
+    """The header fields of ``file``; a FormatError when the file is missing or too short."""
+    raw = _head(file, header.SIZE)
     if len(raw) < header.SIZE:
         raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {header.SIZE}-byte header "
                           "(truncated)")

@@ -61,7 +61,6 @@ from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import parse_json, temporary_sibling
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, ends_with
-from packlab.formats.binidx import ScratchArray
 from packlab.formats.modalities import (
     COPY_CHUNK,
     HEADER_SIZE,
@@ -73,6 +72,7 @@ from packlab.formats.modalities import (
     finish_output,
     open_output,
 )
+from packlab.formats.scratch import ScratchArray
 from packlab.formats.table import (
     BinTable,
     Column,

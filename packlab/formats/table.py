@@ -1,5 +1,6 @@
 """Bins as runs of values in memory-mapped files: the one read path of every format whose bins
-are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``).
+are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
+whose bin is one item it decodes, through :mod:`packlab.formats.items`).
 
 Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped, the per-bin
 index stays *in* them (views of the mapped pages, shared by every process through the page
@@ -31,6 +32,10 @@ bins are with a :class:`Layout`:
 
 Memory: what a table holds in anonymous memory is a constant (the maps, a few objects);
 whatever the number of bins, its index is file-backed pages.
+
+On object storage the same table reads in place: a column whose path is a
+:class:`~packlab.storage.Location` is read by ranged requests, exactly a bin's runs per read
+(:mod:`packlab.formats.ranged`), its index from a local cache.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import numpy as np
 from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, InvariantError
 from packlab.formats.base import index_list
+from packlab.formats.ranged import RangedAdvice, RangedColumn, RangedFiles, scanning
 from packlab.invariants import check_csr
 from packlab.mapping import (
     MappedFile,
@@ -55,6 +61,7 @@ from packlab.mapping import (
     scan,
     sequential,
 )
+from packlab.storage import Location
 
 CHUNK = 1 << 11  # bins checked per vectorized step (its temporaries, ~100 KB, are the peak)
 CONTENT_CHUNK = 256  # bins per step of validate's pass over the data (~1M tokens at 4096)
@@ -62,9 +69,10 @@ _new = tuple.__new__  # a PackedBin without NamedTuple.__new__'s Python frame (a
 
 
 class Column(NamedTuple):
-    """One column's values in a file: ``count`` values of ``dtype`` from byte ``offset``."""
+    """One column's values in a file: ``count`` values of ``dtype`` from byte ``offset``
+    (``path`` a local file, mapped; or a data file on object storage, read by ranges)."""
 
-    path: Path
+    path: Path | Location
     dtype: np.dtype
     offset: int
     count: int
@@ -113,12 +121,19 @@ class Layout(NamedTuple):
     source: str
     checksum: Callable[[int], int] | None = None
 
+    def table(self, maps: Maps, *, verify: bool) -> BinTable:
+        """The table of this layout over ``maps`` (what :class:`TableReads` reads)."""
+        return BinTable.mapped(self, maps, verify=verify)
+
 
 class Maps:
-    """The files of one shard, each mapped once per process (:class:`MappedFile`)."""
+    """The files of one shard, each mapped once per process (:class:`MappedFile`); its data
+    files on object storage, each read by ranges through one window
+    (:class:`~packlab.formats.ranged.RangedFiles`)."""
 
     def __init__(self) -> None:
         self.files: dict[Path, MappedFile] = {}
+        self.ranged = RangedFiles()
 
     def file(self, path: Path) -> MappedFile:
         if path not in self.files:
@@ -129,8 +144,20 @@ class Maps:
         """``count`` values of ``dtype`` at byte ``offset`` of ``path``: a read-only view."""
         return self.file(path).view(dtype, offset, count)
 
-    def column(self, column: Column) -> np.ndarray:
+    def column(self, column: Column) -> Any:
+        """The column's values: a view of its mapped file, or a :class:`RangedColumn`."""
+        if isinstance(column.path, Location):
+            return RangedColumn(self.ranged.window(column.path), *column[1:])
         return self.values(*column)
+
+    def advice(self, layout: Layout) -> Any:
+        """The read advice of a table over ``layout``'s tokens and mask: cold pages asked for
+        together (:class:`TableAdvice`), or, on object storage, the bin's runs fetched."""
+        if isinstance(layout.tokens.path, Location) or isinstance(layout.mask.path, Location):
+            return RangedAdvice(self.column(layout.tokens), self.column(layout.mask))
+        tokens, mask = self.file(layout.tokens.path), self.file(layout.mask.path)
+        return TableAdvice(tokens.fd, np.dtype(layout.tokens.dtype).itemsize,
+                           layout.tokens.offset, mask.fd, layout.mask.offset)
 
 
 def lookup(values: np.ndarray) -> memoryview:
@@ -201,9 +228,7 @@ class BinTable:
                check: bool = True) -> BinTable:
         """The table of a shard's files as ``layout`` says (``maps``: its files, mapped)."""
         refuse_unverifiable(layout.source, verify, layout.checksum is not None)
-        tokens, mask = maps.file(layout.tokens.path), maps.file(layout.mask.path)
-        advice = TableAdvice(tokens.fd, np.dtype(layout.tokens.dtype).itemsize,
-                             layout.tokens.offset, mask.fd, layout.mask.offset)
+        advice = maps.advice(layout)
         return cls(maps.column(layout.tokens), maps.column(layout.mask),
                    maps.column(layout.starts), layout.index, pack_size=layout.pack_size,
                    source=layout.source, advice=advice,
@@ -248,8 +273,10 @@ class BinTable:
                                 self.starts[s0:s1]))
 
     def scan(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts."""
-        return scan(self.bin, self.num_bins, self._maps())
+        """Every bin in order, with the kernel's sequential readahead while it lasts (on
+        object storage, large ranged requests)."""
+        with scanning(self.maps.ranged.windows.values()):
+            yield from scan(self.bin, self.num_bins, self._maps())
 
     def check(self, b: int, packed: PackedBin) -> None:
         """What ``verify=True`` adds per bin: its checksum against the one recorded when it was
@@ -409,16 +436,17 @@ class TableReads:
     file, a plain Modalities file; then the ``_untabled_*`` methods serve them), ``num_bins``,
     ``verify`` and ``check_index``; its ``_handles`` name ``_table`` (dropped when pickled)."""
 
-    _table: BinTable | None = None
+    _table: Any = None  # a BinTable (or an ItemTable: packlab.formats.items)
     _untabled: bool = False
     verify: bool = False
     num_bins: int
     check_index: Any  # ShardReader.check_index
 
-    def _layout(self, maps: Maps) -> Layout | None:
+    def _layout(self, maps: Maps) -> Any:
+        """A :class:`Layout` (or :class:`~packlab.formats.items.ItemLayout`), or None."""
         raise NotImplementedError
 
-    def table(self) -> BinTable | None:
+    def table(self) -> Any:
         """This process's table, built on first use (a forked child builds its own); None
         when the shard's bins are not slices of its files."""
         if self._table is None and not self._untabled:
@@ -427,7 +455,7 @@ class TableReads:
             if layout is None:
                 self._untabled = True
                 return None
-            self._table = BinTable.mapped(layout, maps, verify=self.verify)
+            self._table = layout.table(maps, verify=self.verify)
             forget_after_fork(self)
         return self._table
 

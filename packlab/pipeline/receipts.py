@@ -7,8 +7,9 @@ is written after, so a receipt always vouches for a complete shard::
      "num_bins": 4096, "num_tokens": 16512331, "pack_size": 4096, "bytes": 21033100,
      "sha256": "...", "sha256_of": "shard_000000.parquet", "seconds": 1.9}
 
-``sha256`` covers a one-file shard whole, or a directory shard's manifest (which lists every
-file's own checksum). A rerun keeps a shard whose receipt still vouches for it
+``sha256`` covers a one-file shard whole (or, for one with a record among its companions,
+that record: packlab's sidecar beside a Megatron pair lists both files' checksums), or a
+directory shard's manifest (which lists every file's own checksum). A rerun keeps a shard whose receipt still vouches for it
 (:func:`reusable_receipt`); ``packlab validate`` checks every receipt (:func:`check_receipt`).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 from packlab.errors import FormatError, PacklabError
 from packlab.files import DIRECTORY_RECORD, parse_json, sha256_file, staged
-from packlab.formats import get_format
+from packlab.formats import get_format, record_companion, shard_size
 from packlab.storage import Location, as_location
 
 RECEIPT_SUFFIX = ".receipt.json"
@@ -33,13 +34,17 @@ def receipt_path(shard: Any) -> Any:
 
 
 def shard_bytes(path: Path | Location) -> int:
-    """All bytes of a shard: a file's, or every file's of a directory shard."""
-    return as_location(path).tree_size()
+    """All bytes of a shard: a file's (and its companions'), or every file's of a directory."""
+    return shard_size(path)
 
 
 def shard_checksum(path: Path) -> tuple[str, str]:
-    """SHA-256 of a file shard, or of a directory shard's manifest (which lists every file's)."""
+    """SHA-256 of a file shard (of its record, when a companion holds one), or of a directory
+    shard's manifest (which lists every file's)."""
     if path.is_file():
+        record = record_companion(as_location(path))
+        if record is not None:
+            return sha256_file(Path(record.path)), record.name
         return sha256_file(path), path.name
     if (path / DIRECTORY_RECORD).is_file():
         return sha256_file(path / DIRECTORY_RECORD), f"{path.name}/{DIRECTORY_RECORD}"

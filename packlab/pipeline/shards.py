@@ -40,7 +40,7 @@ from typing import Any
 from packlab.errors import FormatError, PacklabError
 from packlab.executors import run_jobs
 from packlab.files import TMP_MARKER, is_temporary, remove, sha256_file
-from packlab.formats import get_format
+from packlab.formats import delete_shard, get_format, is_companion
 from packlab.interop.bridge_metadata import (
     PACK_METADATA_FILE,
     metadata_of_assignment,
@@ -141,7 +141,8 @@ def existing_shards(out_dir: Path) -> list[Path]:
     if not out_dir.is_dir():
         return []
     return sorted(p for p in out_dir.iterdir()
-                  if SHARD_NAME.match(p.name) and not p.name.endswith(RECEIPT_SUFFIX))
+                  if SHARD_NAME.match(p.name) and not p.name.endswith(RECEIPT_SUFFIX)
+                  and not is_companion(p.name))
 
 
 def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
@@ -150,7 +151,7 @@ def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
     gone = []
     for stale in existing_shards(out):
         if stale.name not in wanted:
-            remove(stale)
+            delete_shard(stale)
             remove(receipt_path(stale))
             gone.append(stale.name)
     return gone

@@ -12,6 +12,8 @@ command that reads a dataset resolves it the same way.
   and what ``--overwrite`` may replace;
 - :mod:`.checks`: ``packlab validate`` over any resolved dataset, local or remote;
 - :mod:`.describe`: ``packlab inspect``'s summary of any resolved dataset.
+- :mod:`.bridge_provider`: a Megatron-Bridge recipe's dataset provider over any of them
+  (imports Megatron-Bridge; nothing else here imports it).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from typing import Any
 
 from packlab.errors import PacklabError
 from packlab.files import remove
-from packlab.formats import get_format
+from packlab.formats import delete_shard, get_format, shard_size
 from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.dataset_record import (
     completed,
@@ -35,7 +35,6 @@ from packlab.progress import progress_bar
 from packlab.sources import open_shard, open_writer
 from packlab.sources.outputs import output
 from packlab.sources.resolve import Shard, Source, resolve_source
-from packlab.storage import as_location
 
 
 def convert(src: Any, dst: str, *, format: str, split: str | None = None,
@@ -83,7 +82,7 @@ def _bins(shard: Shard) -> int:
 def _convert_one(shard: Shard, dst: Path, format: str, overwrite: bool, bar: Any,
                  bins: tuple[int, int] | None, format_options: dict[str, Any]) -> dict[str, Any]:
     with open_shard(shard.path, format=shard.format) as reader:
-        before = as_location(shard.path).tree_size()
+        before = shard_size(shard.path)
         row = convert_reader(reader, dst, format=format, before=before, overwrite=overwrite,
                              metadata={"bins": list(bins)} if bins is not None else None,
                              on_bin=lambda: bar.update(1), **format_options)
@@ -135,7 +134,7 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
                                            pack_size=manifest["pack_size"], began=began))
             rows.append(row)
         for stale in old - set(names):  # a larger earlier conversion's leftovers
-            remove(dst / stale)
+            delete_shard(dst / stale)
             remove(receipt_path(dst / stale))
         write_dataset_record(dst, completed(manifest, receipts))  # last: "complete"
     return rows

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from packlab.formats import shard_size
 from packlab.sources import open_shard
 from packlab.sources.resolve import Shard, Source
-from packlab.storage import as_location
 
 
 def shard_info(shard: Shard) -> dict[str, Any]:
@@ -25,7 +25,7 @@ def shard_info(shard: Shard) -> dict[str, Any]:
                 "pack_size": int(reader.pack_size)}
         if not shard.remote:
             info = {**dict(reader.info()), **info}
-    info["bytes_on_disk"] = as_location(shard.path).tree_size()
+    info["bytes_on_disk"] = shard_size(shard.path)
     return info
 
 

@@ -139,8 +139,9 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
     if not location.exists():
         return
     if location.is_file():
+        suffix = _suffix(format)
         own = kind in ("shard", "file") and (kind == "file" or
-                                             location.suffix == _suffix(format))
+                                             bool(suffix) and location.name.endswith(suffix))
     elif kind == "spool":
         own = (location / DIRECTORY_RECORD).is_file() and is_spool_record(
             (location / DIRECTORY_RECORD).read_bytes())

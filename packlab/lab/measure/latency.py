@@ -77,7 +77,8 @@ def random_access(
     Keys: ``p50_us``, ``p90_us``, ``p99_us``, ``mean_us`` and the same prefixed by each floor
     of :data:`~packlab.lab.measure.floors.FLOORS` (``raw_csr_``, ``memcpy_``,
     ``python_floor_``, ``pread_``), with ``ratio_to_<floor>`` (p50 over p50); None where a
-    floor was not measured (raw CSR: cold, or no raw layout). ``bytes_per_bin``; cold:
+    floor was not measured (raw CSR: cold, or no raw layout). ``p50_by_part_us``: the p50 of
+    each fifth of the reads (how much a rerun could move it). ``bytes_per_bin``; cold:
     ``cold_checked`` (reads whose eviction ``mincore`` checked), ``cold_max_resident_pages``,
     ``cold_verified`` (no page left, ever) and ``faster_than_cold_pread`` (the reader served
     from its own memory, not the disk: the figure is then not a cold read).
@@ -118,6 +119,7 @@ def random_access(
                            "num_bins": n, "pread_file": big.name,
                            "bytes_per_bin": float(sizes.mean() / batch_size)}
     out.update(first.percentiles("format", per=batch_size))
+    out["p50_by_part_us"] = first.part_p50s("format", per=batch_size)
     for timings in (first, second):
         out.update(floor_keys(timings, per=batch_size, p50=out["p50_us"]))
     for name in FLOORS:  # the floors no lane measured here: None

@@ -42,6 +42,8 @@ from packlab.errors import PacklabError
 from packlab.lab.measure.delivery import MIN_SAMPLES, Budget, percentiles
 
 ORDERS = ("alternate", "shuffle")
+#: the slices of a lane's reads whose p50s stand in for reruns (:meth:`Timings.part_p50s`)
+PARTS = 5
 
 
 def seeded_indices(num_bins: int, samples: int, seed: int, batch_size: int | None = None
@@ -85,6 +87,12 @@ class Timings:
     def percentiles(self, name: str, prefix: str = "", per: int = 1) -> dict[str, float]:
         """p50/p90/p99 and mean (µs) of one lane, each read divided by ``per`` (bins a read)."""
         return percentiles(self.ns[name] // per, prefix)
+
+    def part_p50s(self, name: str, parts: int = PARTS, per: int = 1) -> list[float]:
+        """The p50 (µs) of each of ``parts`` consecutive slices of one lane's reads: reruns in
+        miniature, for how often a decision taken on the p50 would come out otherwise."""
+        return [float(np.percentile(part // per, 50)) / 1e3
+                for part in np.array_split(self.ns[name], parts) if len(part)]
 
 
 def spread(count: int, samples: int) -> list[int]:

@@ -32,6 +32,7 @@ class Latency:
     ratio_to_python_floor: float | None = None
     ratio_to_pread: float | None = None
     ratio_to_raw_csr: float | None = None
+    p50_by_part_us: list[float] | None = None  # each fifth of the reads: reruns in miniature
 
 
 @dataclass

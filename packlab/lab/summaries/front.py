@@ -64,6 +64,8 @@ def format_rows(run: Run) -> list[dict[str, Any]]:
             "warm_floor_us": warm.python_floor_p50_us if warm else None,
             "warm_raw_csr_us": warm.raw_csr_p50_us if warm else None,
             "cold_p50_us": cold.p50_us if cold else None,
+            "warm_p50_us_parts": warm.p50_by_part_us if warm else None,
+            "cold_p50_us_parts": cold.p50_by_part_us if cold else None,
             "cold_pread_us": cold.pread_p50_us if cold else None,
             "scan_tokens_per_s": scan.tokens_per_s if scan else None,
             "bytes_per_token": sizes.get(fmt),
@@ -106,22 +108,64 @@ def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[
             NOT_MEASURED, "also": list(also)}
 
 
+def _stable_key(row: Mapping[str, Any]) -> tuple[int, float, str]:
+    """What breaks a speed tie: what does not move between runs (more systems reading the
+    files, then fewer bytes per token)."""
+    size = row["bytes_per_token"]
+    return -len(row["read_by"]), size if size is not None else float("inf"), row["format"]
+
+
+def _fastest_tied(rows: Sequence[Mapping[str, Any]], warm: str, cold: str | None = None,
+                  part: int | None = None) -> list[Mapping[str, Any]]:
+    """The formats within :data:`TIE` of the fastest warm p50, best first: by what does not
+    move (:func:`_stable_key`), or by the lowest ``cold`` p50 (the former rule). ``part``:
+    the p50 of one fifth of the reads instead of the whole (a rerun in miniature)."""
+    def p50(row: Mapping[str, Any], key: str) -> float:
+        return row[key] if part is None else row[f"{key}_parts"][part]
+
+    fastest = min(p50(r, warm) for r in rows)
+    tied = [r for r in rows if p50(r, warm) <= TIE * fastest]
+    return sorted(tied, key=(lambda r: p50(r, cold)) if cold else _stable_key)
+
+
+def rerun_agreement(rows: Sequence[Mapping[str, Any]], cold: str | None = None
+                    ) -> tuple[int, int] | None:
+    """In how many fifths of the run (each a rerun in miniature) the local-training rule
+    chooses what the whole run chooses, of how many; ``cold``: the former rule, ties broken
+    by the lowest cold p50. None without the parts (a run recorded before them)."""
+    keys = ["warm_p50_us"] + ([cold] if cold else [])
+    if not rows or any(r.get(f"{k}_parts") is None for r in rows for k in keys):
+        return None
+    chosen = _fastest_tied(rows, "warm_p50_us", cold)[0]["format"]
+    parts = min(len(r[f"{k}_parts"]) for r in rows for k in keys)
+    same = sum(_fastest_tied(rows, "warm_p50_us", cold, k)[0]["format"] == chosen
+               for k in range(parts))
+    return same, parts
+
+
 def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
-            f"every bin at open); formats within {TIE:.2f}x of it tie, and the lowest cold p50 "
-            "among them wins")
+            f"every bin at open); formats within {TIE:.2f}x of it tie, and a tie goes to what "
+            "does not move between runs: the format more systems read, then the fewest bytes "
+            "per token")
     fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
            and r["cold_p50_us"] is not None]
     if not fit:
         return _choice("local training", rule, None, "")
-    fastest = min(r["warm_p50_us"] for r in fit)
-    tied = sorted((r for r in fit if r["warm_p50_us"] <= TIE * fastest),
-                  key=lambda r: r["cold_p50_us"])
+    tied = _fastest_tied(fit, "warm_p50_us")
     best = tied[0]
     why = (f"warm p50 {fmt_us(best['warm_p50_us'])} µs (Python floor "
            f"{fmt_us(best['warm_floor_us'])}), cold {fmt_us(best['cold_p50_us'])} µs (raw pread "
            f"{fmt_us(best['cold_pread_us'])}), writer peak {human_bytes(best['write_peak_bytes'])}"
            f", load peak {human_bytes(best['load_peak_bytes'])}")
+    if best["read_by"] or best["bytes_per_token"] is not None:
+        why += (f"; read by {', '.join(best['read_by']) or 'packlab only'}, "
+                f"{best['bytes_per_token']:.2f} bytes/token")
+    agreed, former = rerun_agreement(fit), rerun_agreement(fit, "cold_p50_us")
+    if agreed is not None and former is not None:
+        why += (f"; the same answer in {agreed[0]} of {agreed[1]} fifths of the run, each a "
+                f"rerun in miniature (a tie broken by the lowest cold p50: {former[0]} of "
+                f"{former[1]})")
     return _choice("local training", rule, best["format"], why, [r["format"] for r in tied[1:]])
 
 

@@ -4,13 +4,17 @@ Greedy: points taken left to right; each label tries offsets around its point, n
 then a ladder of rows farther out, and keeps the first whose box (measured by the renderer)
 lies inside the axes and overlaps no label or point placed before. Every label has a thin
 leader line to its point, so a label in a crowd still names one point. Used by notebook 11's latency
-against bytes-per-token figure.
+against bytes-per-token figure, whose systems that sit on one spot (the same bytes per token,
+p50s within the noise) share one label (:func:`coinciding`): six labels on leader lines into
+one point read as none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from packlab.lab.tables import fmt_us
 
 OFFSETS = [(6, 4), (6, -12), (-6, 4), (-6, -12), (0, 10), (0, -18), (10, 14), (10, -22),
            (-10, 14), (-10, -22)]
@@ -18,6 +22,9 @@ OFFSETS = [(6, 4), (6, -12), (-6, 4), (-6, -12), (0, 10), (0, -18), (10, 14), (1
 FAR = [(dx, sign * dy) for dy in range(16, 241, 12) for sign in (1, -1)
        for dx in (24, -24, 70, -70)]
 MARKER_PX = 4.0
+#: systems this close share a label: p50s within this factor, bytes per token within SAME_BYTES
+SAME_P50 = 1.08
+SAME_BYTES = 0.05
 LEADER = {"arrowstyle": "-", "color": "0.55", "lw": 0.5, "shrinkA": 0, "shrinkB": 3}
 
 
@@ -73,3 +80,30 @@ def place_labels(ax: Any, xs: Sequence[float], ys: Sequence[float], labels: Sequ
             blocked.append(text_box(text, renderer))
         placed[k] = text
     return placed
+
+
+def coinciding(xs: Sequence[float], ys: Sequence[float], labels: Sequence[str]
+               ) -> list[tuple[float, float, str]]:
+    """Points on one spot merged: each group at its fastest member, labelled with every member
+    on its own line (fastest first, with its p50). A point joins a group whose first member
+    it is within :data:`SAME_P50` and :data:`SAME_BYTES` of."""
+    groups: list[list[int]] = []
+    for k in sorted(range(len(xs)), key=lambda j: xs[j]):
+        home = next((g for g in groups if xs[k] <= SAME_P50 * xs[g[0]]
+                     and abs(ys[k] - ys[g[0]]) <= SAME_BYTES), None)
+        if home is None:
+            groups.append([k])
+        else:
+            home.append(k)
+    return [(xs[g[0]], ys[g[0]], labels[g[0]] if len(g) == 1 else
+             "\n".join(f"{labels[k]} ({fmt_us(xs[k])} µs)" for k in g)) for g in groups]
+
+
+def system_label(row: Mapping[str, Any]) -> str:
+    """A system's label: its name, where it ran when not beside packlab, and what reading left
+    on disk when more than it wrote (MDS's decompressed copy): the figure plots the size as
+    written."""
+    after = (f", {row['bytes_per_token']:.1f} B/token after reads"
+             if abs(row["bytes_per_token"] - row["bytes_per_token_written"]) > 0.005 else "")
+    where = "" if row["environment"] == "venv" else f" [{row['environment']}]"
+    return row["system"] + where + after
