@@ -500,3 +500,14 @@ def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:
             if not same:
                 raise FormatError(f"{where}: {name} dtype {value} ({key}), expected "
                                   f"{expected.str} ({expected.name})")
+
+
+def spool_record_at(path: Path) -> tuple[dict[str, Any], Path] | None:
+    """The record of the spool at ``path`` (a spool folder, or a Megatron prefix) and the
+    folder its data files are in; None when nothing is there (a damaged record raises)."""
+    prefix = prefix_of(path)
+    if prefix is not None:
+        return open_prefix(prefix).record, prefix.parent
+    if not (path / SPOOL_RECORD).is_file():
+        return None
+    return read_spool_record(path), path

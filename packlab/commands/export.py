@@ -1,0 +1,90 @@
+"""``packlab export SPOOL OUT``: a spool as a Megatron-core ``.bin/.idx`` prefix, one document
+per conversation, what Megatron-LM's ``SFTDataset`` (pull request #5017) reads; the masks in
+packlab's sidecar beside it, from the spool or derived from the chat role markers
+(``--chat-markers``). The work: :func:`packlab.sources.export.export`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from packlab.commands import emit
+from packlab.errors import PacklabError
+
+MARKER_NAMES = ("system_start", "user_start", "assistant_start", "end", "think_start",
+                "think_end", "tool_call_start", "tool_call_end", "tool_response_start")
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "export",
+        help="write a spool as a Megatron-core .bin/.idx prefix (Megatron-LM's SFTDataset "
+             "input)",
+        description="Write a spool (or a Megatron prefix) as the prefix OUT: OUT.bin, OUT.idx "
+                    "(megatron-core's IndexedDataset, one document per sequence), packlab's "
+                    "mask sidecar OUT.masks.bin and record OUT.spool.json. The prefix reads "
+                    "back as a spool wherever a spool is read.",
+    )
+    parser.add_argument("src", help="a spool folder (local or a URI) or a local Megatron prefix")
+    parser.add_argument("out", help="the prefix to write, without suffix (a local path or a URI)")
+    parser.add_argument("--chat-markers", metavar="TOKENIZER", default=None,
+                        help="derive the masks from the chat role markers, tokenized with this "
+                             "encoding (cl100k_base, o200k_base) or Hugging Face tokenizer, as "
+                             "Megatron-LM's SFTDataset derives them (Nemotron-3's markers)")
+    parser.add_argument("--marker", action="append", default=[], metavar="NAME=TEXT",
+                        help=f"replace one marker string; NAME one of {', '.join(MARKER_NAMES)}")
+    parser.add_argument("--no-thinking-traces", action="store_true",
+                        help="do not train on reasoning (train_on_thinking_traces off)")
+    parser.add_argument("--no-tool-calls", action="store_true",
+                        help="do not train on tool calls (train_on_tool_calls off)")
+    parser.add_argument("--all-tokens", action="store_true",
+                        help="train on every token (train_on_assistant_responses_only off)")
+    parser.add_argument("--end-of-turn", action="store_true",
+                        help="also train the end marker closing each assistant turn, as "
+                             "packlab's ChatML masks do")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUT if packlab exported it (nothing else is replaced)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from packlab.sources.export import export
+
+    record = export(args.src, args.out, markers=_markers(args), overwrite=args.overwrite)
+    shown = {key: record[key] for key in ("path", "num_sequences", "num_tokens", "tokens_dtype",
+                                          "vocab_size")}
+    emit({**shown, "masks": record["exported_from"]["masks"],
+          "files": sorted(record["files"])}, args.json)
+    return 0
+
+
+def _markers(args: argparse.Namespace) -> Any:
+    flags = args.marker or args.no_thinking_traces or args.no_tool_calls or args.all_tokens \
+        or args.end_of_turn
+    if args.chat_markers is None:
+        if flags:
+            raise PacklabError("--marker, --no-thinking-traces, --no-tool-calls, --all-tokens "
+                               "and --end-of-turn need --chat-markers TOKENIZER")
+        return None
+    from packlab.chat_masks import ChatMarkers
+    from packlab.tokenize import encoder_spec, marker_encoder
+
+    strings = {}
+    for item in args.marker:
+        name, sep, text = item.partition("=")
+        if not sep or name not in MARKER_NAMES:
+            raise PacklabError(f"--marker {item!r}: NAME=TEXT with NAME one of "
+                               f"{', '.join(MARKER_NAMES)}")
+        strings[name] = text.encode().decode("unicode_escape")  # "\n" as a newline
+    from packlab.commands.tokenize import ENCODINGS
+
+    known = args.chat_markers in ENCODINGS
+    spec = encoder_spec(encoding=args.chat_markers) if known else \
+        encoder_spec(tokenizer=args.chat_markers)
+    markers = ChatMarkers(**strings, train_on_assistant_responses_only=not args.all_tokens,
+                          train_on_thinking_traces=not (args.no_thinking_traces
+                                                        or args.all_tokens),
+                          train_on_tool_calls=not (args.no_tool_calls or args.all_tokens),
+                          train_on_end_of_turn=args.end_of_turn)
+    return markers.tokenized(marker_encoder(spec))

@@ -1,0 +1,120 @@
+"""``packlab export`` from the command line, local and ``s3://``: a spool of real ChatML
+conversations out as a Megatron prefix and back, masks from the sidecar or the role markers,
+``pack --format packed_index`` over the prefix and ``validate`` of it; bad input one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chat_tokenizers import PROBES, write_jsonl
+from conftest import BUCKET, one_error_line, run_cli
+
+from packlab import open_dataset
+from packlab.cloud.transfer import upload_shard
+from packlab.dataset import bin_digests
+from packlab.sources.export import export
+from packlab.spool import SpoolReader
+from packlab.tokenize import tokenize_chat_jsonl
+
+
+@pytest.fixture(autouse=True)
+def private_caches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PACKLAB_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PACKLAB_STAGING_DIR", str(tmp_path / "staging"))
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> SpoolReader:
+    jsonl = write_jsonl(tmp_path / "chats.jsonl", PROBES * 5)
+    return tokenize_chat_jsonl(jsonl, tmp_path / "spool", encoding="cl100k_base")
+
+
+def same_masks_and_tokens(a: SpoolReader, b: SpoolReader) -> None:
+    for name in ("tokens", "masks", "offsets", "lengths"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_export_markers_pack_and_validate(tmp_path: Path, spool: SpoolReader, capsys) -> None:
+    code, out, err = run_cli(capsys, "export", spool.path, tmp_path / "conv", "--json")
+    assert code == 0, err
+    assert json.loads(out)["masks"] == "spool"
+    same_masks_and_tokens(SpoolReader(tmp_path / "conv"), spool)
+    # the masks again, derived from the role markers (Megatron-LM's way, plus the end of turn)
+    code, out, err = run_cli(capsys, "export", tmp_path / "conv.idx", tmp_path / "derived",
+                             "--chat-markers", "cl100k_base", "--end-of-turn", "--json")
+    assert code == 0, err
+    assert json.loads(out)["masks"] == "chat markers"
+    same_masks_and_tokens(SpoolReader(tmp_path / "derived"), spool)
+    code, _, err = run_cli(capsys, "export", tmp_path / "conv", tmp_path / "plain",
+                           "--chat-markers", "cl100k_base", "--no-thinking-traces")
+    assert code == 0, err
+    assert int(SpoolReader(tmp_path / "plain").masks.sum()) < int(spool.masks.sum())
+    # packed_index over the prefix (Bridge #4351's index-only mode), as over a spool
+    for source, name in ((tmp_path / "derived", "over_prefix"), (spool.path, "over_spool")):
+        code, _, err = run_cli(capsys, "pack", source, tmp_path / name, "--format",
+                               "packed_index", "--pack-size", 512)
+        assert code == 0, err
+        code, out, err = run_cli(capsys, "validate", tmp_path / name, "--json")
+        assert code == 0, err
+    assert bin_digests(open_dataset(tmp_path / "over_prefix")) == \
+        bin_digests(open_dataset(tmp_path / "over_spool"))
+    # packed_index notices a changed prefix
+    data = bytearray((tmp_path / "derived.masks.bin").read_bytes())
+    data[3] ^= 1
+    (tmp_path / "derived.masks.bin").write_bytes(bytes(data))
+    code, _, err = run_cli(capsys, "validate", tmp_path / "over_prefix")
+    assert code == 2
+    one_error_line(err, "derived", prefix="packlab validate: error:")
+
+
+def test_refusals_are_one_line(tmp_path: Path, spool: SpoolReader, capsys) -> None:
+    assert run_cli(capsys, "export", spool.path, tmp_path / "conv")[0] == 0
+    cases = [
+        (["export", spool.path, tmp_path / "conv"], "conv.idx: already exists"),
+        (["export", tmp_path / "nothing", tmp_path / "x"], "neither a spool"),
+        (["export", spool.path, tmp_path / "y", "--end-of-turn"], "need --chat-markers"),
+        (["export", spool.path, tmp_path / "y", "--chat-markers", "cl100k_base", "--marker",
+          "bogus=x"], "--marker 'bogus=x'"),
+        (["export", spool.path, tmp_path / "no" / "y"], "no such folder"),
+        (["export", spool.path, tmp_path / "chats", ], None),
+    ]
+    (tmp_path / "chats.idx").write_text("not mine")
+    for argv, message in cases:
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2, (argv, err)
+        one_error_line(err, message or "chats.idx", prefix="packlab export: error:")
+    assert run_cli(capsys, "export", spool.path, tmp_path / "conv", "--overwrite")[0] == 0
+    code, _, err = run_cli(capsys, "export", tmp_path / "conv", tmp_path / "y",
+                           "--chat-markers", "not/a/tokenizer")
+    assert code == 2
+    one_error_line(err, prefix="packlab export: error:")
+
+
+def test_export_to_and_from_object_storage(tmp_path: Path, spool: SpoolReader, server,
+                                           capsys) -> None:
+    uri = f"s3://{BUCKET}/megatron/conv"
+    code, _, err = run_cli(capsys, "export", spool.path, uri)
+    assert code == 0, err
+    names = ("conv.bin", "conv.idx", "conv.masks.bin", "conv.spool.json")
+    fs = server.filesystem()
+    for name in names:
+        with fs.open_input_stream(f"{BUCKET}/megatron/{name}") as f:
+            (tmp_path / name).write_bytes(f.read())
+    export(spool.path, str(tmp_path / "local"))
+    for name in names[:3]:
+        assert (tmp_path / name).read_bytes() == \
+            (tmp_path / name.replace("conv", "local")).read_bytes(), name
+    same_masks_and_tokens(SpoolReader(tmp_path / "conv"), spool)
+    assert not any((tmp_path / "staging").iterdir())
+    code, _, err = run_cli(capsys, "export", spool.path, uri)
+    assert code == 2
+    one_error_line(err, uri, prefix="packlab export: error:")
+    assert run_cli(capsys, "export", spool.path, uri, "--overwrite")[0] == 0
+    # a spool on object storage exported to a local prefix
+    upload_shard(spool.path, f"s3://{BUCKET}/spools/chat")
+    back = export(f"s3://{BUCKET}/spools/chat", str(tmp_path / "from_s3"))
+    assert back["num_sequences"] == spool.num_sequences
+    same_masks_and_tokens(SpoolReader(tmp_path / "from_s3"), spool)
