@@ -193,6 +193,16 @@ CASES = [
     (["raw-index", "{missing}"], ["{missing}"]),
     (["raw-index", "{chat}", "--index-path", "{file}"], ["{file}", "not an index"]),
     (["raw-index", "{badjsonl}"], ["{badjsonl}", "line 2"]),
+    # export
+    (["export", "{missing}", "{new}"], ["{missing}", "neither a spool"]),
+    (["export", "{file}", "{new}"], ["{file}", "neither a spool"]),
+    (["export", "{spool}", "{missing}/x"], ["{missing}", "no such folder"]),
+    (["export", "{spool}", "{new}", "--end-of-turn"], ["need --chat-markers"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end"],
+     ["--marker 'end'", "NAME=TEXT"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
+     ["end", "encodes to no token"]),
 ]
 
 
