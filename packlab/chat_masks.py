@@ -54,8 +54,21 @@ FLAGS = ("train_on_assistant_responses_only", "train_on_thinking_traces",
          "train_on_tool_calls", "train_on_end_of_turn")
 
 
-@dataclass(frozen=True)
-class ChatMarkers:
+@dataclass(frozen=True, kw_only=True)
+class TrainOn:
+    """What to train on: Megatron-LM's ``SFTDatasetConfig`` flags, and packlab's end of turn."""
+
+    train_on_assistant_responses_only: bool = True
+    train_on_thinking_traces: bool = True
+    train_on_tool_calls: bool = True
+    train_on_end_of_turn: bool = False
+
+    def __post_init__(self) -> None:
+        check_flags(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatMarkers(TrainOn):
     """The marker strings (Megatron-LM's ``Nemotron3ChatTemplateConfig``) and what to train."""
 
     system_start: str = "<|im_start|>system\n"
@@ -67,13 +80,6 @@ class ChatMarkers:
     tool_call_start: str = "<tool_call>\n"
     tool_call_end: str = "</tool_call>\n"
     tool_response_start: str = "<tool_response>\n"
-    train_on_assistant_responses_only: bool = True
-    train_on_thinking_traces: bool = True
-    train_on_tool_calls: bool = True
-    train_on_end_of_turn: bool = False
-
-    def __post_init__(self) -> None:
-        check_flags(self)
 
     def tokenized(self, encode: Callable[[str], Sequence[int]]) -> MarkerTokens:
         """The markers as token ids, each encoded alone (as Megatron-LM's config does with its
@@ -87,7 +93,7 @@ class ChatMarkers:
         return MarkerTokens(**ids, **{flag: getattr(self, flag) for flag in FLAGS})
 
 
-def check_flags(markers: ChatMarkers | MarkerTokens) -> None:
+def check_flags(markers: TrainOn) -> None:
     """Megatron-LM's rule: thinking traces and tool calls are trained only on top of
     assistant responses (its ``SFTDatasetConfig`` asserts it)."""
     if not markers.train_on_assistant_responses_only and (
@@ -97,8 +103,8 @@ def check_flags(markers: ChatMarkers | MarkerTokens) -> None:
                            "off to train on every token")
 
 
-@dataclass(frozen=True)
-class MarkerTokens:
+@dataclass(frozen=True, kw_only=True)
+class MarkerTokens(TrainOn):
     """:class:`ChatMarkers` as token ids: what a mask is derived from (and recorded with)."""
 
     system_start: tuple[int, ...]
@@ -110,13 +116,9 @@ class MarkerTokens:
     tool_call_start: tuple[int, ...]
     tool_call_end: tuple[int, ...]
     tool_response_start: tuple[int, ...]
-    train_on_assistant_responses_only: bool = True
-    train_on_thinking_traces: bool = True
-    train_on_tool_calls: bool = True
-    train_on_end_of_turn: bool = False
 
     def __post_init__(self) -> None:
-        check_flags(self)
+        super().__post_init__()
         for name in MARKERS:
             ids = getattr(self, name)
             if not ids or any(not isinstance(t, int) or t < 0 for t in ids):

@@ -131,6 +131,15 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
                 hi = mid
         return find(parent, lo)
 
+    def take(parent: np.ndarray, g: int, b: int, room: np.ndarray) -> None:
+        """Group ``g``'s next item (lowest index first) into bin ``b``; an emptied group
+        leaves the set ``parent``."""
+        bin_of[order[head[g]]] = b
+        head[g] += 1
+        room[b] -= values[g]
+        if head[g] == tail[g]:
+            parent[g] = g + 1
+
     def members(wanted: int) -> np.ndarray:
         """A union-find over the groups of class ``wanted`` with items left (-1: every class
         but large), the others deleted."""
@@ -157,12 +166,8 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
         g = longest_fitting(medium, room[b])
         if g == count:
             continue
-        bin_of[order[head[g]]] = b
-        head[g] += 1
-        room[b] -= values[g]
+        take(medium, g, b, room)
         has_medium[b] = True
-        if head[g] == tail[g]:
-            medium[g] = g + 1
     small = members(2)
     shortest = count - 1  # the group of the shortest small item left (moves up only)
     up = count - 1  # the next longer group with small items left (moves up only)
@@ -201,11 +206,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
             g = longest_fitting(rest, room[b])
             if g == count:
                 break
-            bin_of[order[head[g]]] = b
-            head[g] += 1
-            room[b] -= values[g]
-            if head[g] == tail[g]:
-                rest[g] = g + 1
+            take(rest, g, b, room)
 
 
 def _least_loaded(sizes: np.ndarray, pack_size: int, handles: np.ndarray) -> int:

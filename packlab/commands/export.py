@@ -11,20 +11,24 @@ from typing import Any
 from packlab.commands import emit
 from packlab.errors import PacklabError
 
-MARKER_NAMES = ("system_start", "user_start", "assistant_start", "end", "think_start",
-                "think_end", "tool_call_start", "tool_call_end", "tool_response_start")
+DESCRIPTION = ("Write a spool (or a Megatron prefix) as the prefix OUT: OUT.bin, OUT.idx "
+               "(megatron-core's IndexedDataset, one document per sequence), packlab's mask "
+               "sidecar OUT.masks.bin and record OUT.spool.json. The prefix reads back as a "
+               "spool wherever a spool is read.")
+
+# what to train on, as Megatron-LM's SFTDatasetConfig flags (and packlab's end of turn)
+TRAIN_FLAGS = {
+    "--no-thinking-traces": "do not train on reasoning (train_on_thinking_traces off)",
+    "--no-tool-calls": "do not train on tool calls (train_on_tool_calls off)",
+    "--all-tokens": "train on every token (train_on_assistant_responses_only off)",
+    "--end-of-turn": "also train the end marker closing each assistant turn, as packlab's "
+                     "ChatML masks do",
+}
 
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "export",
-        help="write a spool as a Megatron-core .bin/.idx prefix (Megatron-LM's SFTDataset "
-             "input)",
-        description="Write a spool (or a Megatron prefix) as the prefix OUT: OUT.bin, OUT.idx "
-                    "(megatron-core's IndexedDataset, one document per sequence), packlab's "
-                    "mask sidecar OUT.masks.bin and record OUT.spool.json. The prefix reads "
-                    "back as a spool wherever a spool is read.",
-    )
+    parser = subparsers.add_parser("export", description=DESCRIPTION, help="write a spool as a "
+                                   "Megatron .bin/.idx prefix (Megatron-LM's SFTDataset input)")
     parser.add_argument("src", help="a spool folder (local or a URI) or a local Megatron prefix")
     parser.add_argument("out", help="the prefix to write, without suffix (a local path or a URI)")
     parser.add_argument("--chat-markers", metavar="TOKENIZER", default=None,
@@ -32,16 +36,10 @@ def add_parser(subparsers: Any) -> None:
                              "encoding (cl100k_base, o200k_base) or Hugging Face tokenizer, as "
                              "Megatron-LM's SFTDataset derives them (Nemotron-3's markers)")
     parser.add_argument("--marker", action="append", default=[], metavar="NAME=TEXT",
-                        help=f"replace one marker string; NAME one of {', '.join(MARKER_NAMES)}")
-    parser.add_argument("--no-thinking-traces", action="store_true",
-                        help="do not train on reasoning (train_on_thinking_traces off)")
-    parser.add_argument("--no-tool-calls", action="store_true",
-                        help="do not train on tool calls (train_on_tool_calls off)")
-    parser.add_argument("--all-tokens", action="store_true",
-                        help="train on every token (train_on_assistant_responses_only off)")
-    parser.add_argument("--end-of-turn", action="store_true",
-                        help="also train the end marker closing each assistant turn, as "
-                             "packlab's ChatML masks do")
+                        help="replace one marker string of packlab.chat_masks.ChatMarkers "
+                             "(Nemotron-3's), e.g. end='<|im_end|>\\n'")
+    for flag, text in TRAIN_FLAGS.items():
+        parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT if packlab exported it (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -67,15 +65,15 @@ def _markers(args: argparse.Namespace) -> Any:
             raise PacklabError("--marker, --no-thinking-traces, --no-tool-calls, --all-tokens "
                                "and --end-of-turn need --chat-markers TOKENIZER")
         return None
-    from packlab.chat_masks import ChatMarkers
+    from packlab.chat_masks import MARKERS, ChatMarkers
     from packlab.tokenize import encoder_spec, marker_encoder
 
     strings = {}
     for item in args.marker:
         name, sep, text = item.partition("=")
-        if not sep or name not in MARKER_NAMES:
+        if not sep or name not in MARKERS:
             raise PacklabError(f"--marker {item!r}: NAME=TEXT with NAME one of "
-                               f"{', '.join(MARKER_NAMES)}")
+                               f"{', '.join(MARKERS)}")
         strings[name] = text.encode().decode("unicode_escape")  # "\n" as a newline
     from packlab.commands.tokenize import ENCODINGS
 
