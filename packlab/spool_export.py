@@ -43,8 +43,9 @@ class _Lengths:
             yield np.asarray(self.lengths[lo:lo + (1 << 17)], dtype="<i4")
 
 
-def _sequence_chunks(reader: SpoolReader) -> Iterator[tuple[int, int]]:
-    """``(lo, hi)`` ranges of sequences holding about ``_CHUNK_TOKENS`` tokens each."""
+def sequence_chunks(reader: SpoolReader) -> Iterator[tuple[int, int]]:
+    """``(lo, hi)`` ranges of sequences holding about ``_CHUNK_TOKENS`` tokens each (one
+    sequence when it is longer): what the export holds in memory at a time."""
     ends = np.cumsum(reader.lengths, dtype=np.int64)
     lo = 0
     while lo < reader.num_sequences:
@@ -79,7 +80,7 @@ def export_spool(spool: str | os.PathLike[str] | SpoolReader, prefix: str | os.P
     try:
         data = HashedFile(temporary["bin"])
         masks = HashedFile(temporary["masks"])
-        for lo, hi in _sequence_chunks(reader):
+        for lo, hi in sequence_chunks(reader):
             data.write(reader.tokens_of(lo, hi).astype(dtype, copy=False))
             masks.write(reader.masks_of(lo, hi))
         entries = {files["bin"].name: data.close(), files["masks"].name: masks.close(),

@@ -137,3 +137,42 @@ def test_refusals_and_damage_name_the_file(tmp_path: Path) -> None:
     (flipped / "p.bin").write_bytes(bytes(data))
     with pytest.raises(FormatError, match=r"flip/p\.bin: checksum mismatch"):
         SpoolReader(flipped / "p").verify()
+
+
+def test_export_holds_one_chunk_of_the_spool_at_a_time(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python heap's peak while exporting (numpy's buffers included, tracemalloc) does
+    not grow with the spool: it is bounded by one chunk of tokens and the write buffers of the
+    two files written, whatever the spool holds (both made small here, so the spools dwarf
+    them)."""
+    import tracemalloc
+
+    from packlab import files, spool_export
+
+    monkeypatch.setattr(spool_export, "_CHUNK_TOKENS", 1 << 15)
+    monkeypatch.setattr(files, "WRITE_BUFFER", 1 << 16)
+    monkeypatch.setattr(files, "WRITE_ALIGN", 1 << 15)
+    peaks = {}
+    for sequences in (500, 4000):
+        spool = write_random_spool(tmp_path / f"s{sequences}", num_sequences=sequences,
+                                   vocab_size=32_000, max_len=600, seed=sequences)
+        _ = spool.lengths, spool.offsets  # the index arrays: mapped, not the export's
+        tracemalloc.start()
+        export_spool(spool, tmp_path / f"p{sequences}")
+        peaks[sequences] = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        same_spool(SpoolReader(tmp_path / f"p{sequences}"), spool)
+    # a chunk's uint16 copy and masks (3 bytes a token), two write buffers and their last write
+    bound = 3 * (1 << 15) + 2 * ((1 << 16) + 3 * (1 << 15)) + 100_000
+    assert peaks[500] < bound and peaks[4000] < bound  # 1.2M tokens: 3.6 MB written
+
+
+def test_the_throughput_measurement_reads_what_it_times(tmp_path: Path) -> None:
+    from packlab.lab.measure.prefix_export import export_and_read_back
+
+    spool = chatml_spool(tmp_path)
+    result = export_and_read_back(spool.path, tmp_path, markers_for("cl100k_base"))
+    assert result["same_reads"] and result["masks_equal"]
+    assert result["num_tokens"] == spool.num_tokens
+    assert set(result["tokens_per_second"]) == {"export", "read_spool", "read_prefix",
+                                               "derive_masks", "verify_prefix"}
