@@ -112,6 +112,17 @@ def prefix_of(path: str | Path) -> Path | None:
     return path if prefix_files(path)["idx"].is_file() else None
 
 
+def is_prefix_folder(names: set[str]) -> bool:
+    """Whether a folder holding the files ``names`` holds one prefix and nothing else (its
+    ``.bin`` and ``.idx``, and any of packlab's sidecar and record): a spool, never a shard
+    (a ``packed_index`` output on object storage takes its prefix along in such a folder)."""
+    stems = {n[:-len(".idx")] for n in names if n.endswith(".idx")}
+    if len(stems) != 1:
+        return False
+    files = {f.name for f in prefix_files(Path(stems.pop())).values()}
+    return names <= files and len(names & files) >= 2 and any(n.endswith(".bin") for n in names)
+
+
 class Prefix(NamedTuple):
     """A prefix opened: its index header, counts and record (checked against each other)."""
 

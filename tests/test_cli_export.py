@@ -13,11 +13,12 @@ from chat_tokenizers import PROBES, write_jsonl
 from conftest import BUCKET, one_error_line, run_cli
 
 from packlab import open_dataset
+from packlab.chat_masks import ChatMarkers, MarkerTokens
 from packlab.cloud.transfer import upload_shard
 from packlab.dataset import bin_digests
 from packlab.sources.export import export
 from packlab.spool import SpoolReader
-from packlab.tokenize import tokenize_chat_jsonl
+from packlab.tokenize import marker_encoder, tokenize_chat_jsonl
 
 
 @pytest.fixture(autouse=True)
@@ -118,3 +119,40 @@ def test_export_to_and_from_object_storage(tmp_path: Path, spool: SpoolReader, s
     back = export(f"s3://{BUCKET}/spools/chat", str(tmp_path / "from_s3"))
     assert back["num_sequences"] == spool.num_sequences
     same_masks_and_tokens(SpoolReader(tmp_path / "from_s3"), spool)
+
+
+def test_a_prefix_on_object_storage_and_packed_index_to_it(tmp_path: Path, spool: SpoolReader,
+                                                            server, capsys) -> None:
+    uri = f"s3://{BUCKET}/prefixes/conv"
+    assert run_cli(capsys, "export", spool.path, uri)[0] == 0
+    # a prefix on the store read as a spool: by its name or its .idx, masks from either place
+    for source, flags in ((uri, []), (f"{uri}.idx", ["--chat-markers", "cl100k_base",
+                                                      "--end-of-turn"])):
+        out = tmp_path / f"back{len(flags)}"
+        code, _, err = run_cli(capsys, "export", source, out, *flags)
+        assert code == 0, err
+        same_masks_and_tokens(SpoolReader(out), spool)
+    # bare, as Megatron's own tools leave it (no record, no sidecar): masks from the markers
+    fs = server.filesystem()
+    fs.delete_file(f"{BUCKET}/prefixes/conv.spool.json")
+    fs.delete_file(f"{BUCKET}/prefixes/conv.masks.bin")
+    code, _, err = run_cli(capsys, "export", uri, tmp_path / "bare")
+    assert code == 2
+    one_error_line(err, "no mask sidecar", prefix="packlab export: error:")
+    back = export(uri, str(tmp_path / "bare"), markers=chatml_markers())
+    assert back["exported_from"]["masks"] == "chat markers"
+    same_masks_and_tokens(SpoolReader(tmp_path / "bare"), spool)
+    # packed_index over a local prefix, written to the store: the prefix travels along
+    out = f"s3://{BUCKET}/packed/over_prefix"
+    code, _, err = run_cli(capsys, "pack", tmp_path / "bare", out, "--format", "packed_index",
+                           "--pack-size", 512)
+    assert code == 0, err
+    code, _, err = run_cli(capsys, "validate", out)
+    assert code == 0, err
+    assert run_cli(capsys, "pack", spool.path, tmp_path / "over_spool", "--format",
+                   "packed_index", "--pack-size", 512)[0] == 0
+    assert bin_digests(open_dataset(out)) == bin_digests(open_dataset(tmp_path / "over_spool"))
+
+
+def chatml_markers() -> MarkerTokens:
+    return ChatMarkers(train_on_end_of_turn=True).tokenized(marker_encoder("cl100k_base"))

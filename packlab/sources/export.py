@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.chat_masks import MarkerTokens
+from packlab.cloud.transfer import download_prefix
 from packlab.errors import FormatError
 from packlab.sources.outputs import output, spool_at
 from packlab.spool import SpoolReader
@@ -43,13 +44,21 @@ def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | Non
 
 
 def open_spool(src: str, markers: MarkerTokens | None = None) -> SpoolReader:
-    """A reader of the spool folder (local or a URI) or local Megatron prefix ``src``."""
+    """A reader of the spool folder or Megatron prefix ``src`` (local, or a URI: fetched once
+    into the verified cache)."""
     if not is_remote(src) and prefix_of(src) is not None:
         return SpoolReader(src, markers=markers)
     reader = spool_at(src)
+    if reader is None and is_remote(src) and resolve(_without_suffix(src) + ".idx").is_file():
+        return SpoolReader(download_prefix(_without_suffix(src)), markers=markers)
     if reader is None:
         raise FormatError(f"{src}: neither a spool (spool_v1) nor a Megatron .bin/.idx prefix")
     return reader if markers is None else SpoolReader(reader.path, markers=markers)
+
+
+def _without_suffix(uri: str) -> str:
+    """A prefix's URI, named by itself or by its ``.bin`` or ``.idx``."""
+    return uri[:-4] if uri.endswith((".bin", ".idx")) else uri
 
 
 def is_exported_index(path: Path) -> bool:

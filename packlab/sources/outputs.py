@@ -57,6 +57,7 @@ from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
+from packlab.spool_prefix import prefix_files, prefix_of
 from packlab.storage import Location, is_remote, resolve
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
@@ -225,6 +226,10 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
     output directory keeps ``spool/`` beside its shards)."""
     staged = []
     for spool in spools:
+        prefix = prefix_of(spool)
+        if prefix is not None:  # a Megatron prefix: its files, in a folder of their own
+            staged.append(_stage_prefix(prefix, local_out / "spool" / prefix.name))
+            continue
         target = local_out / "spool" / Path(spool).resolve().name
         if not (target / DIRECTORY_RECORD).is_file():
             remove(target)
@@ -234,6 +239,15 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
                     _link_or_copy(entry, target / entry.name)
         staged.append(target)
     return staged
+
+
+def _stage_prefix(prefix: Path, folder: Path) -> Path:
+    """Copies of a Megatron prefix's files (those it has) in ``folder``; the staged prefix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in prefix_files(prefix).values():
+        if file.is_file() and not (folder / file.name).is_file():
+            _link_or_copy(file, folder / file.name)
+    return folder / prefix.name
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
