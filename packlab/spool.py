@@ -53,7 +53,13 @@ from packlab.files import (
     read_versioned_json,
     sha256_file,
 )
-from packlab.spool_prefix import PREFIX_VERSION, check_documents, open_prefix, prefix_of
+from packlab.spool_prefix import (
+    PREFIX_VERSION,
+    RECORD_KEYS,
+    check_documents,
+    open_prefix,
+    prefix_of,
+)
 
 SPOOL_VERSION = "spool_v1"
 DTYPES = {
@@ -270,6 +276,11 @@ class SpoolReader:
     def token_dtype(self) -> np.dtype:
         return self.columns["tokens"].dtype
 
+    @property
+    def has_masks(self) -> bool:
+        """Whether masks can be read: from a file, or derived from the markers given."""
+        return "masks" in self.columns or self.markers is not None
+
     def file_checksums(self) -> dict[str, dict[str, Any]]:
         """``{file: {"bytes", "sha256"}}`` of the data files (names in :attr:`root`): the
         record's when it lists them all (packlab's), else computed once per reader (Nemotron's
@@ -415,8 +426,7 @@ class SpoolReader:
                               f"{int(lengths.sum())}, manifest says {self.num_tokens} tokens")
         if self.kind == PREFIX_VERSION:
             check_documents(self.path, self.num_sequences)
-        if self.num_tokens and ("masks" in self.columns or self.markers is not None) \
-                and int(self.masks.max()) > 1:
+        if self.num_tokens and self.has_masks and int(self.masks.max()) > 1:
             raise FormatError(f"{self.columns['masks'].path}: mask values must be 0 or 1")
         if self.num_tokens:
             lo, hi = int(self.tokens.min()), int(self.tokens.max())
@@ -475,7 +485,7 @@ def read_spool_record(path: Path) -> dict[str, Any]:
 def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
     ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
-    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS}
+    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS | RECORD_KEYS}
 
 
 def _is_count(value: Any) -> bool:

@@ -50,6 +50,8 @@ from packlab.files import DIRECTORY_RECORD, parse_versioned_json, read_bytes
 PREFIX_VERSION = "megatron_prefix_v1"
 SUFFIXES = {"bin": ".bin", "idx": ".idx", "masks": ".masks.bin", "record": ".spool.json"}
 FOLLOWS = "Megatron-LM pull request #5017 (SFTDataset) at 97b2c55e4c"
+# the keys of a prefix's record beyond a spool's (what ``packlab inspect`` does not list as extra)
+RECORD_KEYS = frozenset({"prefix", "tokens_dtype", "masks", "exported_from", "follows"})
 
 
 # the token dtypes a prefix may hold: megatron-core's integer DTypes

@@ -15,12 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from packlab.chat_masks import MarkerTokens
-from packlab.cloud.transfer import download_prefix
 from packlab.errors import FormatError
 from packlab.sources.outputs import output, spool_at
 from packlab.spool import SpoolReader
 from packlab.spool_export import export_spool
-from packlab.spool_prefix import PREFIX_VERSION, prefix_files, prefix_of
+from packlab.spool_prefix import PREFIX_VERSION, prefix_files
 from packlab.storage import is_remote, resolve, upload_file
 
 
@@ -45,20 +44,11 @@ def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | Non
 
 def open_spool(src: str, markers: MarkerTokens | None = None) -> SpoolReader:
     """A reader of the spool folder or Megatron prefix ``src`` (local, or a URI: fetched once
-    into the verified cache)."""
-    if not is_remote(src) and prefix_of(src) is not None:
-        return SpoolReader(src, markers=markers)
+    into the verified cache), its masks derived from ``markers`` when given."""
     reader = spool_at(src)
-    if reader is None and is_remote(src) and resolve(_without_suffix(src) + ".idx").is_file():
-        return SpoolReader(download_prefix(_without_suffix(src)), markers=markers)
     if reader is None:
         raise FormatError(f"{src}: neither a spool (spool_v1) nor a Megatron .bin/.idx prefix")
     return reader if markers is None else SpoolReader(reader.path, markers=markers)
-
-
-def _without_suffix(uri: str) -> str:
-    """A prefix's URI, named by itself or by its ``.bin`` or ``.idx``."""
-    return uri[:-4] if uri.endswith((".bin", ".idx")) else uri
 
 
 def is_exported_index(path: Path) -> bool:

@@ -43,6 +43,7 @@ from packlab.cloud.transfer import (
     DIRECTORY_RECORD,
     NoFileList,
     default_cache_dir,
+    download_prefix,
     download_shard,
     upload_shard,
 )
@@ -281,7 +282,10 @@ def spool_at(path: str) -> SpoolReader | None:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
     verified cache first), or None when ``path`` is no spool: a folder whose manifest says
     ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
-    what is wrong)."""
+    what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool_prefix`)."""
+    prefix = _prefix_at(path)
+    if prefix is not None:
+        return SpoolReader(prefix)
     location = resolve(path)
     manifest = location / DIRECTORY_RECORD
     if manifest.is_file():
@@ -295,6 +299,15 @@ def spool_at(path: str) -> SpoolReader | None:
     if not any((location / name).exists() for name in SPOOL_FILES.values()):
         return None
     return SpoolReader(local_input(path))
+
+
+def _prefix_at(path: str) -> Path | None:
+    """The local prefix ``path`` names (by itself, its ``.bin`` or its ``.idx``; on object
+    storage fetched once into the verified cache), or None when it names none."""
+    if not is_remote(path):
+        return prefix_of(path)
+    uri = path[:-4] if path.endswith((".bin", ".idx")) else path
+    return download_prefix(uri) if resolve(f"{uri}.idx").is_file() else None
 
 
 def local_copy(source: Source, folder: Path) -> Path:
