@@ -43,6 +43,16 @@ def test_export_markers_pack_and_validate(tmp_path: Path, spool: SpoolReader, ca
     assert code == 0, err
     assert json.loads(out)["masks"] == "spool"
     same_masks_and_tokens(SpoolReader(tmp_path / "conv"), spool)
+    for name in ("conv", "conv.idx", "conv.bin"):  # a prefix is a spool to validate and inspect
+        code, out, err = run_cli(capsys, "validate", tmp_path / name, "--json")
+        assert code == 0 and json.loads(out)["kind"] == "spool", err
+    code, out, err = run_cli(capsys, "inspect", tmp_path / "conv", "--json")
+    described = json.loads(out)
+    assert described["format"] == "megatron_prefix_v1" and described["num_tokens"] == \
+        spool.num_tokens
+    assert described["mask_fraction"] == pytest.approx(spool.masks.mean())
+    assert set(described["files"]) == {"conv.bin", "conv.idx", "conv.masks.bin",
+                                       "conv.spool.json"}
     # the masks again, derived from the role markers (Megatron-LM's way, plus the end of turn)
     code, out, err = run_cli(capsys, "export", tmp_path / "conv.idx", tmp_path / "derived",
                              "--chat-markers", "cl100k_base", "--end-of-turn", "--json")
@@ -110,6 +120,8 @@ def test_export_to_and_from_object_storage(tmp_path: Path, spool: SpoolReader, s
             (tmp_path / name.replace("conv", "local")).read_bytes(), name
     same_masks_and_tokens(SpoolReader(tmp_path / "conv"), spool)
     assert not any((tmp_path / "staging").iterdir())
+    code, out, err = run_cli(capsys, "validate", uri, "--json")
+    assert code == 0 and json.loads(out)["num_tokens"] == spool.num_tokens, err
     code, _, err = run_cli(capsys, "export", spool.path, uri)
     assert code == 2
     one_error_line(err, uri, prefix="packlab export: error:")
