@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from chat_tokenizers import PROBES, write_jsonl
-from conftest import BUCKET, one_error_line, run_cli
+from conftest import BUCKET, one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
 from packlab.chat_masks import ChatMarkers, MarkerTokens
@@ -168,3 +168,25 @@ def test_a_prefix_on_object_storage_and_packed_index_to_it(tmp_path: Path, spool
 
 def chatml_markers() -> MarkerTokens:
     return ChatMarkers(train_on_end_of_turn=True).tokenized(marker_encoder("cl100k_base"))
+
+
+def test_packed_index_refuses_a_uint16_prefix_on_one_line(tmp_path: Path, capsys) -> None:
+    """packed_index gathers int32 tokens; a prefix of a small vocabulary (uint16, as
+    megatron-core stores it) is packed into a format that copies its tokens instead."""
+    small = write_random_spool(tmp_path / "small", num_sequences=50, vocab_size=30_000)
+    export(small.path, str(tmp_path / "u16"))
+    code, _, err = run_cli(capsys, "pack", tmp_path / "u16", tmp_path / "index", "--format",
+                           "packed_index", "--pack-size", 4096)
+    assert code == 2
+    one_error_line(err, "u16.bin", "uint16 tokens", prefix="packlab pack: error:")
+    assert not (tmp_path / "index" / "shard_000000").exists()
+    code, _, err = run_cli(capsys, "pack", tmp_path / "u16", tmp_path / "copied", "--format",
+                           "binidx", "--pack-size", 4096)
+    assert code == 0, err
+    assert bin_digests(open_dataset(tmp_path / "copied")) == \
+        bin_digests(open_dataset(_packed(small.path, tmp_path / "from_spool", capsys)))
+
+
+def _packed(spool: Path, out: Path, capsys) -> Path:
+    assert run_cli(capsys, "pack", spool, out, "--format", "binidx", "--pack-size", 4096)[0] == 0
+    return out

@@ -77,6 +77,7 @@ from packlab.formats.spool_gather import (
     build_gather,
     changed_sequence,
     gather_bin,
+    gathered_files,
     sequence_checksums,
 )
 from packlab.invariants import check_csr
@@ -177,6 +178,7 @@ class Writer(PackedIndexFacts, ShardWriter):
         where = Path(path)
         self.checksums = bool(checksums)
         self.spool = _as_spool(spool, where)
+        gathered_files(self.spool)  # the files its reads gather from: refused now, not later
         if spool_files is not None:
             _check_given_files(self.spool, spool_files, where)
         self.spool_files = spool_files

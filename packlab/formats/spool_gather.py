@@ -86,9 +86,9 @@ def gathered_files(spool: SpoolReader) -> tuple[Path, Path]:
     spool's, or a Megatron prefix's int32 ``.bin`` and packlab's mask sidecar)."""
     tokens, masks = spool.columns["tokens"], spool.columns.get("masks")
     if tokens.dtype != np.dtype("<i4") or tokens.offset:
-        raise FormatError(f"{tokens.path}: {tokens.dtype.name} tokens; packed_index reads int32 "
-                          "ones (export the spool with a vocabulary of 65500 ids or more, or "
-                          "pack it into a format that copies its tokens)")
+        raise FormatError(f"{tokens.path}: {tokens.dtype.name} tokens; packed_index gathers "
+                          "int32 ones (a vocabulary of 65500 ids or more): pack this prefix into "
+                          "a format that copies its tokens, or pack the spool it came from")
     if masks is None:
         raise FormatError(f"{spool.path}: packed_index reads the masks from a file: export the "
                           "prefix with its mask sidecar (packlab export --chat-markers ...)")
