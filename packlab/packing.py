@@ -135,7 +135,7 @@ def check_algorithm(algorithm: str) -> str:
     """The name of a registered algorithm, or a one-line error listing them."""
     if algorithm not in ALGORITHMS:
         raise PacklabError(
-            f"unknown packing algorithm {algorithm!r}; choose from {sorted(ALGORITHMS)}"
+            f"unknown packing algorithm {algorithm!r}; choose from {', '.join(sorted(ALGORITHMS))}"
         )
     return algorithm
 

@@ -311,7 +311,7 @@ class SpoolReader:
             if have != want:
                 raise FormatError(
                     f"{file}: {have} bytes, manifest says {want} "
-                    f"({count} x {DTYPES[name].str}): truncated or corrupted spool"
+                    f"({count:,} {DTYPES[name].name} values): truncated or corrupted spool"
                 )
 
     def __getstate__(self) -> dict[str, Any]:

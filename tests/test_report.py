@@ -106,6 +106,36 @@ def test_a_rerun_in_miniature_moves_the_cold_tie_break_not_the_stable_one() -> N
     assert front.rerun_agreement(front.format_rows(_run())) is None
 
 
+def test_a_stacks_choice_is_set_beside_the_recommendation_with_its_numbers() -> None:
+    """Bridge stores megatron_sft by default: the report says, aspect by aspect, where that
+    choice and packlab's recommendation agree (within 1.10x) and by how much they differ."""
+    chosen = [f for f in format_names() if get_format(f).Reader.CHOSEN_BY]
+    assert "megatron_sft" in chosen
+    assert get_format("megatron_sft").Reader.CHOSEN_BY == ("Megatron-Bridge",)
+    run = _run()
+    pick = _chosen(run)["local training"]
+    numbers = run["05_random_access"]["numbers"]
+    numbers["megatron_sft_warm_p50_us"] = numbers[f"{pick}_warm_p50_us"] * 1.05  # a tie
+    numbers["megatron_sft_cold_p50_us"] = numbers[f"{pick}_cold_p50_us"] * 3
+    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
+    assert sft["stacks"] == ["Megatron-Bridge"] and sft["local"] == pick
+    aspects = {a[0]: a for a in sft["aspects"]}
+    assert aspects["warm random read, p50"][3] == "agree (within 1.10x)"
+    assert aspects["cold random read, p50"][3] == "worse: 3.00x (p50)"
+    size = run["03_write_formats"]["numbers"]["bytes_per_token"]
+    ratio = size["megatron_sft"] / size[pick]
+    assert aspects["size on disk"][3].endswith(f"{ratio:,.2f}x (bytes per token)") or (
+        aspects["size on disk"][3] == "agree (within 1.10x)" and 1 / 1.1 <= ratio <= 1.1)
+    storage = aspects["object storage"]
+    assert storage[1].startswith("read in place by ranged GETs")
+    assert f"`{_chosen(run)['object storage']}`" in storage[2]
+    table = front.chosen_elsewhere_table(run)
+    assert "Megatron-Bridge's choice: `megatron_sft`" in table and f"`{pick}`" in table
+    del run["05_random_access"]
+    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
+    assert [a[0] for a in sft["aspects"]] == ["object storage"]  # no local pick to compare
+
+
 def test_a_run_without_a_notebook_says_not_measured() -> None:
     run = _run()
     del run["05_random_access"]

@@ -64,7 +64,8 @@ def _load(name: str, *, required: bool = True) -> ModuleType | None:
     try:
         return importlib.import_module(_MODULES[name])
     except KeyError:
-        raise PacklabError(f"unknown format {name!r}; choose from {format_names()}") from None
+        raise PacklabError(f"unknown format {name!r}; choose from {', '.join(format_names())}"
+                           ) from None
     except ModuleNotFoundError as exc:
         if exc.name == _MODULES[name] and not required:
             return None

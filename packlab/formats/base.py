@@ -90,6 +90,9 @@ class FormatFacts:
     #: the other stacks that read this format's shards as packlab writes them (names from
     #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
     READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: the stacks (names from :data:`READERS`) that store packed data in this format by default:
+    #: the report sets packlab's recommendation beside their choice, with the numbers
+    CHOSEN_BY: ClassVar[tuple[str, ...]] = ()
     #: a one-file shard's other files, each by the suffix that takes the place of ``SUFFIX``
     #: in its name (a Megatron pair's ``.bin``, packlab's sidecar): published before the file
     #: itself (the shard's commit point), uploaded, downloaded, counted and removed with it

@@ -400,8 +400,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         verify_files(self.path, self.record.get("files", {}), checksums=True)
         listed = set(self.record.get("files", {}))
         if listed != set(self._expected_sizes()):
-            raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
-                              f"expected {sorted(self._expected_sizes())}")
+            raise FormatError(f"{self.path / RECORD}: lists {', '.join(sorted(listed))}, "
+                              f"expected {', '.join(sorted(self._expected_sizes()))}")
         n = self.num_bins
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)

@@ -110,6 +110,7 @@ class SftFacts(FormatFacts):
     DATA_FILES = (BIN,)
     READS_IN_PLACE = True
     READ_BY = ("Megatron-core",)
+    CHOSEN_BY = ("Megatron-Bridge",)
     detect = staticmethod(detect)
 
 

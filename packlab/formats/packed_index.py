@@ -336,7 +336,8 @@ class Reader(PackedIndexFacts, ShardReader):
                 return candidate
             problems.append(f"{candidate}: {change}")
         raise FormatError(f"{self.path}: its spool is missing or changed ({'; '.join(problems)}); "
-                          "repack, or pass spool= the spool it was built from")
+                          "repack it, or put the spool it was built from back where it was (from "
+                          "Python, open_shard(..., spool=PATH) names it)")
 
     def _spool_change(self, candidate: Path) -> str | None:
         """What differs between the spool at ``candidate`` and the one recorded, or None."""

@@ -164,6 +164,10 @@ def front_page(run: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
         "<h2>The answer, per use case</h2>"
         "<p>Each format is chosen from this run's numbers by the rule beside it.</p>"
         + _markdown(front.recommendations_table(run))
+        + "<h2>Beside what other stacks chose</h2>"
+        "<p>A format another stack stores by default, aspect by aspect against packlab's "
+        "recommendation (within 1.10x counts as agreeing).</p>"
+        + _markdown(front.chosen_elsewhere_table(run))
         + "<h2>Every format</h2>"
         "<p>Peak memory: RSS growth over the process's baseline, in a fresh process, writing "
         "and loading (notebook 04). Latency: one random bin delivered, p50, with raw CSR numpy "

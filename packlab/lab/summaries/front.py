@@ -69,7 +69,8 @@ def format_rows(run: Run) -> list[dict[str, Any]]:
             "cold_pread_us": cold.pread_p50_us if cold else None,
             "scan_tokens_per_s": scan.tokens_per_s if scan else None,
             "bytes_per_token": sizes.get(fmt),
-            "read_by": list(facts.READ_BY), "in_ram": facts.IN_RAM,
+            "read_by": list(facts.READ_BY), "chosen_by": list(facts.CHOSEN_BY),
+            "in_ram": facts.IN_RAM,
             "needs_spool": facts.NEEDS_SPOOL, "reads_in_place": facts.READS_IN_PLACE,
         })
     return rows
@@ -231,6 +232,90 @@ def recommendations_table(run: Run) -> str:
             if r["also"] and r["use_case"] == "local training" else "")
           if r["format"] else NOT_MEASURED, r["why"], r["rule"]]
          for r in recommendations(run)])
+
+
+# -- packlab's answer beside another stack's default -------------------------------------------
+def _against(value: float | None, other: float | None, unit: str, *, lower_is_better: bool = True
+             ) -> str:
+    """How ``value`` stands against ``other``: tied within :data:`TIE`, else the ratio."""
+    if value is None or other is None or other <= 0:
+        return "not measured"
+    ratio = value / other
+    if 1 / TIE <= ratio <= TIE:
+        return "agree (within 1.10x)"
+    better = ratio < 1 if lower_is_better else ratio > 1
+    return f"{'better' if better else 'worse'}: {ratio:,.2f}x ({unit})"
+
+
+def _aspects(chosen: Mapping[str, Any], pick: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
+    """Size, warm and cold reads, write memory: (aspect, chosen's value, pick's, verdict)."""
+    def size(r: Mapping[str, Any]) -> str:
+        return f"{r['bytes_per_token']:.2f} B/token" if r["bytes_per_token"] is not None else "n/a"
+
+    def us(r: Mapping[str, Any], key: str) -> str:
+        return f"{fmt_us(r[key])} µs" if r[key] is not None else "n/a"
+
+    return [
+        ("size on disk", size(chosen), size(pick),
+         _against(chosen["bytes_per_token"], pick["bytes_per_token"], "bytes per token")),
+        ("warm random read, p50", us(chosen, "warm_p50_us"), us(pick, "warm_p50_us"),
+         _against(chosen["warm_p50_us"], pick["warm_p50_us"], "p50")),
+        ("cold random read, p50", us(chosen, "cold_p50_us"), us(pick, "cold_p50_us"),
+         _against(chosen["cold_p50_us"], pick["cold_p50_us"], "p50")),
+        ("write peak RSS", human_bytes(chosen["write_peak_bytes"]),
+         human_bytes(pick["write_peak_bytes"]),
+         _against(chosen["write_peak_bytes"], pick["write_peak_bytes"], "peak")),
+    ]
+
+
+def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None
+                    ) -> tuple[str, str, str, str]:
+    """Object storage: read in place or downloaded first, and the bytes a read moves."""
+    def how(r: Mapping[str, Any]) -> str:
+        way = "read in place by ranged GETs" if r["reads_in_place"] else "downloaded whole first"
+        size = (f", {r['bytes_per_token']:.2f} B/token stored"
+                if r["bytes_per_token"] is not None else "")
+        return way + size
+
+    if pick is None:
+        return ("object storage", how(chosen), NOT_MEASURED, "not measured")
+    if pick["format"] == chosen["format"]:
+        verdict = "agree (the same format)"
+    elif not chosen["reads_in_place"]:
+        verdict = "differs: downloaded before its first bin"
+    else:
+        verdict = "differs: " + _against(chosen["bytes_per_token"], pick["bytes_per_token"],
+                                         "bytes per token").split(": ", 1)[-1]
+    return ("object storage", how(chosen), f"`{pick['format']}`: {how(pick)}", verdict)
+
+
+def chosen_elsewhere(run: Run) -> list[dict[str, Any]]:
+    """Each format another stack stores by default (``CHOSEN_BY``) beside packlab's
+    recommendations, aspect by aspect, with the numbers and where they agree."""
+    rows = format_rows(run)
+    by_name = {r["format"]: r for r in rows}
+    picks = {c["use_case"]: by_name.get(c["format"]) for c in recommendations(run)}
+    local, storage = picks.get("local training"), picks.get("object storage")
+    out = []
+    for chosen in (r for r in rows if r["chosen_by"]):
+        aspects = _aspects(chosen, local) if local is not None else []
+        out.append({"format": chosen["format"], "stacks": chosen["chosen_by"],
+                    "local": local["format"] if local else None,
+                    "aspects": [*aspects, _storage_aspect(chosen, storage)]})
+    return out
+
+
+def chosen_elsewhere_table(run: Run) -> str:
+    """The comparison as Markdown: one table per stack's choice."""
+    parts = []
+    for c in chosen_elsewhere(run):
+        stacks = ", ".join(c["stacks"])
+        local = f"`{c['local']}`" if c["local"] else NOT_MEASURED
+        parts.append(markdown_table(
+            ["", f"{stacks}'s choice: `{c['format']}`",
+             f"packlab's recommendation (local training: {local})", "where they stand"],
+            [list(a) for a in c["aspects"]]))
+    return "\n\n".join(parts) or NOT_MEASURED
 
 
 # -- claims across notebooks -------------------------------------------------------------------

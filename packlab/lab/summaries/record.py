@@ -163,6 +163,7 @@ def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any]
         "run": lambda: metadata_text(meta),
         "formats": lambda: block(front.format_table(run)),
         "choose": lambda: block(front.recommendations_table(run)),
+        "chosen-elsewhere": lambda: block(front.chosen_elsewhere_table(run)),
         "rfc": lambda: block(front.claims_table(run, "rfc")),
         "targets": lambda: block(front.claims_table(run, "target")),
         "rule": lambda: front.rule_text(),
