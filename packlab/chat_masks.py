@@ -35,6 +35,7 @@ billions of tokens is derived in chunks of conversations (:func:`derive_masks`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -89,7 +90,7 @@ class ChatMarkers(TrainOn):
             text = getattr(self, name)
             ids[name] = tuple(int(t) for t in encode(text))
             if not ids[name]:
-                raise PacklabError(f"chat marker {name} {text!r} encodes to no token")
+                raise PacklabError(f"chat marker {name} {json.dumps(text)} encodes to no token")
         return MarkerTokens(**ids, **{flag: getattr(self, flag) for flag in FLAGS})
 
 
@@ -122,8 +123,8 @@ class MarkerTokens(TrainOn):
         for name in MARKERS:
             ids = getattr(self, name)
             if not ids or any(not isinstance(t, int) or t < 0 for t in ids):
-                raise PacklabError(f"chat marker {name}: {ids!r} is not a non-empty list of "
-                                   "token ids")
+                raise PacklabError(f"chat marker {name}: {json.dumps(list(ids))} is not a non-empty "
+                                   "list of token ids")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
@@ -133,7 +134,7 @@ class MarkerTokens(TrainOn):
         """Markers recorded by :meth:`to_dict`; one clear error when they are not."""
         names = {f.name for f in fields(cls)}
         if not isinstance(data, dict) or set(data) - names or not set(MARKERS) <= set(data):
-            raise PacklabError(f"{where}: not a record of chat markers ({sorted(names)})")
+            raise PacklabError(f"{where}: not a record of chat markers ({', '.join(sorted(names))})")
         try:
             return cls(**{k: tuple(v) if k in MARKERS else bool(v) for k, v in data.items()})
         except TypeError:

@@ -94,7 +94,7 @@ def read_index_header(path: Path) -> IndexHeader:
     code, sequences, documents = mmidx.parse_header(raw, path)
     if code not in TOKEN_CODES:
         raise FormatError(f"{path}: dtype code {code} is not an integer token dtype "
-                          f"(megatron-core's codes {sorted(TOKEN_CODES)})")
+                          f"(megatron-core's codes {', '.join(map(str, sorted(TOKEN_CODES)))})")
     return IndexHeader(TOKEN_CODES[code], sequences, documents)
 
 
@@ -203,10 +203,12 @@ def read_prefix_record(file: Path, prefix: Path, header: IndexHeader,
     if not isinstance(files, dict) or not set(files) <= names or not all(
             isinstance(e, dict) and isinstance(e.get("bytes"), int)
             and isinstance(e.get("sha256"), str) for e in files.values()):
-        raise FormatError(f"{file}: 'files' must map {sorted(names)} to bytes and sha256")
+        raise FormatError(f"{file}: 'files' must map {', '.join(sorted(names))} to bytes and "
+                          "sha256")
     vocab = record.get("vocab_size")
     if vocab is not None and (isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1):
-        raise FormatError(f"{file}: bad 'vocab_size' {vocab!r:.40}")
+        raise FormatError(f"{file}: 'vocab_size' must be a positive integer, not "
+                          f"{json.dumps(vocab)[:40]}")
     return record
 
 

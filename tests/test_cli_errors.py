@@ -209,7 +209,7 @@ CASES = [
     (["export", "{spool}", "{missing}/x"], ["{missing}", "no such folder"]),
     (["export", "{spool}", "{new}", "--end-of-turn"], ["need --chat-markers"]),
     (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end"],
-     ["--marker 'end'", "NAME=TEXT"]),
+     ["--marker end:", "NAME=TEXT"]),
     (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
     (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
      ["end", "encodes to no token"]),

@@ -88,7 +88,7 @@ def test_refusals_are_one_line(tmp_path: Path, spool: SpoolReader, capsys) -> No
         (["export", tmp_path / "nothing", tmp_path / "x"], "neither a spool"),
         (["export", spool.path, tmp_path / "y", "--end-of-turn"], "need --chat-markers"),
         (["export", spool.path, tmp_path / "y", "--chat-markers", "cl100k_base", "--marker",
-          "bogus=x"], "--marker 'bogus=x'"),
+          "bogus=x"], "--marker bogus=x"),
         (["export", spool.path, tmp_path / "no" / "y"], "no such folder"),
         (["export", spool.path, tmp_path / "chats", ], None),
     ]

@@ -34,10 +34,11 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--chat-markers", metavar="TOKENIZER", default=None,
                         help="derive the masks from the chat role markers, tokenized with this "
                              "encoding (cl100k_base, o200k_base) or Hugging Face tokenizer, as "
-                             "Megatron-LM's SFTDataset derives them (Nemotron-3's markers)")
+                             "Megatron-LM's SFTDataset derives them (Nemotron-3's markers; "
+                             "default: the masks of the spool or of the prefix's sidecar)")
     parser.add_argument("--marker", action="append", default=[], metavar="NAME=TEXT",
                         help="replace one marker string of packlab.chat_masks.ChatMarkers "
-                             "(Nemotron-3's), e.g. end='<|im_end|>\\n'")
+                             "(Nemotron-3's), e.g. end='<|im_end|>\\n' (default: none replaced)")
     for flag, text in TRAIN_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=text)
     parser.add_argument("--overwrite", action="store_true",
@@ -72,7 +73,7 @@ def _markers(args: argparse.Namespace) -> Any:
     for item in args.marker:
         name, sep, text = item.partition("=")
         if not sep or name not in MARKERS:
-            raise PacklabError(f"--marker {item!r}: NAME=TEXT with NAME one of "
+            raise PacklabError(f"--marker {item}: NAME=TEXT with NAME one of "
                                f"{', '.join(MARKERS)}")
         strings[name] = text.encode().decode("unicode_escape")  # "\n" as a newline
     from packlab.commands.tokenize import ENCODINGS
