@@ -303,11 +303,24 @@ def spool_at(path: str) -> SpoolReader | None:
 
 def _prefix_at(path: str) -> Path | None:
     """The local prefix ``path`` names (by itself, its ``.bin`` or its ``.idx``; on object
-    storage fetched once into the verified cache), or None when it names none."""
+    storage fetched once into the verified cache), or None when it names none (or a shard's
+    pair of files, which a format reads)."""
     if not is_remote(path):
-        return prefix_of(path)
+        prefix = prefix_of(path)
+        return None if prefix is None or _a_shard(prefix_files(prefix)["idx"]) else prefix
     uri = path[:-4] if path.endswith((".bin", ".idx")) else path
-    return download_prefix(uri) if resolve(f"{uri}.idx").is_file() else None
+    idx = resolve(f"{uri}.idx")
+    return download_prefix(uri) if idx.is_file() and not _a_shard(idx) else None
+
+
+def _a_shard(idx: Path | Location) -> bool:
+    """Whether a registered format claims the ``.idx`` (a Bridge ``.sft`` pair): a shard,
+    not a prefix of conversations."""
+    try:
+        detect_format(idx)
+    except FormatError:
+        return False
+    return True
 
 
 def local_copy(source: Source, folder: Path) -> Path:
