@@ -72,3 +72,6 @@ def test_the_section_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert commands >= 11
     assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0
     assert len(namespace["train"]) == 64  # "Train from packlab outputs in a Megatron-Bridge recipe"
+    # "Megatron-LM's pre-tokenized conversations": 200 conversations, masks trained and not
+    assert len(namespace["conversations"]) == namespace["chats"].num_sequences == 200
+    assert 0 < int(namespace["derived"].masks.sum()) < namespace["derived"].num_tokens
