@@ -55,6 +55,7 @@ from packlab.pipeline.dataset_record import (
 )
 from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
+from packlab.spool_prefix import is_prefix_folder
 from packlab.storage import Location, resolve
 
 PathLike = str | os.PathLike[str]
@@ -132,11 +133,12 @@ def _is_main_entry(location: Location, name: str) -> bool:
 
 def _is_spool(location: Location) -> bool:
     """A spool directory, finished or not (Nemotron writes ``tokens.bin.tmp`` first): it holds
-    a spool data file. (No shard format keeps files of those names.)"""
+    a spool data file (no shard format keeps files of those names), or one Megatron prefix."""
     if not location.is_dir():
         return False
     names = {c.name for c in location.iterdir()}
-    return any(n in names or f"{n}.tmp" in names for n in SPOOL_FILES.values())
+    return any(n in names or f"{n}.tmp" in names for n in SPOOL_FILES.values()) or (
+        is_prefix_folder(names) and not any(is_companion(n) for n in names))  # not a .sft pair
 
 
 def holds_spools(location: Location) -> bool:

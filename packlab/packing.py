@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from packlab import mffd  # noqa: F401  (registers Modified First-Fit Decreasing)
 from packlab.errors import FormatError, PacklabError
 from packlab.packers import ALGORITHMS, bin_totals, sequences_by_bin
 

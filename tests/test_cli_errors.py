@@ -203,6 +203,16 @@ CASES = [
     (["raw-index", "{unrelated}"], ["{unrelated}", "a folder, not a JSONL file"]),
     (["pbin", "{out}", "{new}.pbin"], ["{out}", "a pack output", "not a JSONL file"]),
     (["pbin", "{layout}", "{new}.pbin"], ["{layout}", "an output layout"]),
+    # export
+    (["export", "{missing}", "{new}"], ["{missing}", "neither a spool"]),
+    (["export", "{file}", "{new}"], ["{file}", "neither a spool"]),
+    (["export", "{spool}", "{missing}/x"], ["{missing}", "no such folder"]),
+    (["export", "{spool}", "{new}", "--end-of-turn"], ["need --chat-markers"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end"],
+     ["--marker end:", "NAME=TEXT"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
+     ["end", "encodes to no token"]),
 ]
 
 

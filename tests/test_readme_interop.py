@@ -91,3 +91,6 @@ def test_the_section_runs_as_written(server, tmp_path: Path, monkeypatch: pytest
     assert namespace["sft_item"]["loss_mask"].tolist() == want.loss_mask.tolist()
     assert (tmp_path / "sft_again" / "shard_000000.sft.bin").read_bytes() == \
         (tmp_path / "sft_out" / "shard_000000.sft.bin").read_bytes()
+    # "Megatron-LM's pre-tokenized conversations": 200 conversations, masks trained and not
+    assert len(namespace["conversations"]) == namespace["chats"].num_sequences == 200
+    assert 0 < int(namespace["derived"].masks.sum()) < namespace["derived"].num_tokens

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.transfer import download_shard, remote_record
+from packlab.cloud.transfer import download_prefix, download_shard, remote_record
 from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError
@@ -63,6 +63,8 @@ def fetch_spool(location: Location, local_shard: Path, reader: Any, *,
     spool = location / relative
     if spool.path.split("/")[0] != location.path.split("/")[0]:
         raise FormatError(f"{location}: its spool path {relative!r} leaves the bucket")
+    if remote_record(spool) is None and (spool.parent / f"{spool.name}.idx").is_file():
+        return download_prefix(spool, cache_dir=cache_dir)  # a Megatron prefix
     if remote_record(spool) is None:
         raise FormatError(f"{location}: its spool is not at {spool} (upload the spool beside "
                           "the shard, at the relative path the shard records)")

@@ -15,7 +15,7 @@ A shard is a directory, published atomically::
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
 sidecars carry what the pretraining format lacks (loss mask, sub-sequence starts).
 
-``data.idx`` is megatron-core's index (:mod:`packlab.formats.mmidx`, field by field): dtype
+``data.idx`` is megatron-core's index (:mod:`packlab.mmidx`, field by field): dtype
 code 8 (uint16) or 4 (int32), one sequence and one document per bin, its length the bin's
 tokens.
 
@@ -50,10 +50,10 @@ from typing import Any
 
 import numpy as np
 
+from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import AlignedWriter, HashedFile, file_entry, parse_json, verify_files
-from packlab.formats import mmidx
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,

@@ -5,7 +5,7 @@ Follows Megatron-Bridge's ``src/megatron/bridge/data/packing/indexed.py`` at com
 offline-packed SFT; not in the 0.6.2 release). A shard is a Megatron-core IndexedDataset pair,
 named by its index, and packlab's sidecar beside it::
 
-    train.sft.idx      megatron-core's MMIDIDX index (packlab.formats.mmidx): dtype code 4
+    train.sft.idx      megatron-core's MMIDIDX index (packlab.mmidx): dtype code 4
                        (int32), one sequence and one document per bin. What a path names, and
                        the shard's commit point: published last
     train.sft.bin      the items, int32 words, end to end; bin b is item b:
@@ -55,10 +55,10 @@ from typing import Any
 
 import numpy as np
 
+from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
-from packlab.formats import mmidx
 from packlab.formats.base import (
     MAX_PACK_SIZE,
     FormatFacts,

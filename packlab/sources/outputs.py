@@ -43,6 +43,7 @@ from packlab.cloud.transfer import (
     DIRECTORY_RECORD,
     NoFileList,
     default_cache_dir,
+    download_prefix,
     download_shard,
     upload_shard,
 )
@@ -57,6 +58,7 @@ from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
+from packlab.spool_prefix import prefix_files, prefix_of
 from packlab.storage import Location, is_remote, resolve
 
 KINDS = ("spool", "dataset", "layout", "shard", "file")
@@ -225,6 +227,10 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
     output directory keeps ``spool/`` beside its shards)."""
     staged = []
     for spool in spools:
+        prefix = prefix_of(spool)
+        if prefix is not None:  # a Megatron prefix: its files, in a folder of their own
+            staged.append(_stage_prefix(prefix, local_out / "spool" / prefix.name))
+            continue
         target = local_out / "spool" / Path(spool).resolve().name
         if not (target / DIRECTORY_RECORD).is_file():
             remove(target)
@@ -234,6 +240,15 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
                     _link_or_copy(entry, target / entry.name)
         staged.append(target)
     return staged
+
+
+def _stage_prefix(prefix: Path, folder: Path) -> Path:
+    """Copies of a Megatron prefix's files (those it has) in ``folder``; the staged prefix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in prefix_files(prefix).values():
+        if file.is_file() and not (folder / file.name).is_file():
+            _link_or_copy(file, folder / file.name)
+    return folder / prefix.name
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -267,7 +282,10 @@ def spool_at(path: str) -> SpoolReader | None:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
     verified cache first), or None when ``path`` is no spool: a folder whose manifest says
     ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
-    what is wrong)."""
+    what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool_prefix`)."""
+    prefix = _prefix_at(path)
+    if prefix is not None:
+        return SpoolReader(prefix)
     location = resolve(path)
     manifest = location / DIRECTORY_RECORD
     if manifest.is_file():
@@ -281,6 +299,28 @@ def spool_at(path: str) -> SpoolReader | None:
     if not any((location / name).exists() for name in SPOOL_FILES.values()):
         return None
     return SpoolReader(local_input(path))
+
+
+def _prefix_at(path: str) -> Path | None:
+    """The local prefix ``path`` names (by itself, its ``.bin`` or its ``.idx``; on object
+    storage fetched once into the verified cache), or None when it names none (or a shard's
+    pair of files, which a format reads)."""
+    if not is_remote(path):
+        prefix = prefix_of(path)
+        return None if prefix is None or _a_shard(prefix_files(prefix)["idx"]) else prefix
+    uri = path[:-4] if path.endswith((".bin", ".idx")) else path
+    idx = resolve(f"{uri}.idx")
+    return download_prefix(uri) if idx.is_file() and not _a_shard(idx) else None
+
+
+def _a_shard(idx: Path | Location) -> bool:
+    """Whether a registered format claims the ``.idx`` (a Bridge ``.sft`` pair): a shard,
+    not a prefix of conversations."""
+    try:
+        detect_format(idx)
+    except FormatError:
+        return False
+    return True
 
 
 def local_copy(source: Source, folder: Path) -> Path:
