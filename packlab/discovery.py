@@ -42,6 +42,7 @@ from packlab.formats import (
     format_names,
     get_format,
     is_companion,
+    prefixed_entries,
     shard_entry,
     shard_size,
 )
@@ -171,6 +172,8 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     named = shard_entry(location)
     if named != location and (named.exists() or not location.exists()):
         location = named  # a pair's other file, or its prefix: the pair
+    if not location.exists():  # a bare prefix a pair was written under
+        location = next((p for p in prefixed_entries(location) if p.exists()), location)
     if not location.exists():
         raise FormatError(f"{_shown(path)}: no such file or directory")
     if not location.is_dir():

@@ -4,7 +4,8 @@
 :class:`~packlab.dataset.PackedDataset` as for local shards. Per shard, by the format contract
 (:class:`~packlab.formats.base.FormatFacts`):
 
-- a format whose reader ``READS_IN_PLACE`` (Parquet) is read where it is, with ranged requests;
+- a format whose reader ``READS_IN_PLACE`` (Parquet; ``binidx`` and ``megatron_sft``, whose
+  index is fetched once into the cache) is read where it is, with ranged requests;
 - every other format is downloaded once into the local cache, verified (manifest checksums,
   or the format's own checks), then opened with its usual reader (:mod:`.transfer`); a format
   that ``NEEDS_SPOOL`` brings its spool down too, from where the shard says it is.

@@ -117,8 +117,9 @@ class SftFacts(FormatFacts):
 def entry_of(path: Any) -> Any:
     """The index a path names, by Bridge's rules for one pair: the ``.idx`` itself, its
     ``.bin``, the prefix both share (``train.sft``), or a local folder holding one pair (the
-    writer's temporary). The same kind as given: a ``Path``, or a
-    :class:`~packlab.storage.Location`."""
+    writer's temporary); any other name is a prefix the ``.sft`` suffixes are added to
+    (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair). The same
+    kind as given: a ``Path``, or a :class:`~packlab.storage.Location`."""
     location = path if isinstance(path, Location) else Path(path)
     name = location.name
     if name.endswith(".idx"):
@@ -131,7 +132,9 @@ def entry_of(path: Any) -> Any:
             raise FormatError(f"{location}: holds {len(found)} {SUFFIX} pairs, not one (a "
                               "folder of pairs is a dataset: open it with open_dataset)")
         return found[0]
-    return location.parent / f"{name}.idx"
+    if name.endswith(SUFFIX[:-4]):
+        return location.parent / f"{name}.idx"
+    return location.parent / f"{name}{SUFFIX}"
 
 
 def sibling(entry: Any, suffix: str) -> Any:
