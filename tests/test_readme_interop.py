@@ -1,5 +1,5 @@
-"""README, "Using packlab outputs in Megatron-Bridge, Nemotron and Modalities": every block of
-that section runs, in order, exactly as written.
+"""README, "Using packlab outputs in Megatron-Bridge, Nemotron and Modalities" and "Megatron-Bridge
+and Megatron-LM, as of today": every block of the two sections runs, in order, exactly as written.
 
 The section's ``sh`` blocks are ``packlab`` commands, run line by line (each must exit 0); its
 ``python`` blocks run in one namespace, in a scratch directory holding the inputs the section
@@ -35,6 +35,7 @@ from packlab.packing import pack
 from packlab.spool import SpoolReader, SpoolWriter
 
 TITLE = "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities"
+AS_OF_TODAY = "## Megatron-Bridge and Megatron-LM, as of today"
 EOS = 2
 
 
@@ -80,8 +81,11 @@ def test_the_section_runs_as_written(server, tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("PACKLAB_STAGING_DIR", str(tmp_path / "staging"))
     namespace = {"tokenizer": Tokenizer(EOS)}
     python_blocks, commands = run_section(TITLE, namespace)
-    assert python_blocks >= 5
-    assert commands >= 11
+    assert python_blocks >= 3
+    assert commands >= 8
+    python_blocks, commands = run_section(AS_OF_TODAY, namespace)
+    assert python_blocks >= 4
+    assert commands >= 16
     assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0
     assert len(namespace["train"]) == 64  # "Train from packlab outputs in a Megatron-Bridge recipe"
     # "Megatron-Bridge's packed .sft files": Bridge's first bin, item-exact
