@@ -48,8 +48,9 @@ def check_place(path: Any, reader: Any, bins: tuple[int, int]) -> None:
                 and all(type(b) is int for b in recorded)):
             raise FormatError(f"{path}: its metadata records bins {recorded!r:.80}, not a "
                               "[start, stop] pair (corrupted)")
-        raise FormatError(f"{path}: holds bins {list(recorded)}, its dataset record puts "
-                          f"bins {list(bins)} here (shards swapped or duplicated)")
+        raise FormatError(f"{path}: holds bins {recorded[0]}..{recorded[1] - 1}, its dataset "
+                          f"record puts bins {bins[0]}..{bins[1] - 1} here (shards swapped or "
+                          "duplicated)")
 
 
 class PackedDataset:

@@ -42,6 +42,7 @@ from packlab.formats import (
     format_names,
     get_format,
     is_companion,
+    prefixed_entries,
     shard_entry,
     shard_size,
 )
@@ -54,6 +55,7 @@ from packlab.pipeline.dataset_record import (
 )
 from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
+from packlab.spool_prefix import is_prefix_folder
 from packlab.storage import Location, resolve
 
 PathLike = str | os.PathLike[str]
@@ -131,11 +133,12 @@ def _is_main_entry(location: Location, name: str) -> bool:
 
 def _is_spool(location: Location) -> bool:
     """A spool directory, finished or not (Nemotron writes ``tokens.bin.tmp`` first): it holds
-    a spool data file. (No shard format keeps files of those names.)"""
+    a spool data file (no shard format keeps files of those names), or one Megatron prefix."""
     if not location.is_dir():
         return False
     names = {c.name for c in location.iterdir()}
-    return any(n in names or f"{n}.tmp" in names for n in SPOOL_FILES.values())
+    return any(n in names or f"{n}.tmp" in names for n in SPOOL_FILES.values()) or (
+        is_prefix_folder(names) and not any(is_companion(n) for n in names))  # not a .sft pair
 
 
 def holds_spools(location: Location) -> bool:
@@ -169,6 +172,8 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     named = shard_entry(location)
     if named != location and (named.exists() or not location.exists()):
         location = named  # a pair's other file, or its prefix: the pair
+    if not location.exists():  # a bare prefix a pair was written under
+        location = next((p for p in prefixed_entries(location) if p.exists()), location)
     if not location.exists():
         raise FormatError(f"{_shown(path)}: no such file or directory")
     if not location.is_dir():

@@ -8,7 +8,10 @@ whichever runs them (the tests check it); only ``seconds`` in the receipts diffe
 
 Ray: ``ray.init(num_cpus=workers, include_dashboard=False)`` with its temporary folder under
 the build folder (``build/ray``) and ``RAY_AUTH_MODE=disabled`` (else Ray writes a token into
-the home directory); or ``ray.init(address=...)`` to join a running cluster. A session this
+the home directory); or ``ray.init(address=...)`` to join a running cluster. A session started
+here is local: every Ray server listens on 127.0.0.1 only (:func:`loopback_only`), never on
+the machine's network (Ray has no authentication: a port reachable from the network runs
+anyone's code); a user who wants a cluster names its address. A session this
 module starts is always shut down, whatever happens; one already running is reused and left
 running. :func:`iter_jobs` yields each result as its job finishes (a caller that merges or
 counts as it goes). A failing task cancels the others and its own error is raised (a
@@ -20,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -41,32 +45,69 @@ def ray_session(*, workers: int = 2, address: str | None = None,
     """A Ray session for the block: reuse a running one, else start one and always shut it
     down. Yields the ``ray`` module."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    with contextlib.ExitStack() as stack:
+        if not address:
+            stack.enter_context(loopback_only())  # before Ray is imported: it reads the switch
+        try:
+            import ray
+        except ModuleNotFoundError:
+            raise PacklabError("the ray executor needs Ray: pip install ray") from None
+        if ray.is_initialized():
+            yield ray
+            return
+        options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                   "configure_logging": False}
+        if address:
+            options["address"] = address
+        else:
+            folder = (Path(temp_dir) if temp_dir is not None
+                      else Path(tempfile.gettempdir()) / f"packlab-ray-{os.getuid()}")
+            folder.mkdir(parents=True, exist_ok=True)
+            options.update(num_cpus=max(1, int(workers)), _temp_dir=str(folder.resolve()),
+                           _node_ip_address=LOOPBACK)
+        try:
+            ray.init(**options)
+        except Exception as exc:
+            ray.shutdown()
+            raise PacklabError(f"cannot start Ray ({'address ' + address if address else 'local'}"
+                               f"): {one_line(exc, 300)}") from None
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
+
+
+LOOPBACK = "127.0.0.1"
+SINGLE_MACHINE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # Ray's switch, "0": one machine only
+
+
+@contextlib.contextmanager
+def loopback_only() -> Iterator[None]:
+    """Ray in its single-machine mode for the block (what it does on macOS and Windows): the
+    node's address is 127.0.0.1, and Ray's servers (GCS, raylet, object manager, workers,
+    agents) listen there only. ``_node_ip_address="127.0.0.1"`` alone is not enough: Ray 2.60
+    turns a loopback address into the machine's own (``resolve_ip_for_localhost``) unless this
+    mode is on. Ray reads the switch from the environment when it is first imported (its
+    processes inherit it) and keeps it in ``ray._private.ray_constants``: both are set, and
+    restored after."""
+    previous = os.environ.get(SINGLE_MACHINE)
+    os.environ[SINGLE_MACHINE] = "0"
+    constants = sys.modules.get("ray._private.ray_constants")
+    switch = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if constants is not None:
+        constants.ENABLE_RAY_CLUSTER = False
     try:
-        import ray
-    except ModuleNotFoundError:
-        raise PacklabError("the ray executor needs Ray: pip install ray") from None
-    if ray.is_initialized():
-        yield ray
-        return
-    options: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
-                               "configure_logging": False}
-    if address:
-        options["address"] = address
-    else:
-        folder = (Path(temp_dir) if temp_dir is not None
-                  else Path(tempfile.gettempdir()) / f"packlab-ray-{os.getuid()}")
-        folder.mkdir(parents=True, exist_ok=True)
-        options.update(num_cpus=max(1, int(workers)), _temp_dir=str(folder.resolve()))
-    try:
-        ray.init(**options)
-    except Exception as exc:
-        ray.shutdown()
-        raise PacklabError(f"cannot start Ray ({'address ' + address if address else 'local'}):"
-                           f" {one_line(exc, 300)}") from None
-    try:
-        yield ray
+        yield
     finally:
-        ray.shutdown()
+        if previous is None:
+            os.environ.pop(SINGLE_MACHINE, None)
+        else:
+            os.environ[SINGLE_MACHINE] = previous
+        constants = sys.modules.get("ray._private.ray_constants")
+        if constants is not None:
+            constants.ENABLE_RAY_CLUSTER = (
+                switch if switch is not None
+                else constants.env_bool(SINGLE_MACHINE, not constants.IS_WINDOWS_OR_OSX))
 
 
 def run_jobs(fn: Callable[..., T], jobs: Sequence[tuple[Any, ...]], workers: int, *,

@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,32 @@ def read_versioned_json(path: Path, *, version: str, kind: str,
         return None
     return parse_versioned_json(read_bytes(path, unreadable=unreadable), path, version=version,
                                 kind=kind, unreadable=unreadable)
+
+
+def json_kind(value: Any) -> str:
+    """A parsed JSON value in JSON's words (``a string``, ``an array``, ``null``), for
+    messages about a user's records: never a Python type name."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"{str(value).lower()}"
+    kinds = ((str, "a string"), (int | float, "a number"), (list, "an array"), (dict, "an object"))
+    return next((word for kind, word in kinds if isinstance(value, kind)), "another value")
+
+
+def require_file(path: str | os.PathLike[str], expected: str,
+                 describe: Callable[[Path], str] | None = None) -> Path:
+    """``path`` when it is a file; else one line saying what it is and that ``expected`` (``a
+    chat JSONL file``) was: missing, or a folder (``describe`` names what a folder is where the
+    caller knows more: a spool, a pack output).
+    A folder given where a file goes is not "no such file": the user has something there."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        what = describe(path) if describe is not None else "a folder"
+        raise PacklabError(f"{path}: {what}, not {expected}")
+    raise PacklabError(f"{path}: no such file ({expected} expected)")
 
 
 def refuse_existing(final: Path, *, overwrite: bool) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import staged
+from packlab.files import json_kind, require_file, staged
 
 MAGIC = b"PLJSIDX\x00"
 VERSION = 1
@@ -79,7 +79,7 @@ def parse_json_line(path: str | os.PathLike[str], line: int, raw: bytes) -> dict
         raise PacklabError(f"{path}: line {line}: JSON nested too deeply") from None
     if not isinstance(record, dict):
         raise PacklabError(f"{path}: line {line}: expected a JSON object, "
-                           f"got {type(record).__name__}")
+                           f"got {json_kind(record)}")
     return record
 
 
@@ -96,8 +96,7 @@ def build_jsonl_index(
     """
     jsonl = Path(jsonl)
     out = Path(index) if index is not None else index_path(jsonl)
-    if not jsonl.exists():
-        raise PacklabError(f"{jsonl}: no such file")
+    require_file(jsonl, "a JSONL file")
     before = jsonl.stat()
     with staged(out, overwrite=True) as tmp:
         count = _write_entries(jsonl, tmp, validate=validate)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from packlab import mffd  # noqa: F401  (registers Modified First-Fit Decreasing)
 from packlab.errors import FormatError, PacklabError
 from packlab.packers import ALGORITHMS, bin_totals, sequences_by_bin
 
@@ -134,7 +135,7 @@ def check_algorithm(algorithm: str) -> str:
     """The name of a registered algorithm, or a one-line error listing them."""
     if algorithm not in ALGORITHMS:
         raise PacklabError(
-            f"unknown packing algorithm {algorithm!r}; choose from {sorted(ALGORITHMS)}"
+            f"unknown packing algorithm {algorithm!r}; choose from {', '.join(sorted(ALGORITHMS))}"
         )
     return algorithm
 

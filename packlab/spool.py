@@ -46,11 +46,12 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from xxhash import xxh3_64, xxh3_64_intdigest
 
+from packlab.chat_masks import MarkerTokens, derive_masks
 from packlab.errors import FormatError, PacklabError
 from packlab.files import (
     DIRECTORY_RECORD,
@@ -60,6 +61,13 @@ from packlab.files import (
     parse_versioned_json,
     read_versioned_json,
     sha256_file,
+)
+from packlab.spool_prefix import (
+    PREFIX_VERSION,
+    RECORD_KEYS,
+    check_documents,
+    open_prefix,
+    prefix_of,
 )
 
 SPOOL_VERSION = "spool_v1"
@@ -251,30 +259,83 @@ class SpoolWriter:
         self._closed = True
 
 
-class SpoolReader:
-    """Memory-mapped spool reader: opening costs the manifest; sequences are views."""
+class Column(NamedTuple):
+    """Where one of a spool's arrays is: its file, dtype and the byte offset of its first value."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    path: Path
+    dtype: np.dtype
+    offset: int = 0
+
+
+class SpoolReader:
+    """Memory-mapped spool reader: opening costs the manifest; sequences are views.
+
+    ``path`` is a spool folder (``spool_v1``) or a Megatron-core ``.bin/.idx`` prefix
+    (:mod:`packlab.spool_prefix`): the same reads over either, only where the columns are
+    differs. A prefix's masks are its sidecar ``PREFIX.masks.bin``; with ``markers`` (or for a
+    prefix without a sidecar) they are derived from the tokens' chat role markers as
+    Megatron-LM derives them (:mod:`packlab.chat_masks`), once per reader, in memory (one byte
+    a token; ``packlab export`` writes them as a sidecar once for all).
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *,
+                 markers: MarkerTokens | None = None) -> None:
         self.path = Path(path)
-        self.record = read_spool_record(self.path)
+        self.markers = markers
+        prefix = prefix_of(self.path)
+        if prefix is None:
+            self.record = read_spool_record(self.path)
+            self.root, self.record_path, self.kind = self.path, self.path / SPOOL_RECORD, SPOOL_VERSION
+            self.columns = {name: Column(self.path / FILES[name], DTYPES[name]) for name in DTYPES}
+            self.data_files = {FILES[name]: self.path / FILES[name] for name in DTYPES}
+            self._pointer_width = 1  # offsets.bin counts tokens
+        else:
+            opened = open_prefix(prefix)
+            files, header = opened.files, opened.header
+            self.path, self.root, self.record, self.kind = prefix, prefix.parent, opened.record, \
+                PREFIX_VERSION
+            self.record_path = files["record"] if opened.has_record else files["idx"]
+            self.columns = {"tokens": Column(files["bin"], header.dtype),
+                            "lengths": Column(files["idx"], np.dtype("<i4"),
+                                              header.lengths_offset),
+                            "offsets": Column(files["idx"], np.dtype("<i8"),
+                                              header.pointers_offset)}
+            if opened.has_masks:
+                self.columns["masks"] = Column(files["masks"], DTYPES["masks"])
+            self.data_files = opened.data_files
+            self._pointer_width = header.dtype.itemsize  # its pointers count bytes
         self.num_sequences: int = int(self.record["num_sequences"])
         self.num_tokens: int = int(self.record["num_tokens"])
         self.vocab_size: int | None = self.record.get("vocab_size")
-        self._check_sizes()
+        if markers is not None:
+            self.columns.pop("masks", None)  # derived from the tokens instead
+        if prefix is None:
+            self._check_sizes()
         self._maps: dict[str, np.ndarray] | None = None
+        self._derived: np.ndarray | None = None
         self._checksums: dict[str, dict[str, Any]] | None = None
 
+    @property
+    def token_dtype(self) -> np.dtype:
+        return self.columns["tokens"].dtype
+
+    @property
+    def has_masks(self) -> bool:
+        """Whether masks can be read: from a file, or derived from the markers given."""
+        return "masks" in self.columns or self.markers is not None
+
     def file_checksums(self) -> dict[str, dict[str, Any]]:
-        """``{file: {"bytes", "sha256"}}`` of the four data files: the manifest's when it
-        records them (packlab's), else computed once per reader (Nemotron's records none)."""
+        """``{file: {"bytes", "sha256"}}`` of the data files (names in :attr:`root`): the
+        record's when it lists them all (packlab's), else computed once per reader (Nemotron's
+        spools and Megatron's own prefixes record none)."""
         recorded = self.record.get("files")
         if isinstance(recorded, dict) and all(
             isinstance(recorded.get(name), dict) and "sha256" in recorded[name]
-            for name in FILES.values()
+            for name in self.data_files
         ):
-            return {name: dict(recorded[name]) for name in FILES.values()}
+            return {name: dict(recorded[name]) for name in self.data_files}
         if self._checksums is None:
-            self._checksums = {name: file_entry(self.path / name) for name in FILES.values()}
+            self._checksums = {name: file_entry(file) for name, file in self.data_files.items()}
         return {name: dict(entry) for name, entry in self._checksums.items()}
 
     def _check_sizes(self) -> None:
@@ -293,12 +354,13 @@ class SpoolReader:
             if have != want:
                 raise FormatError(
                     f"{file}: {have} bytes, manifest says {want} "
-                    f"({count} x {DTYPES[name].str}): truncated or corrupted spool"
+                    f"({count:,} {DTYPES[name].name} values): truncated or corrupted spool"
                 )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_maps"] = None
+        state["_derived"] = None  # derived again in the process that reads
         return state
 
     # -- the chain of custody: what a reader that writes from the spool checks first ----------
@@ -365,10 +427,13 @@ class SpoolReader:
 
     def _map(self) -> dict[str, np.ndarray]:
         if self._maps is None:
-            self._maps = {
-                name: np.memmap(self.path / FILES[name], dtype=DTYPES[name], mode="r")
-                for name in DTYPES
-            }
+            counts = {"tokens": self.num_tokens, "masks": self.num_tokens,
+                      "offsets": self.num_sequences, "lengths": self.num_sequences}
+            maps = {name: np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset,
+                                    shape=(counts[name],)) for name, c in self.columns.items()}
+            if self._pointer_width > 1:  # byte pointers: token offsets, as offsets.bin holds
+                maps["offsets"] = (maps["offsets"] // self._pointer_width).astype(np.uint64)
+            self._maps = maps
         return self._maps
 
     @property
@@ -377,7 +442,44 @@ class SpoolReader:
 
     @property
     def masks(self) -> np.ndarray:
-        return self._map()["masks"]
+        maps = self._map()
+        if "masks" in maps:
+            return maps["masks"]
+        if self._derived is None:
+            self._derived = derive_masks(maps["tokens"], maps["offsets"], maps["lengths"],
+                                         self._markers_or_refuse())
+        return self._derived
+
+    def _markers_or_refuse(self) -> MarkerTokens:
+        if self.markers is None:
+            raise FormatError(f"{self.path}: no mask sidecar ({self.path.name}.masks.bin): pass "
+                              "chat markers to derive the masks from the tokens (--chat-markers "
+                              "TOKENIZER), or export the prefix with them once")
+        return self.markers
+
+    def masks_of(self, lo: int, hi: int) -> np.ndarray:
+        """The masks of sequences ``lo..hi-1``, concatenated: read from the mask file, or
+        derived for those sequences only (a pass over billions of tokens in bounded memory)."""
+        maps = self._map()
+        if "masks" not in maps and self._derived is None:
+            return derive_masks(maps["tokens"], maps["offsets"][lo:hi], maps["lengths"][lo:hi],
+                                self._markers_or_refuse())
+        return self._runs(self.masks, lo, hi)
+
+    def tokens_of(self, lo: int, hi: int) -> np.ndarray:
+        """The tokens of sequences ``lo..hi-1``, concatenated (in the file's dtype)."""
+        return self._runs(self.tokens, lo, hi)
+
+    def _runs(self, values: np.ndarray, lo: int, hi: int) -> np.ndarray:
+        """``values`` of sequences ``lo..hi-1``: one slice when they lie in file order, one
+        after another (every spool packlab writes), else gathered sequence by sequence."""
+        offsets, lengths = self.offsets[lo:hi], self.lengths[lo:hi].astype(np.int64)
+        first, total = int(offsets[0]), int(lengths.sum())
+        if int(offsets[-1]) + int(lengths[-1]) - first == total and (
+                offsets[1:].astype(np.int64) == offsets[:-1] + lengths[:-1]).all():
+            return np.asarray(values[first:first + total])
+        return np.concatenate([values[int(o):int(o) + int(n)] for o, n in zip(
+            offsets.tolist(), lengths.tolist(), strict=True)])
 
     @property
     def offsets(self) -> np.ndarray:
@@ -398,34 +500,44 @@ class SpoolReader:
         start = int(maps["offsets"][index])
         stop = start + int(maps["lengths"][index])
         if stop > self.num_tokens:
-            raise FormatError(f"{self.path}: sequence {index}: offsets point past tokens.bin")
-        return maps["tokens"][start:stop], maps["masks"][start:stop]
+            raise FormatError(f"{self.path}: sequence {index}: offsets point past the tokens")
+        return maps["tokens"][start:stop], self.masks[start:stop]
 
     def iter_sequences(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         for i in range(self.num_sequences):
             yield self.read_sequence(i)
 
     def verify(self) -> None:
-        """Full check: checksums, offsets consistent with lengths, masks 0/1, tokens in range."""
+        """Full check: checksums, offsets consistent with lengths, masks 0/1, tokens in range
+        (and a prefix's document indices); a prefix without masks is checked without them."""
         for name, entry in self.record.get("files", {}).items():
-            digest = sha256_file(self.path / name)
+            digest = sha256_file(self.root / name)
             if digest != entry.get("sha256"):
-                raise FormatError(f"{self.path / name}: checksum mismatch (corrupted spool)")
+                raise FormatError(f"{self.root / name}: checksum mismatch (corrupted spool)")
         lengths = self.lengths.astype(np.int64)
         starts = np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        if not np.array_equal(starts, self.offsets.astype(np.int64)):
-            bad = int(np.argmax(starts != self.offsets.astype(np.int64)))
-            raise FormatError(f"{self.path}: sequence {bad}: offset does not follow lengths")
+        offsets = self.offsets.astype(np.int64)
+        follows = (starts == offsets) & (lengths > 0)
+        if self._pointer_width > 1:  # a byte pointer must fall on a token
+            c = self.columns["offsets"]
+            pointers = np.memmap(c.path, c.dtype, "r", c.offset, (self.num_sequences,))
+            follows &= np.asarray(pointers) == starts * self._pointer_width
+        if not follows.all():
+            bad = int(np.argmax(~follows))
+            raise FormatError(f"{self.columns['offsets'].path}: sequence {bad}: offset does "
+                              "not follow lengths")
         if int(lengths.sum()) != self.num_tokens:
-            raise FormatError(f"{self.path / FILES['lengths']}: lengths sum to "
+            raise FormatError(f"{self.columns['lengths'].path}: lengths sum to "
                               f"{int(lengths.sum())}, manifest says {self.num_tokens} tokens")
-        if self.num_tokens and int(self.masks.max()) > 1:
-            raise FormatError(f"{self.path / FILES['masks']}: mask values must be 0 or 1")
+        if self.kind == PREFIX_VERSION:
+            check_documents(self.path, self.num_sequences)
+        if self.num_tokens and self.has_masks and int(self.masks.max()) > 1:
+            raise FormatError(f"{self.columns['masks'].path}: mask values must be 0 or 1")
         if self.num_tokens:
             lo, hi = int(self.tokens.min()), int(self.tokens.max())
             limit = self.vocab_size if self.vocab_size is not None else 2**31
             if lo < 0 or hi >= limit:
-                raise FormatError(f"{self.path / FILES['tokens']}: token ids {lo}..{hi} "
+                raise FormatError(f"{self.columns['tokens'].path}: token ids {lo}..{hi} "
                                   f"outside [0, {limit})")
 
 
@@ -478,7 +590,7 @@ def read_spool_record(path: Path) -> dict[str, Any]:
 def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
     ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
-    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS}
+    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS | RECORD_KEYS}
 
 
 def _is_count(value: Any) -> bool:
@@ -503,3 +615,14 @@ def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:
             if not same:
                 raise FormatError(f"{where}: {name} dtype {value} ({key}), expected "
                                   f"{expected.str} ({expected.name})")
+
+
+def spool_record_at(path: Path) -> tuple[dict[str, Any], Path] | None:
+    """The record of the spool at ``path`` (a spool folder, or a Megatron prefix) and the
+    folder its data files are in; None when nothing is there (a damaged record raises)."""
+    prefix = prefix_of(path)
+    if prefix is not None:
+        return open_prefix(prefix).record, prefix.parent
+    if not (path / SPOOL_RECORD).is_file():
+        return None
+    return read_spool_record(path), path

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.spool import FILES, SPOOL_RECORD, SpoolReader, manifest_extra
+from packlab.spool import SpoolReader, manifest_extra
 
 _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
 
@@ -22,9 +22,10 @@ def count_nonzero_chunked(values: np.ndarray) -> int:
 
 
 def spool_bytes(reader: SpoolReader) -> dict[str, int]:
-    """Bytes on disk of every file of the spool, manifest included."""
-    names = [*FILES.values(), SPOOL_RECORD]
-    return {name: (reader.path / name).stat().st_size for name in names}
+    """Bytes on disk of every file of the spool, its record included (a Megatron prefix: its
+    ``.bin``, ``.idx`` and packlab's sidecar and record where they are)."""
+    files = {**reader.data_files, reader.record_path.name: reader.record_path}
+    return {name: path.stat().st_size for name, path in files.items()}
 
 
 def length_summary(lengths: np.ndarray, over: tuple[int, ...] = ()) -> dict[str, float]:
@@ -50,12 +51,13 @@ def describe_spool(reader: SpoolReader) -> dict[str, Any]:
     total = sum(files.values())
     return {
         "path": str(reader.path),
-        "format": "spool_v1",
+        "format": reader.kind,
         "num_sequences": reader.num_sequences,
         "num_tokens": reader.num_tokens,
         "vocab_size": reader.vocab_size,
         **length_summary(reader.lengths),
-        "mask_fraction": count_nonzero_chunked(reader.masks) / max(reader.num_tokens, 1),
+        "mask_fraction": (count_nonzero_chunked(reader.masks) / max(reader.num_tokens, 1)
+                          if reader.has_masks else None),  # None: a prefix without its sidecar
         "bytes_on_disk": total,
         "bytes_per_token": total / max(reader.num_tokens, 1),
         "files": files,

@@ -352,9 +352,10 @@ class Location:
         """An output stream to this very key (visible when closed; see the module docstring
         for why writers use :func:`put_object` or a temporary key instead)."""
         try:
-            if isinstance(self.filesystem, pafs.LocalFileSystem | pafs.PyFileSystem):
+            folder = posixpath.dirname(self.path)  # "" for a bare name in the working folder
+            if folder and isinstance(self.filesystem, pafs.LocalFileSystem | pafs.PyFileSystem):
                 # object stores need no folders (S3 would get empty "dir/" marker objects)
-                self.filesystem.create_dir(posixpath.dirname(self.path), recursive=True)
+                self.filesystem.create_dir(folder, recursive=True)
             return self.filesystem.open_output_stream(self.path)
         except (OSError, pa.ArrowException) as exc:
             raise PacklabError(f"{self}: cannot write: {_short(exc)}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,12 @@ def section_blocks(title: str) -> list[tuple[str, str]]:
     return blocks
 
 
-def run_section(title: str, namespace: dict[str, Any]) -> tuple[int, int]:
+def run_section(title: str, namespace: dict[str, Any],
+                shell: Callable[[list[str]], None] | None = None) -> tuple[int, int]:
     """Run every block of the section in the current directory; how many ``python`` blocks
-    and ``packlab`` commands ran."""
+    and ``packlab`` commands ran. A line of an ``sh`` block that is not a ``packlab`` command
+    goes to ``shell(argv)`` (a section that starts a server or sets the environment); without
+    one, it is an error."""
     blocks = section_blocks(title)
     commands = 0
     for number, (lang, code) in enumerate(blocks):
@@ -39,6 +43,9 @@ def run_section(title: str, namespace: dict[str, Any]) -> tuple[int, int]:
         for line in code.splitlines():
             argv = shlex.split(line, comments=True)
             if not argv:
+                continue
+            if argv[0] != "packlab" and shell is not None:
+                shell(argv)
                 continue
             assert argv[0] == "packlab", line
             assert main(argv[1:]) == 0, line

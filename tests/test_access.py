@@ -226,7 +226,6 @@ def test_epoch_samplers_cover_the_first_bins_once(shards: dict[str, Path]) -> No
 
 
 def test_loader_rates_deliver_exactly_the_bins_asked(shards: dict[str, Path]) -> None:
-    pytest.importorskip("torch")
     rows = loader_rates(shards["parquet"], workers=(0, 2), batch_size=4, max_bins=21,
                                sampler="block")
     assert [r["workers"] for r in rows] == [0, 2]

@@ -26,9 +26,9 @@ NOT_FORMAT_NAMES = {
 # the core, and the command line (8) on both.
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "storage", "progress", "safe_pickle", "mapping", "bins",
-     "invariants", "executors"),
-    ("spool", "synth", "spool_stats", "corpus", "jsonl_index", "tokenize", "packers", "packing",
-     "materialize"),
+     "invariants", "executors", "mmidx"),
+    ("spool", "spool_prefix", "spool_export", "chat_masks", "synth", "spool_stats", "corpus",
+     "jsonl_index", "tokenize", "packers", "mffd", "packing", "materialize"),
     ("formats",),
     ("dataset", "discovery", "samplers", "collate", "pipeline", "sharded", "interop"),
     ("layout",),

@@ -4,16 +4,18 @@ hidden temporary). Plus what a closed pipe does, in a real process."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, write_random_spool
+from conftest import one_error_line, run_cli, write_random_spool
 from test_cli_interrupt import WRITERS
 
 from packlab.cli import build_parser, in_cli_words
@@ -55,6 +57,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     assert run_cli_quiet("pack", spool, root / "sft", "--format", "megatron_sft", *pack) == 0
     assert run_cli_quiet("pbin", spool, root / "chat.pbin") == 0
     (root / "mydocs.jsonl").write_text((root / "chat.jsonl").read_text())  # a person's
+    (root / "theirs.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(25))  # a person's index
     shutil.copytree(spool, root / "flipped_spool")  # one byte of one token flipped
     _flip(root / "flipped_spool" / "tokens.bin", 1001)
     shutil.copytree(root / "mm", root / "flipped_out")  # one byte of one bin's tokens
@@ -78,7 +81,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "chat": str(root / "chat.jsonl"), "badjsonl": str(root / "bad.jsonl"),
             "missing": str(root / "missing"), "new": str(root / "new"),
             "mm": str(root / "mm"), "bi": str(root / "bi"), "pb": str(root / "pb"),
-            "sft": str(root / "sft"), "swapped": str(root / "swap" / "out"),
+            "sft": str(root / "sft"), "theirs": str(root / "theirs.idx"),
+            "theirs_prefix": str(root / "theirs"), "swapped": str(root / "swap" / "out"),
             "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
@@ -136,6 +140,9 @@ CASES = [
     (["tokenize", "{chat}", "{spool}"], ["{spool}", "already exists", "--overwrite"]),
     (["tokenize", "{badjsonl}", "{new}"], ["{badjsonl}", "line 2"]),
     (["tokenize", "{chat}", "{new}", "--workers", "0"], ["--workers"]),
+    (["tokenize", "{spool}", "{new}"], ["{spool}", "a spool", "not a chat JSONL file"]),
+    (["tokenize", "{out}", "{new}"], ["{out}", "a pack output", "not a chat JSONL file"]),
+    (["tokenize", "{chat}", "{new}", "--limit", "0"], ["--limit", "positive"]),
     # corpus
     (["corpus", "{new}", "--records", "0"], ["--records", "positive"]),
     (["corpus", "{new}", "--records", "2", "--seed", "-3"], ["--seed", "-3"]),
@@ -152,7 +159,8 @@ CASES = [
     (["plan", "{out}", "--pack-size", "64"], ["{out}"]),
     # pack
     (["pack", "{spool}", "{new}", *P, "--seed", "-1"], ["--seed", "-1"]),
-    (["pack", "{spool}", "{new}", "--format", "nope", "--pack-size", "64"], ["nope"]),
+    (["pack", "{spool}", "{new}", "--format", "nope", "--pack-size", "64"],
+     ["nope", "memmap_v1, binidx"]),
     (["pack", "{missing}", "{new}", *P], ["{missing}"]),
     (["pack", "{spool}", "{file}", *P], ["{file}", "not a folder"]),
     (["pack", "{spool}", "{file}", *P, "--overwrite"], ["{file}", "not a folder"]),
@@ -168,7 +176,8 @@ CASES = [
     (["pack", "{spool}", "{new}", *P, "--weights", "x"], ["weight 1 of 1", "not a number"]),
     (["pack", "{spool}", "{new}", *P, "--bins-per-shard", "0"], ["--bins-per-shard"]),
     (["pack", "{spool}", "{new}", *P, "--workers", "0"], ["--workers"]),
-    (["pack", "{spool}", "{new}", *P, "--algorithm", "magic"], ["magic"]),
+    (["pack", "{spool}", "{new}", *P, "--algorithm", "magic"], ["magic", "best_fit_decreasing, "]),
+    (["pack", "{spool}", "{new}", *P, "--over"], ["unrecognized arguments: --over"]),
     # validate
     (["validate", "{missing}"], ["{missing}", "no such file"]),
     (["validate", "{incomplete}"], ["{incomplete}", "incomplete output"]),
@@ -270,6 +279,19 @@ CASES = [
     (["query", "", "--data", "{out}"], ["no SQL statement"]),
     (["query", ";", "--data", "{out}"], ["no SQL statement"]),
     (["query", "-- hi", "--data", "{out}"], ["no SQL statement"]),
+    (["raw-index", "{unrelated}"], ["{unrelated}", "a folder, not a JSONL file"]),
+    (["pbin", "{out}", "{new}.pbin"], ["{out}", "a pack output", "not a JSONL file"]),
+    (["pbin", "{layout}", "{new}.pbin"], ["{layout}", "an output layout"]),
+    # export
+    (["export", "{missing}", "{new}"], ["{missing}", "neither a spool"]),
+    (["export", "{file}", "{new}"], ["{file}", "neither a spool"]),
+    (["export", "{spool}", "{missing}/x"], ["{missing}", "no such folder"]),
+    (["export", "{spool}", "{new}", "--end-of-turn"], ["need --chat-markers"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end"],
+     ["--marker end:", "NAME=TEXT"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
+    (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
+     ["end", "encodes to no token"]),
 ]
 
 
@@ -280,13 +302,16 @@ def test_bad_input_is_one_line_exit_2_and_nothing_changes(tree, capsys, argv, na
     args = [a.format(**tree) for a in argv]
     before = snapshot(root)
     code, out, err = run_cli(capsys, *args)
-    assert (code, out) == (2, ""), (code, out, err)
+    assert code == 2, (code, out, err)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
     assert lines[0].startswith(f"packlab {argv[0]}: error: "), lines[0]
     for name in names:
         assert name.format(**tree) in lines[0], (name, lines[0])
-    assert "=True" not in lines[0]  # the command line's words, not Python's
+    assert_plain_words(lines[0])
+    # stdout: nothing, or with --json the same failure as one JSON object
+    assert (json.loads(out)["error"] if "--json" in args else out) == (lines[0] if "--json" in args
+                                                                        else "")
     assert snapshot(root) == before
 
 
@@ -300,6 +325,7 @@ OVERWRITES = {
     "convert": ["convert", "{out}", "TARGET", "--format", "arrow_ipc"],
     "raw-index": ["raw-index", "{chat}", "--index-path", "TARGET"],
     "pbin": ["pbin", "{spool}", "TARGET"],
+    "export": ["export", "{spool}", "TARGET"],  # TARGET.idx, TARGET.bin, ... (a prefix)
 }
 INSIDE = ("{out}/shard_000000.parquet", "{bi}/shard_000000/data.idx",
           "{mm}/shard_000000/input_ids.npy", "{spool}/tokens.bin", "{layout}/blend.json",
@@ -312,7 +338,9 @@ def test_overwrite_never_replaces_a_file_inside_another_output_or_a_persons_file
     """Every writing command, --overwrite aimed at a file inside another output (every kind of
     output packlab makes) and at a person's files: refused in one line, every byte kept."""
     root = Path(tree["root"])
-    targets = [*INSIDE, "{file}", "{mydocs}", "{unrelated}/notes.txt"]
+    targets = [*INSIDE, "{file}", "{mydocs}", "{unrelated}/notes.txt", "{theirs}"]
+    if name == "export":  # it names a prefix: TARGET.idx is what would be replaced
+        targets = [*INSIDE, "{theirs_prefix}"]
     for target in targets:
         argv = [a.replace("TARGET", target).format(**tree) for a in OVERWRITES[name]]
         before = snapshot(root)
@@ -330,6 +358,15 @@ def test_every_writing_command_is_driven_by_the_overwrite_test() -> None:
     writing = {name for name, sub in action.choices.items()
                if any("--overwrite" in a.option_strings for a in sub._actions)}
     assert writing == set(OVERWRITES) == set(WRITERS)  # and the interruption test drives it
+
+
+def assert_plain_words(line: str) -> None:
+    """A message in the command line's words: no Python keyword arguments (``overwrite=True``,
+    ``spool=``), no reprs of lists, dicts or sets, no Python type or class names."""
+    assert not re.search(r"\b[a-z_]+=(True|False|None|\s|\)|$)", line), line
+    assert not re.search(r"\['|\{'|\bset\(", line), line
+    assert not re.search(r"\b(str|dict|list|NoneType|int)\b(?!\w)", line), line
+    assert not re.search(r"\b[A-Z][a-z]+[A-Z]\w*(Reader|Writer|File|Dataset|Error)\b", line), line
 
 
 def test_the_table_covers_every_subcommand() -> None:
@@ -360,6 +397,9 @@ def test_library_words_become_flags() -> None:
         "--records must be positive, got 0"
     assert in_cli_words("/a/b: vocab_size must be an integer") == \
         "/a/b: --vocab-size must be an integer"
+    assert in_cli_words("x.pbin: bin 3: token ids 0..70000 do not fit 2-byte tokens; pass "
+                        "token_width=4") == \
+        "x.pbin: bin 3: token ids 0..70000 do not fit 2-byte tokens; pass --token-width 4"
 
 
 def test_a_closed_pipe_ends_quietly(tree) -> None:
@@ -404,3 +444,153 @@ def test_its_own_files_and_outputs_with_a_persons_folder_inside_are_read(
         assert "ignored" in warnings[0], err
     with pytest.warns(UserWarning, match="ignored"):
         assert len(open_dataset(out)) == len(open_dataset(tree["out"]))
+
+
+# -- words for people: help, defaults, abbreviations, --json on failure ------------------------
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """The command's parser and each subcommand's, by name (``packlab`` for the command)."""
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    return {"packlab": parser, **{f"packlab {n}": p for n, p in action.choices.items()}}
+
+
+@pytest.mark.parametrize("name", sorted(parsers()))
+def test_help_is_in_plain_words_and_shows_every_default(name, capsys) -> None:
+    """``packlab X -h`` as printed: no reST markup, no doubled ``%``, no Python values shown as
+    defaults; and every option that takes a value says its default (argparse's own, added by
+    the formatter, or the help's words for a default that is not a value)."""
+    code, out, err = run_cli(capsys, *name.split()[1:], "-h")
+    assert (code, err) == (0, "") and out.startswith(f"usage: {name}")
+    for markup in ("``", ":mod:", ":func:", ":class:", ":meth:", "%%", "%(", "(default: None)",
+                   "(default: False)", "(default: True)", "(default: [", "(default: ("):
+        assert markup not in out, (markup, out)
+    parser = parsers()[name]
+    formatter = parser._get_formatter()
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0 and not action.required \
+                and action.help is not argparse.SUPPRESS and action.dest != "help":
+            shown = formatter._expand_help(action)
+            assert "default" in shown, (name, action.option_strings, shown)
+            assert " ".join(shown.split()) in " ".join(out.split()), shown  # as printed
+
+
+def test_plan_help_says_one_percent() -> None:
+    out = subprocess.run([sys.executable, "-m", "packlab.cli", "plan", "-h"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "COLUMNS": "200"},
+                         cwd=Path(__file__).resolve().parents[1]).stdout
+    assert "lose 1% or more" in out and "%%" not in out
+
+
+def minimal_argv(parser: argparse.ArgumentParser) -> list[str]:
+    """Arguments that satisfy ``parser``'s required ones (the values need only parse)."""
+    argv: list[str] = []
+    for action in parser._actions:
+        value = str(next(iter(action.choices))) if action.choices else "1"
+        if action.option_strings and action.required:
+            argv += [action.option_strings[0], value]
+        elif not action.option_strings and action.dest != "help":
+            argv.append(value)
+    return argv
+
+
+@pytest.mark.parametrize("name", sorted(n for n in parsers() if n != "packlab"))
+def test_every_option_is_refused_abbreviated(name) -> None:
+    """``--overwrit`` is not ``--overwrite``: an abbreviation accepted today would mean
+    something else the day an option with the same prefix is added."""
+    parser = parsers()[name]
+    assert parser.allow_abbrev is False
+    options = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    tried = 0
+    for action in parser._actions:
+        for option in action.option_strings:
+            prefix = option[:-1]
+            if not option.startswith("--") or len(prefix) < 4 or \
+                    sum(o.startswith(prefix) for o in options) > 1:
+                continue
+            value = str(next(iter(action.choices))) if action.choices else "1"
+            token = prefix if action.nargs == 0 else f"{prefix}={value}"
+            _, extras = parser.parse_known_args([*minimal_argv(parser), token])
+            assert extras == [token], (name, option, extras)
+            tried += 1
+    assert tried > 0
+
+
+def test_an_abbreviated_flag_is_refused_and_changes_nothing(tree, capsys) -> None:
+    """``gc --dry`` would have removed temporaries if taken for ``--dry-run``'s opposite; it
+    is refused, naming the subcommand, and nothing is touched."""
+    root = Path(tree["root"])
+    stray = root / "out" / ".shard_000009.parquet.tmp-999999999-abcdef12"
+    stray.write_bytes(b"left by a killed writer")
+    try:
+        before = snapshot(root)
+        code, out, err = run_cli(capsys, "gc", tree["out"], "--dry")
+        assert (code, out) == (2, "")
+        assert one_error_line(err, "--dry", prefix="packlab gc: error: unrecognized arguments")
+        assert snapshot(root) == before
+    finally:
+        stray.unlink()
+
+
+def commands_with_json() -> list[str]:
+    return sorted(n.split()[1] for n, p in parsers().items()
+                  if any("--json" in a.option_strings for a in p._actions))
+
+
+def test_every_command_with_json_prints_json_on_failure(tree, capsys) -> None:
+    """The first row of the table for each command with ``--json``, run with it: stdout is
+    one JSON object holding the stderr line and the exit code (validate adds valid: false)."""
+    names = commands_with_json()
+    assert {"validate", "pack", "plan", "inspect", "convert", "synth", "tokenize", "corpus",
+            "gc", "bench", "pbin", "raw-index"} <= set(names)
+    for name in names:
+        argv = next(argv for argv, _ in CASES if argv[0] == name and "--json" not in argv)
+        code, out, err = run_cli(capsys, *[a.format(**tree) for a in argv], "--json")
+        got = json.loads(out)
+        assert code == 2 and got["exit_code"] == 2, (name, out, err)
+        assert got["error"] == err.strip(), (name, got, err)
+    code, out, err = run_cli(capsys, "validate", tree["damaged"], "--json")
+    got = json.loads(out)
+    assert code == 2 and got["valid"] is False and got["path"] == tree["damaged"]
+    assert tree["victim"] in got["error"]
+    code, out, _ = run_cli(capsys, "validate", tree["out"], "--json")
+    assert code == 0 and json.loads(out)["valid"] is True
+    code, out, err = run_cli(capsys, "query", "SELECT nope FROM bins", "--data", tree["out"],
+                             "--format", "json")
+    assert code == 2 and json.loads(out)["error"] == err.strip()
+
+
+def test_pack_json_carries_the_warnings_plan_json_has(tree, tmp_path, capsys) -> None:
+    """A pack size that truncates most sequences: ``plan --json`` and ``pack --json`` list the
+    same warning, and stderr says it once, after the output."""
+    code, out, err = run_cli(capsys, "plan", tree["spool"], "--pack-size", "32", "--json")
+    planned = json.loads(out)["warnings"]
+    assert code == 0 and len(planned) == 1 and "truncates" in planned[0]
+    assert err.strip() == f"packlab plan: warning: {planned[0]}"
+    code, out, err = run_cli(capsys, "pack", tree["spool"], tmp_path / "packed", "--format",
+                             PARQUET, "--pack-size", "32", "--workers", "1", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == planned
+    assert err.strip() == f"packlab pack: warning: {planned[0]}"
+    code, out, _ = run_cli(capsys, "pack", tree["spool"], tmp_path / "roomy", "--format",
+                           PARQUET, "--pack-size", "4096", "--workers", "1", "--json")
+    assert code == 0 and json.loads(out)["warnings"] == []
+
+
+def test_tables_print_plain_values(tree, capsys) -> None:
+    """What a person reads: lists joined, no Python reprs, no scientific notation."""
+    code, out, _ = run_cli(capsys, "inspect", tree["layout"])
+    assert code == 0 and "formats" in out
+    assert_plain_words(out.replace("\n", " "))
+    assert "['" not in out and "e+0" not in out
+
+
+def test_the_local_s3_store_prints_help_instead_of_serving() -> None:
+    """``python -m packlab.lab.s3server --help`` (a server would never return: the timeout
+    fails the test) and an abbreviated flag refused in one line."""
+    run = [sys.executable, "-m", "packlab.lab.s3server"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    shown = subprocess.run([*run, "--help"], capture_output=True, text=True, timeout=60, env=env)
+    assert shown.returncode == 0 and shown.stdout.startswith("usage: python -m packlab.lab.s3server")
+    assert "127.0.0.1 only" in shown.stdout and "(default: 0)" in shown.stdout
+    refused = subprocess.run([*run, "--po", "9000"], capture_output=True, text=True, timeout=60,
+                             env=env)
+    assert refused.returncode == 2 and "unrecognized arguments: --po" in refused.stderr

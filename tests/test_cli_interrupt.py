@@ -191,6 +191,7 @@ WRITERS = {
     "convert": (["convert", "{packed}", "OUT", "--format", "arrow_ipc"], "arrow"),
     "raw-index": (["raw-index", "{chat}", "--index-path", "OUT"], "chat.idx"),
     "pbin": (["pbin", "{spool}", "OUT"], "chat.pbin"),
+    "export": (["export", "{spool}", "OUT"], "prefix"),  # prefix.bin, prefix.idx, ...
 }
 
 
@@ -221,7 +222,10 @@ def killed_at_rename(argv: list[str], k: int) -> int:
 
 def payload(path: Path) -> dict[str, bytes]:
     """What an output holds, records aside (they carry times and the job's temporary names)."""
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    if not path.exists():  # a prefix: its files beside it
+        files = sorted(path.parent.glob(f"{path.name}.*"))
+    else:
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
     return {str(p.relative_to(path.parent)): p.read_bytes() for p in files
             if not p.name.endswith(".json")}
 

@@ -120,8 +120,8 @@ def test_help_lists_formats_and_shows_defaults(capsys) -> None:
     for name in format_names():
         assert name in text
     assert "validate -h" not in text
-    assert re.search(r"--bins-per-shard BINS_PER_SHARD bins in each shard file \(default 8192\)",
-                     text)
+    assert re.search(r"--bins-per-shard BINS_PER_SHARD bins in each shard file; the last shard "
+                     r"holds the rest \(default: 8192\)", text)
 
 
 # -- progress ----------------------------------------------------------------------------------
@@ -177,6 +177,27 @@ def test_progress_on_a_terminal_quiet_in_ci_and_in_pipes(tmp_path) -> None:
     piped = subprocess.run([sys.executable, "-m", "packlab.cli", "validate", str(out)],
                            env=env, capture_output=True, text=True)
     assert piped.returncode == 0 and piped.stderr == ""
+
+
+def test_bench_throughput_reads_the_first_bins_in_training_order_and_its_bar_moves(
+        spool, tmp_path, capsys) -> None:
+    """The DataLoader part reads --max-bins bins per worker count (2000 by default, shown in
+    --help), block-shuffled over Parquet's row groups (--sampler auto); on a terminal the bar
+    counts the scan and each worker count's epoch, and is seen between its ends."""
+    out = tmp_path / "out"
+    assert run_cli(capsys, "pack", spool, out, "--format", "parquet", *PACK)[0] == 0
+    code, text, _ = run_cli(capsys, "bench", "throughput", out, "--workers", "0",
+                            "--max-bins", "5", "--json")
+    loader = json.loads(text)["dataloader"]
+    assert code == 0 and set(loader["workers"]) == {"0"} and loader["num_bins"] == 5
+    assert loader["workers"]["0"]["sampler"] == "block"
+    _, helped, _ = run_cli(capsys, "bench", "-h")
+    assert "(default: 2000)" in helped and "(default: 0 2)" in helped
+    env = {**{k: v for k, v in os.environ.items() if k != "CI"}, "PYTHONPATH": str(ROOT)}
+    code, drawn = on_a_terminal(["bench", "throughput", str(out), "--workers", "0", "1"], env)
+    seen = [(float(done), float(total)) for done, total in frames(drawn)]
+    assert code == 0 and {total for _, total in seen} == {3.0}, drawn  # scan + two epochs
+    assert {1.0, 2.0} <= {done for done, _ in seen}, seen  # drawn after each step
 
 
 def test_a_shard_job_reports_its_bins_as_it_goes(tmp_path) -> None:

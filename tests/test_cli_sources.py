@@ -152,3 +152,18 @@ def test_layout_counts_dropped_sequences_apart(tmp_path, capsys) -> None:
     seqs = sum(len(item["seq_boundaries"]) - 1 for split in blend["splits"]
                for item in open_dataset(tmp_path / "out", split=split))
     assert seqs == 80 - dropped
+
+
+@pytest.mark.parametrize("format", ["parquet", "megatron_sft"])
+def test_a_shard_converts_into_a_bare_name_in_the_working_folder(outputs, tmp_path, capsys,
+                                                                  monkeypatch, format) -> None:
+    """``convert SHARD one.parquet`` in the folder it runs in: one shard, there (a Parquet
+    stream to a name with no folder once asked pyarrow to make the folder '')."""
+    shard = sorted(outputs["flat"].glob("shard_*.parquet"))[0]
+    monkeypatch.chdir(tmp_path)
+    name = "one.parquet" if format == "parquet" else "one.sft"
+    code, _, err = run_cli(capsys, "convert", shard, name, "--format", format)
+    assert code == 0, err
+    written = tmp_path / ("one.parquet" if format == "parquet" else "one.sft.idx")
+    assert written.is_file()
+    assert bin_digests(open_dataset(name)) == bin_digests(open_dataset(shard))

@@ -126,8 +126,7 @@ def _broken(chat_spool: SpoolReader, tmp_path: Path) -> Path:
 
 def test_inspect_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err = run_cli(capsys, "inspect", str(tmp_path / "missing"), "--json")
-    assert code == 2 and out == ""
-    one_error_line(err, tmp_path / "missing")
+    assert code == 2 and json.loads(out)["error"] == one_error_line(err, tmp_path / "missing")
 
 
 def test_inspect_truncated_tokens(chat_spool: SpoolReader, tmp_path: Path,
@@ -136,8 +135,9 @@ def test_inspect_truncated_tokens(chat_spool: SpoolReader, tmp_path: Path,
     with open(path / "tokens.bin", "r+b") as f:
         f.truncate(1000)
     code, out, err = run_cli(capsys, "inspect", str(path), "--json")
-    assert code == 2 and out == ""
-    one_error_line(err, path / "tokens.bin", "truncated")
+    line = one_error_line(err, path / "tokens.bin", "truncated")
+    assert code == 2 and json.loads(out) == {"error": line, "exit_code": 2}
+    assert "int32 values" in line and "<i4" not in line
 
 
 def test_inspect_empty_spool(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -29,6 +29,8 @@ from packlab.lab.s3server import HOST, CountingMiddleware, S3Server
 from packlab.materialize import iter_bins
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
+from packlab.sources.convert import convert
+from packlab.sources.validate import validate_path
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +158,22 @@ def test_every_format_round_trips(server, data, tmp_path: Path, name: str) -> No
     options = {"vocab_size": spool.vocab_size} if name in ("binidx", "pbin") else {}
     writer = write(open_writer(name, uri, pack_size=512, num_bins=len(bins), **options),
                    bins)
-    direct = name == "parquet"
-    assert isinstance(writer, parquet.Writer if direct else cloud.UploadingWriter)
+    direct = get_format(name).Writer.STREAMS
+    assert isinstance(writer, get_format(name).Writer if direct else cloud.UploadingWriter)
     assert direct or not Path(writer.staging).exists()  # the local staging copy is gone
     ds = open_dataset(f"s3://{BUCKET}/rt/{name}", cache_dir=tmp_path / "cache")
     assert ds.formats == [name]
     same_bins(ds, bins)
     reader = ds.readers()[0]
-    if direct:  # read in place, nothing cached
+    cached = sorted(p.name for p in (tmp_path / "cache").rglob("*") if p.is_file()) \
+        if (tmp_path / "cache").exists() else []
+    if name == "parquet":  # read in place, nothing cached
         assert isinstance(reader, parquet.Reader) and reader.location.local_path is None
-        assert not (tmp_path / "cache").exists()
+        assert cached == []
+    elif get_format(name).Reader.READS_IN_PLACE:  # the index cached, the data read in place
+        assert isinstance(reader.path, storage.Location) and reader.path.local_path is None
+        data = get_format(name).Reader.DATA_FILES
+        assert cached and not [c for c in cached if c.endswith(data)], cached
     else:
         assert Path(reader.path).is_relative_to(tmp_path / "cache")
     assert not [k for k in keys(server, f"rt/{name}") if ".tmp-" in k]  # no temporaries left
@@ -312,9 +320,25 @@ def test_directory_shard_with_bad_checksum_is_refused(server, data, tmp_path: Pa
     _corrupt(server, f"bad/{name}{truncate}/shard/{data_file}", truncate=truncate)
     cache = tmp_path / "cache"
     message = "truncated" if truncate else "checksum mismatch"
-    with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
-        open_dataset(uri, cache_dir=cache)
-    assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing cached
+    if not get_format(name).Reader.READS_IN_PLACE:  # downloaded first, verified: refused
+        with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
+            open_dataset(uri, cache_dir=cache)
+        assert [p for p in cache.rglob("*") if p.is_file()] == []  # nothing cached
+        return
+    # read in place: a truncated data file is refused at open (its size against the headers);
+    # a flipped byte by the bin's checksum when read with verify=True, and by validate (which
+    # downloads the shard whole, verified); only the index files are ever cached
+    if truncate:
+        with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
+            open_dataset(uri, cache_dir=cache)
+    else:
+        reader = open_shard(uri, cache_dir=cache, verify=True)
+        with pytest.raises(FormatError, match=rf"{uri}: bin \d+: {message}"):
+            reader.read_bins(np.arange(reader.num_bins))
+        with pytest.raises(FormatError, match=f"{uri}/{data_file}: .*{message}"):
+            validate_path(uri, cache_dir=tmp_path / "download")
+    data_files = get_format(name).Reader.DATA_FILES
+    assert not [p for p in cache.rglob("*") if p.name in data_files]
 
 
 def test_one_file_shards_with_damage_are_refused(server, data, tmp_path: Path) -> None:
@@ -366,6 +390,67 @@ def test_random_parquet_access_costs_one_row_group_plus_footer(server, data,
             assert cost["bytes_out"] == reader.row_group_bytes(group)
         if tail == 8:  # the strict form: exactly the footer, then exactly one row group
             assert opened["bytes_out"] == footer
+
+
+# -- in place: the index fetched once, then exactly a bin's bytes per read ---------------------
+def bin_ranges(name: str, shard: Path, b: int) -> list[tuple[str, int, int]]:
+    """Where bin ``b`` is in the files of the local ``shard`` as megatron-core's index says:
+    ``(file, first byte, byte count)`` per data file (read here from the ``.idx`` itself)."""
+    if name == "megatron_sft":
+        idx, data, words = shard, shard.name.replace(".idx", ".bin"), 4
+    else:
+        idx, data, words = shard / "data.idx", "data.bin", open_shard(shard).token_dtype.itemsize
+    count = int(np.fromfile(idx, "<u8", count=1, offset=18)[0])
+    length = int(np.fromfile(idx, "<i4", count=1, offset=34 + 4 * b)[0])
+    pointer = int(np.fromfile(idx, "<i8", count=1, offset=34 + 4 * count + 8 * b)[0])
+    ranges = [(data, pointer, length * words)]
+    if name == "binidx":  # its mask: one byte a token after a 32-byte header
+        ranges.append(("loss_mask.bin", 32 + pointer // words, length))
+    return ranges
+
+
+@pytest.mark.parametrize("name", ["megatron_sft", "binidx"])
+def test_a_random_bin_in_place_is_one_ranged_get_of_exactly_its_bytes(
+        server, data, tmp_path: Path, name: str) -> None:
+    """Megatron-core's object-storage path: the index fetched once into the cache, then each
+    read one ranged GET of exactly the bin's bytes per data file, nothing else, counted by
+    the server; a second reader sharing the cache fetches no index again."""
+    _, spool, _, bins = data
+    suffix = get_format(name).SUFFIX
+    local = tmp_path / f"shard{suffix}"
+    options = {"vocab_size": spool.vocab_size} if name == "binidx" else {}
+    write(open_writer(name, local, pack_size=512, **options), bins)
+    uri = f"s3://{BUCKET}/inplace/{name}/shard{suffix}"
+    write(open_writer(name, uri, pack_size=512, **options), bins)
+    data_files = get_format(name).Reader.DATA_FILES
+    for attempt in range(2):
+        server.reset_counts()
+        reader = open_shard(uri, cache_dir=tmp_path / "cache")
+        opened = [e for e in server.stats()["log"] if e["method"] == "GET"]
+        index = local if name == "megatron_sft" else local / "data.idx"
+        fetched = sum(e["bytes_out"] for e in opened if e["path"].endswith(index.name))
+        # the index whole, once, then from the cache (detection reads binidx's 9-byte magic)
+        magic = 0 if name == "megatron_sft" else 9
+        assert fetched == (index.stat().st_size if attempt == 0 else 0) + magic, opened
+        # of the data files, at most a header (binidx's loss_mask.bin: 32 bytes)
+        assert sum(e["bytes_out"] for e in opened if e["path"].endswith(data_files)) <= 32
+        rng = np.random.default_rng(7)
+        for b in rng.choice(len(bins), 12, replace=False).tolist():
+            reader.read_bin(0 if b else 1)  # a neighbour first: each read is its own request
+            server.reset_counts()
+            packed = reader.read_bin(b)
+            log = server.stats()["log"]
+            assert np.array_equal(packed.input_ids, bins[b].input_ids), b
+            assert np.array_equal(packed.loss_mask, bins[b].loss_mask), b
+            assert np.array_equal(packed.seq_start_id, bins[b].seq_start_id), b
+            folder = f"/{BUCKET}/inplace/{name}/" + ("" if name == "megatron_sft"
+                                                     else f"shard{suffix}/")
+            want = [(folder + f, a, n) for f, a, n in bin_ranges(name, local, b)]
+            assert [(e["method"], e["path"], e["range"]) for e in log] == [
+                ("GET", path, f"bytes={first}-{first + nbytes - 1}")
+                for path, first, nbytes in want], b
+            assert [e["bytes_out"] for e in log] == [n for _, _, n in want], b
+        reader.close()
 
 
 # -- the layout through blend.json -------------------------------------------------------------
@@ -575,6 +660,33 @@ def test_bench_counts_bound_and_compares(server, data) -> None:
     assert bench.modelled_seconds(2, 100e6) == pytest.approx(2 * 0.030 + 1.0)
 
 
+def test_in_place_costs_per_format(server, data) -> None:
+    """Notebook 09's in-place table: the Megatron pairs read exactly a bin's bytes per read
+    (one request per data file), Parquet its row group, memmap_v1 the whole shard first."""
+    from packlab.lab.measure.in_place import in_place_comparison
+
+    _, spool, assignment, bins = data
+    measured = in_place_comparison(server, spool, assignment, f"s3://{BUCKET}/ip", accesses=10,
+                                   seed=2, format_options={"parquet": {"row_group_size": 8}})
+    rows = {r["format"]: r for r in measured}
+    assert sorted(rows) == sorted(n for n in format_names()
+                                  if not get_format(n).Writer.NEEDS_SPOOL)
+    assert [r["reads_in_place"] for r in measured] == sorted(
+        (r["reads_in_place"] for r in measured), reverse=True)  # in-place readers first
+    sft, binidx, pq, memmap = (rows[n] for n in ("megatron_sft", "binidx", "parquet",
+                                                 "memmap_v1"))
+    assert (sft["requests_per_bin"], sft["max_requests_per_bin"]) == (1.0, 1)
+    assert (binidx["requests_per_bin"], binidx["max_requests_per_bin"]) == (2.0, 2)
+    # an item: three header words, the starts, then one int32 word a token
+    assert 4 < sft["bytes_per_token_read"] < 4.2
+    assert binidx["bytes_per_token_read"] == 3.0  # uint16 tokens and a mask byte
+    assert pq["max_requests_per_bin"] == 1 and pq["bytes_per_bin"] > sft["bytes_per_bin"]
+    assert memmap["requests_per_bin"] == 0  # downloaded whole before the first bin
+    assert memmap["first_bin_bytes"] >= memmap["shard_bytes"] > sft["first_bin_bytes"]
+    assert sft["first_bin_bytes"] < sft["shard_bytes"] and sft["num_bins"] == len(bins)
+    assert all(r["accesses"] == 10 for r in rows.values())
+
+
 def test_packlab_open_dataset_takes_uris(server, data) -> None:
     import packlab
 
@@ -585,3 +697,38 @@ def test_packlab_open_dataset_takes_uris(server, data) -> None:
     assert isinstance(ds, cloud.RemoteDataset) and ds.formats == ["parquet"]
     same_bins(ds, bins)
     assert len(packlab.open_dataset([uri, uri])) == 2 * len(bins)
+
+
+def test_bridges_pairs_on_s3_open_validate_and_convert_item_exact(server, data,
+                                                                  tmp_path: Path) -> None:
+    """Pairs as Bridge writes them (megatron-core's builder, no packlab sidecar), copied to the
+    store as they are: a directory, a glob, one prefix open item-exact, in place (the .idx
+    cached, a ranged GET per bin); validate and convert take them too."""
+    from sft_pairs import builder_pair, item_from_facts
+
+    _, _, _, bins = data
+    parts = (bins[:9], bins[9:20], bins[20:])
+    fs = server.filesystem()
+    for k, part in enumerate(parts):
+        idx = builder_pair(tmp_path / "bridge" / f"training_512_{k}.sft",
+                           [item_from_facts(b) for b in part])
+        for file in (idx, idx.with_suffix(".bin")):
+            with fs.open_output_stream(f"{BUCKET}/bridge/{file.name}") as out:
+                out.write(file.read_bytes())
+    root = f"s3://{BUCKET}/bridge"
+    for name, want in ((root, bins), (f"{root}/*.sft.idx", bins),
+                       (f"{root}/training_512_1.sft", parts[1])):
+        ds = open_dataset(name, cache_dir=tmp_path / "cache")
+        assert ds.formats == ["megatron_sft"] * len(ds.shards), name
+        same_bins(ds, want)
+    reader = open_shard(f"{root}/training_512_2.sft.bin", cache_dir=tmp_path / "cache")
+    assert isinstance(reader.path, storage.Location) and not reader.has_checksums
+    server.reset_counts()
+    packed = reader.read_bin(3)
+    log = [e for e in server.stats()["log"] if e["method"] == "GET"]
+    assert len(log) == 1 and log[0]["path"].endswith("training_512_2.sft.bin"), log
+    assert np.array_equal(packed.input_ids, parts[2][3].input_ids)
+    summary = validate_path(root, cache_dir=tmp_path / "download")
+    assert summary["num_bins"] == len(bins)
+    convert(root, str(tmp_path / "parquet"), format="parquet")
+    same_bins(open_dataset(tmp_path / "parquet"), bins)

@@ -149,7 +149,8 @@ def test_too_small_sizes_are_clear_errors() -> None:
 
 
 def test_torch_tensors() -> None:
-    torch = pytest.importorskip("torch")
+    import torch
+
     items = [random_item(np.random.default_rng(i)) for i in range(3)]
     out = Collator(return_tensors="pt", pad_seq_to_mult=2)(items)
     ref = collate(items, pad_seq_to_mult=2)

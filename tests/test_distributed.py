@@ -26,8 +26,6 @@ from packlab.sharded.plan import chunk_path, marker_path
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
-pytest.importorskip("torch.distributed")
-
 PACK = 512
 SPC = 6
 MBS = 2
@@ -234,3 +232,18 @@ def test_a_stuck_run_is_terminated_at_its_deadline(tmp_path: Path) -> None:
 def test_no_rank_process_outlives_its_run(world1, world2, world3, world4) -> None:
     assert rank_processes() == []
     assert not [t for t in threading.enumerate() if t.name.startswith("torch")]
+
+
+def test_the_rendezvous_store_listens_on_loopback_only() -> None:
+    """Rank 0's store, as every run makes it: its port is bound to 127.0.0.1, never to every
+    interface (torch's own TCPStore would listen on ``::``: a wildcard, in any namespace)."""
+    from packlab.lab.sharding.launch import free_port, local_store
+
+    port = free_port()
+    store = local_store(0, 1, port, timeout=30.0)
+    store.set("probe", "1")
+    assert store.get("probe") == b"1"
+    bound = {c.laddr.ip for c in psutil.Process().net_connections(kind="inet")
+             if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+    assert bound == {"127.0.0.1"}
+    del store

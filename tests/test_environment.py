@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import tomllib
 from pathlib import Path
@@ -35,3 +36,31 @@ def test_environment_yml_agrees_with_pyproject() -> None:
 
 def test_torch_is_pinned_to_the_cpu_build() -> None:
     assert "torch==2.13.0" in _pyproject_requirements()
+
+
+def test_no_test_can_skip_or_pass_by_returning_early() -> None:
+    """A declared dependency or a registered format that goes missing fails the tests that
+    need it: no skip, importorskip, skipif or xfail anywhere in tests/; and a Hypothesis test
+    rejects an example with assume(), never with a bare return (which counts it as passed)."""
+    skips = re.compile(r"\bimportorskip\b|\bpytest\.skip\b|\bmark\.skip(if)?\b|\bxfail\b")
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        text = path.read_text()
+        found += [f"{path.name}:{n}" for n, line in enumerate(text.splitlines(), 1)
+                  if skips.search(line.split("#")[0]) and path.name != Path(__file__).name]
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef) and any(
+                    "given" in ast.unparse(d) for d in node.decorator_list):
+                found += [f"{path.name}:{r.lineno} ({node.name}: return)" for r in ast.walk(node)
+                          if isinstance(r, ast.Return) and r.value is None
+                          and not _asserts_before(node, r.lineno)]
+    assert not found, found
+
+
+def _asserts_before(test: ast.FunctionDef, line: int) -> bool:
+    """Whether the branch that ends at ``line`` checked something first (an assert or a
+    ``pytest.raises`` block in the lines just before it): an example handled, not dropped."""
+    branch = [n for n in ast.walk(test) if isinstance(n, ast.If | ast.Try | ast.ExceptHandler)
+              and n.lineno < line <= (n.end_lineno or n.lineno)]
+    inner = min(branch, key=lambda n: line - n.lineno) if branch else test
+    return any(isinstance(n, ast.Assert | ast.With) and n.lineno < line for n in ast.walk(inner))

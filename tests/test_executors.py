@@ -3,6 +3,8 @@ the Ray session is always shut down. One local Ray session (about 15 s to start 
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 from pathlib import Path
 
@@ -35,6 +37,28 @@ def tree(directory: Path) -> dict[str, bytes]:
     return out
 
 
+def assert_ray_listens_on_loopback_only(session: object) -> None:
+    """Every socket that Ray's processes (GCS, raylet, its agents and workers: this process's
+    descendants, with a task run so workers exist) listen on is bound to a loopback address:
+    no wildcard (0.0.0.0, ::) and no address of the machine's interfaces. Meaningful in any
+    network namespace: a wildcard shows as one wherever it is bound; outside a loopback-only
+    namespace (``make test`` runs this file outside it) the machine's own address would show
+    too."""
+    import psutil
+
+    assert session.get(session.remote(lambda: 1).remote()) == 1
+    assert {node["NodeManagerAddress"] for node in session.nodes()} == {"127.0.0.1"}
+    listening = []
+    for process in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            listening += [(process.name(), c.laddr.ip) for c in
+                          process.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert len(listening) >= 3, listening  # GCS, raylet, a worker at least
+    loopback = [ip for _, ip in listening
+                if ipaddress.ip_address(ip.removeprefix("::ffff:")).is_loopback]
+    assert len(loopback) == len(listening), listening
+
+
 def test_ray_writes_what_the_process_pool_writes_byte_for_byte(tmp_path: Path) -> None:
     """Shards and spools, in one Ray session (Ray takes ~15 s to start here: one start for
     both), the command line reusing the running session, errors surfacing."""
@@ -53,6 +77,7 @@ def test_ray_writes_what_the_process_pool_writes_byte_for_byte(tmp_path: Path) -
     bad.write_text(jsonl.read_text(encoding="utf-8") + "{oops\n", encoding="utf-8")
     with ray_session(workers=2, temp_dir=tmp_path.parent / "ray") as session:
         assert session.is_initialized()
+        assert_ray_listens_on_loopback_only(session)
         for name in formats:
             receipts = write_shards(spool, assignment, tmp_path / "ray" / name, format=name,
                                     bins_per_shard=7, workers=2, executor="ray")

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import write_random_spool
+from sft_pairs import builder_pair, item_from_facts
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.cli import main
@@ -39,29 +40,6 @@ ROW = PackedBin(np.array([10, 11, 12, 20, 21, 22], dtype=np.int32),
                 np.array([0, 1, 0, 1, 1, 0], dtype=np.uint8), np.array([0, 3], dtype=np.int32))
 ROW_WORDS = [0x53465442, 1, 2, 0, 3,
              10, 11 - 2**31, 12, 20 - 2**31, 21 - 2**31, 22]
-
-
-def item_from_facts(packed: PackedBin) -> np.ndarray:
-    """Bridge's item of one bin, from the facts alone (not packlab's encoder)."""
-    ids, mask, starts = packed
-    words = (ids.astype(np.uint32) | (mask.astype(np.uint32) << np.uint32(31))).view(np.int32)
-    header = np.array([0x53465442, 1, len(starts)], dtype=np.int32)
-    return np.concatenate((header, starts.astype(np.int32), words))
-
-
-def builder_pair(prefix: Path, items: list[np.ndarray]) -> Path:
-    """A pair written as Bridge writes one: megatron-core's builder, int32, one item and one
-    document per pack. Returns its ``.idx``."""
-    import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
-
-    prefix.parent.mkdir(parents=True, exist_ok=True)
-    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=np.int32)
-    for item in items:
-        builder.add_item(torch.from_numpy(np.asarray(item, dtype=np.int32)))
-        builder.end_document()
-    builder.finalize(f"{prefix}.idx")
-    return Path(f"{prefix}.idx")
 
 
 def write_pair(path: Path, bins: list[PackedBin], pack_size: int = 1024) -> Path:
@@ -289,3 +267,29 @@ def test_convert_never_replaces_a_pair_it_did_not_write_nor_a_lone_companion(
     convert(source, str(tmp_path / "mine.sft.idx"), format="megatron_sft")
     convert(source, str(tmp_path / "mine.sft.idx"), format="megatron_sft", overwrite=True)
     assert validate_path(tmp_path / "mine.sft.idx")["num_bins"] == 3
+
+
+@pytest.mark.parametrize("name", ["training_1.sft", "training_1.sft.bin", "training_1.sft.idx"])
+def test_open_shard_takes_any_name_of_a_pair(bins, bridge_dir: Path, name: str) -> None:
+    """``open_shard`` (format detected, as the command line does) by either file or the prefix."""
+    reader = open_shard(bridge_dir / name)
+    assert reader.FORMAT == "megatron_sft" and reader.num_bins == 7
+    assert bins_equal(reader.read_bin(6), bins[11])
+
+
+def test_sizes_and_the_page_cache_count_every_file_of_a_pair(bridge_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """``bench size`` and the cold-cache measurements see the ``.bin`` (and the sidecar) beside
+    the ``.idx`` a shard is named by, not the index alone."""
+    from packlab.lab.measure.pagecache import shard_files
+    from packlab.lab.measure.size import size_report
+
+    pairs = sorted(bridge_dir.glob("*.sft.[bi][id][nx]"))
+    report = size_report(bridge_dir)
+    assert report["bytes_on_disk"] == sum(p.stat().st_size for p in pairs)
+    assert sorted(report["files"]) == sorted(p.name for p in pairs)
+    ours = write_pair(tmp_path / "p" / "one.sft.idx", [ROW], pack_size=16)
+    assert [p.name for p in shard_files(ours)] == ["one.sft.bin", "one.sft.packlab",
+                                                   "one.sft.idx"]
+    assert size_report(ours)["bytes_on_disk"] == sum(
+        p.stat().st_size for p in ours.parent.iterdir())

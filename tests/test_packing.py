@@ -232,7 +232,8 @@ def test_seed_changes_the_shuffle_only() -> None:
     a, _ = pack(lengths, 4096, algorithm="first_fit_shuffle", seed=1)
     b, _ = pack(lengths, 4096, algorithm="first_fit_shuffle", seed=2)
     assert not np.array_equal(a.seq_indices, b.seq_indices)
-    for name in ("first_fit_decreasing", "best_fit_decreasing", "next_fit"):
+    for name in ("first_fit_decreasing", "best_fit_decreasing", "next_fit",
+                 "modified_first_fit_decreasing", "megatron_lm_mffd"):
         c, _ = pack(lengths, 4096, algorithm=name, seed=1)
         d, _ = pack(lengths, 4096, algorithm=name, seed=2)
         assert np.array_equal(c.seq_indices, d.seq_indices)
@@ -316,7 +317,8 @@ def test_compare_algorithms_side_by_side() -> None:
 
 
 @pytest.mark.parametrize(("algorithm", "over_bound"),
-                         [("first_fit_decreasing", 0.005), ("first_fit_shuffle", 0.01)])
+                         [("first_fit_decreasing", 0.005), ("first_fit_shuffle", 0.01),
+                          ("modified_first_fit_decreasing", 0.005), ("megatron_lm_mffd", 0.005)])
 def test_13m_lengths_pack_under_2gb_peak_rss(algorithm: str, over_bound: float) -> None:
     script = textwrap.dedent(
         f"""

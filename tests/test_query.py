@@ -4,6 +4,7 @@ polars answers the same questions, and bad queries are one clear line."""
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -160,11 +161,41 @@ def test_plain_directories_and_globs_have_no_split(layout: Path, tmp_path: Path,
     con = connect(tmp_path / "mm")  # another format: transcoded into a private folder first
     spill = con.execute("SELECT current_setting('temp_directory')").fetchone()[0]
     assert query(con, sql) == query(connect(tmp_path / "flat"), sql)
-    assert list(Path(spill, "transcoded").glob("*.parquet"))
     close(con)
     assert not Path(spill).exists()
     with pytest.raises(FormatError, match="polars reads Parquet shards"):
         answer("polars", "split_counts", tmp_path / "mm")
+
+
+def test_another_format_is_transcoded_once_per_process(spool, tmp_path, capsys) -> None:
+    """The first query over a binidx output transcodes it, saying so; later ones (the Python
+    API or the command, in the same process) read the same copy; a shard rewritten since is
+    transcoded again."""
+    assignment, _ = pack(spool.lengths, 1024, algorithm="next_fit")
+    write_shards(spool, assignment, tmp_path / "bi", format="binidx", bins_per_shard=40,
+                 workers=1)
+    write_shards(spool, assignment, tmp_path / "pq", format="parquet", bins_per_shard=40,
+                 workers=1)
+    sql = "SELECT count(*) AS n, sum(packed_len) AS t, sum(loss_tokens) AS l FROM bins"
+    notes: list[str] = []
+    first = connect(tmp_path / "bi", note=notes.append)
+    copies = sorted(first.execute("SELECT file FROM _shard_files").fetchall())
+    assert query(first, sql) == query(connect(tmp_path / "pq"), sql)
+    close(first)
+    shards = len(copies)
+    assert len(notes) == 1 and f"transcoding {shards} binidx shards" in notes[0]
+    assert all(Path(c).is_file() for (c,) in copies)  # kept for the next query
+    again = connect(tmp_path / "bi", note=notes.append)
+    assert sorted(again.execute("SELECT file FROM _shard_files").fetchall()) == copies
+    close(again)
+    code, out, err = run_cli(capsys, "query", sql, "--data", tmp_path / "bi", "--format", "json")
+    assert code == 0 and err == "" and len(notes) == 1
+    shutil.rmtree(tmp_path / "bi")  # rewritten: new files, new times
+    write_shards(spool, assignment, tmp_path / "bi", format="binidx", bins_per_shard=40,
+                 workers=1)
+    code, out, err = run_cli(capsys, "query", sql, "--data", tmp_path / "bi")
+    assert code == 0 and err.startswith("packlab query: transcoding ") and "packlab convert" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_query_command_prints_a_table_csv_or_json(layout: Path, capsys) -> None:

@@ -27,6 +27,14 @@ EOS = 2
 def _megatron_core(out: Path) -> list[np.ndarray]:
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+    pairs = sorted(out.glob("shard_*.sft.idx"))  # Megatron-Bridge's packed items
+    if pairs:
+        (pair,) = pairs
+        dataset = IndexedDataset(str(pair)[:-len(".idx")])
+        items = [np.array(dataset[i]) for i in range(len(dataset))]
+        del dataset
+        # an item: magic, version, n, n starts, then the ids with the loss-mask bit on top
+        return [item[3 + item[2]:] & 0x7FFFFFFF for item in items]
     (shard,) = sorted(p for p in out.glob("shard_*") if p.is_dir())
     dataset = IndexedDataset(str(shard / "data"))
     rows = [np.array(dataset[i]) for i in range(len(dataset))]  # copies: the map may close

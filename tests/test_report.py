@@ -129,6 +129,20 @@ def test_a_stacks_choice_is_set_beside_the_recommendation_with_its_numbers() -> 
     storage = aspects["object storage"]
     assert storage[1].startswith("read in place by ranged GETs")
     assert f"`{_chosen(run)['object storage']}`" in storage[2]
+    # with notebook 09's in-place rows: what a random bin moves, beside what is stored
+    cloud = json.loads((Path(__file__).parents[1] / "results/recorded/09_cloud_storage.json")
+                       .read_text())
+    cloud["numbers"]["in_place"] = [
+        {"format": "megatron_sft", "requests_per_bin": 1, "bytes_per_bin": 16_300,
+         "bytes_per_token_read": 4.01},
+        {"format": _chosen(run)["object storage"], "requests_per_bin": 0.975,
+         "bytes_per_bin": 81_500, "bytes_per_token_read": 19.8}]
+    run["09_cloud_storage"] = cloud
+    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
+    _, theirs, ours, verdict = sft["aspects"][-1]
+    assert "1 GET and 16.3 KB a random bin (4.01 B/token read)" in theirs
+    assert "0.975 GET and 81.5 KB a random bin" in ours
+    assert verdict.endswith("better: 0.20x (bytes a random bin moves)")
     table = front.chosen_elsewhere_table(run)
     assert "Megatron-Bridge's choice: `megatron_sft`" in table and f"`{pick}`" in table
     del run["05_random_access"]

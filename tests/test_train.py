@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from packlab.collate import Collator  # noqa: E402
-from packlab.errors import PacklabError  # noqa: E402
-from packlab.formats import format_names  # noqa: E402
-from packlab.lab.train import (  # noqa: E402
+from packlab.collate import Collator
+from packlab.errors import PacklabError
+from packlab.formats import format_names
+from packlab.lab.train import (
     ModelConfig,
     ResumeSampler,
     attention_mask,
@@ -24,25 +23,25 @@ from packlab.lab.train import (  # noqa: E402
     thd_view,
     train,
 )
-from packlab.lab.train.runs import (  # noqa: E402
+from packlab.lab.train.runs import (
     compare_curves,
     step_rows,
     step_time_spread,
     train_every_format,
 )
-from packlab.lab.train.traps import (  # noqa: E402
+from packlab.lab.train.traps import (
     RolledMaskDataset,
     cross_attending_share,
     cross_sequence_change,
     roll_counts,
 )
-from packlab.materialize import BinMaterializer, bin_masks, roll_whole_bin  # noqa: E402
-from packlab.packing import BinAssignment, pack  # noqa: E402
-from packlab.pipeline.shards import write_shards  # noqa: E402
-from packlab.samplers import ShuffleSampler  # noqa: E402
-from packlab.sources import open_dataset  # noqa: E402
-from packlab.spool import SpoolReader  # noqa: E402
-from packlab.synth import synthesize  # noqa: E402
+from packlab.materialize import BinMaterializer, bin_masks, roll_whole_bin
+from packlab.packing import BinAssignment, pack
+from packlab.pipeline.shards import write_shards
+from packlab.samplers import ShuffleSampler
+from packlab.sources import open_dataset
+from packlab.spool import SpoolReader
+from packlab.synth import synthesize
 
 PACK_SIZE = 512
 VOCAB = 512

@@ -9,8 +9,12 @@ the format ...        write                                        read
 ``STREAMS`` /         streamed through ``pyarrow.fs`` to a         in place: footer first, one ranged GET per
 ``READS_IN_PLACE``    temporary key, published by a server-side    row group on demand
 (parquet)             copy (:mod:`.writers`)
+``READS_IN_PLACE``    written locally, uploaded file by file,      in place: the index files fetched once
+table formats         the record last (a pair: the ``.idx``)       into the cache (checked against the
+(binidx,                                                           record), then one ranged GET of exactly
+megatron_sft)                                                      a bin's bytes per data file
 directory shards      written locally, uploaded file by file,      downloaded to a local cache, every file
-(memmap_v1, binidx)   the manifest last (:mod:`.transfer`)         checked against the manifest's SHA-256
+(memmap_v1)           the manifest last (:mod:`.transfer`)         checked against the manifest's SHA-256
 ``NEEDS_SPOOL``       written beside its spool locally, the tree   as above, plus the spool (checked against
 (packed_index)        uploaded (:func:`upload_tree`)               the shard's record of it)
 other one-file        written locally, uploaded through a          downloaded, checked by the format's own

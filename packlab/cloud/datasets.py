@@ -4,7 +4,8 @@
 :class:`~packlab.dataset.PackedDataset` as for local shards. Per shard, by the format contract
 (:class:`~packlab.formats.base.FormatFacts`):
 
-- a format whose reader ``READS_IN_PLACE`` (Parquet) is read where it is, with ranged requests;
+- a format whose reader ``READS_IN_PLACE`` (Parquet; ``binidx`` and ``megatron_sft``, whose
+  index is fetched once into the cache) is read where it is, with ranged requests;
 - every other format is downloaded once into the local cache, verified (manifest checksums,
   or the format's own checks), then opened with its usual reader (:mod:`.transfer`); a format
   that ``NEEDS_SPOOL`` brings its spool down too, from where the shard says it is.
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from packlab.cloud.transfer import download_shard, remote_record
+from packlab.cloud.transfer import download_prefix, download_shard, remote_record
 from packlab.dataset import PackedDataset
 from packlab.discovery import ShardRef
 from packlab.errors import FormatError
@@ -62,6 +63,8 @@ def fetch_spool(location: Location, local_shard: Path, reader: Any, *,
     spool = location / relative
     if spool.path.split("/")[0] != location.path.split("/")[0]:
         raise FormatError(f"{location}: its spool path {relative!r} leaves the bucket")
+    if remote_record(spool) is None and (spool.parent / f"{spool.name}.idx").is_file():
+        return download_prefix(spool, cache_dir=cache_dir)  # a Megatron prefix
     if remote_record(spool) is None:
         raise FormatError(f"{location}: its spool is not at {spool} (upload the spool beside "
                           "the shard, at the relative path the shard records)")

@@ -235,3 +235,34 @@ def sweep_temporaries(uri: str | Location, *, filesystem: Any = None,
             removed.append(f"{location.scheme}://{info.path}")
     return removed
 
+
+
+def download_prefix(uri: str | Location, *, filesystem: Any = None,
+                    cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The local copy of the Megatron prefix at ``uri`` (``PREFIX.bin``/``.idx`` and, when
+    there, packlab's mask sidecar and record: :mod:`packlab.spool_prefix`), downloaded once
+    into the cache: each file checked against the record packlab's export wrote, else against
+    the store's sizes (a prefix Megatron wrote records nothing more)."""
+    from packlab.spool_prefix import PREFIX_VERSION, prefix_files
+
+    location = resolve(uri, filesystem)
+    folder = location.parent
+    names = {key: file.name for key, file in prefix_files(Path(location.name)).items()}
+    if not (folder / names["idx"]).is_file():
+        raise FormatError(f"{location}: no Megatron prefix there (no {names['idx']})")
+    raw = (folder / names["record"]).read_bytes() if (folder / names["record"]).is_file() \
+        else None
+    if raw is not None:
+        record = parse_json(raw, folder / names["record"])
+        if not isinstance(record, dict) or record.get("version") != PREFIX_VERSION:
+            raise FormatError(f"{folder / names['record']}: not a {PREFIX_VERSION} record")
+        files = {name: record["files"].get(name) for name in record.get("files", {})}
+        version, last = _digest(raw), {names["record"]: raw}
+    else:
+        files = {names[k]: None for k in ("bin", "idx")}  # the reader checks one by the other
+        version = ",".join(f"{n}:{(folder / n).info().size}:{(folder / n).info().mtime_ns}"
+                           for n in files)
+        last = None
+    final = cache_entry(_cache_root(cache_dir), location, version)
+    fetch_files(folder, files, final, last=last)
+    return final / location.name

@@ -56,12 +56,13 @@ def int_in_range(text: str, low: int, high: int) -> int:
 def add_executor_options(parser: argparse.ArgumentParser, *, workers: int, jobs: str) -> None:
     """``--workers``, ``--executor`` and ``--ray-address``: how a command spreads its jobs
     (``jobs`` says what they are) over local processes or a Ray cluster."""
-    parser.add_argument("--workers", type=positive_int, default=workers,
-                        help=f"{jobs} run in parallel (default {workers})")
+    parser.add_argument("--workers", type=positive_int, default=workers, metavar="N",
+                        help=f"{jobs} run in parallel")
     parser.add_argument("--executor", choices=("process", "ray"), default="process",
                         help="run them in a local process pool or as Ray tasks")
-    parser.add_argument("--ray-address", default=None,
-                        help="with --executor ray: join this cluster (default: start a local one)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                        help="with --executor ray: join the Ray cluster at ADDRESS (default: "
+                             "start a local one, listening on 127.0.0.1 only)")
 
 
 def format_choices() -> str:
@@ -95,12 +96,27 @@ def _jsonable(value: Any) -> Any:
 
 
 def emit_table(rows: dict[str, Any]) -> None:
-    """Key/value lines for people."""
+    """Key/value lines for people (values in :func:`plain` words)."""
     width = max((len(k) for k in rows), default=0)
     for key, value in rows.items():
-        if isinstance(value, float):
-            value = f"{value:.6g}"
-        print(f"{key:<{width}}  {value}")
+        print(f"{key:<{width}}  {plain(value)}".rstrip())
+
+
+def plain(value: Any) -> str:
+    """A value as a person reads it, never a Python repr: lists as ``a, b``, a mapping as
+    ``key value; ...``, None as ``-``, True/False as yes/no, a large float with thousands
+    separators (``13,540,000``, not ``1.354e+07``), a small one to six digits."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1e5 else f"{value:.6g}"
+    if isinstance(value, dict):
+        return "; ".join(f"{k} {plain(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        return ", ".join(plain(v) for v in value)
+    return str(value)
 
 
 def flatten(obj: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""``packlab convert SRC DST --format F [--split S]``: any dataset into another format.
+"""Convert a dataset into another format, bin by bin.
 
-SRC is any dataset path (a shard, a directory of shards, an output layout with ``--split``,
-``ROOT/splits/NAME``, a run folder, a glob; local or ``s3://``). One shard converts into the
-shard DST; anything else into the folder DST: one shard per source shard, a receipt beside
-each, ``dataset.json`` first and last (:mod:`packlab.sources.convert`). DST is a local path
-or a URI (written locally, then uploaded). Prints sizes before and after.
+SRC is any dataset path (a shard, a directory of shards, an output layout with --split,
+ROOT/splits/NAME, a run folder, a glob; local or s3://). One shard converts into the shard
+DST; anything else into the folder DST: one shard per source shard, a receipt beside each,
+and DST/dataset.json written first (as "writing") and finished last, so an interrupted run is
+refused by every reader until it is rerun. DST is a local path or a URI (written locally,
+then uploaded). Prints the sizes before and after.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from packlab.commands import DATASET_HELP, OUTPUT_HELP, emit_json, format_choice
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("convert", help="convert shards to another format, bin by bin",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)
     p.add_argument("src", metavar="SRC", help=DATASET_HELP)
     p.add_argument("dst", metavar="DST", help="the output shard (SRC is one shard) or folder: "
                                               f"{OUTPUT_HELP}")
     p.add_argument("--format", required=True, help=f"target format: {format_choices()}")
-    p.add_argument("--split", help="the split of an output layout (or run folder) to convert")
+    p.add_argument("--split", help="the split of an output layout (or run folder) to convert "
+                                   "(default: SRC must hold one)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace DST when it is a packlab output of the same kind (a shard of "
                         "the format, or a converted/packed folder); anything else is refused")

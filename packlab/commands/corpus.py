@@ -1,8 +1,10 @@
-"""``packlab corpus OUT.jsonl --records N``: a real-text chat corpus from installed docstrings.
+"""Build a chat JSONL corpus from the installed packages' docstrings, offline.
 
-Offline and deterministic for a seed on a given environment (see :mod:`packlab.corpus`). OUT
-is a local file or a URI (written locally, then uploaded); ``--overwrite`` replaces a corpus
-packlab wrote there only (its record is beside it, hidden).
+Questions about the public functions and classes of the installed Python packages, answered
+with their docstrings (sources parsed, never imported): real text, deterministic for a seed on
+a given environment. OUT is a local file or a URI (written locally, then uploaded);
+--overwrite replaces a corpus packlab wrote
+there only (its record is beside it, hidden).
 """
 
 from __future__ import annotations
@@ -18,14 +20,12 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "corpus",
         help="build a chat JSONL from installed packages' docstrings (offline)",
-        description="Build a chat JSONL corpus: questions about public functions and classes "
-                    "of the installed Python packages, answered with their docstrings "
-                    "(sources parsed with ast, never imported).",
+        description=__doc__,
     )
     parser.add_argument("out", metavar="OUT", help=f"JSONL file to write: {OUTPUT_HELP}")
     parser.add_argument("--records", "-n", type=positive_int, required=True,
                         help="number of chat records (positive)")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed")
     parser.add_argument("--index", action="store_true",
                         help="also write the line index OUT.idx for random access")
     parser.add_argument("--overwrite", action="store_true",

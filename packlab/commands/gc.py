@@ -1,20 +1,18 @@
-"""``packlab gc OUT``: sweep what killed writers left under OUT (their temporaries only).
+"""Remove the temporaries that killed writers left under OUT, and nothing else.
 
-Every writer works under a hidden temporary name beside its final one,
-``.NAME.tmp-PID-XXXXXXXX`` (:func:`packlab.files.temporary_sibling`; scratch files add a
-suffix to it), and publishes with one rename, so a writer killed mid-way leaves a temporary
-behind, never a half shard. ``gc`` removes a temporary when both hold:
+Every writer works under a hidden temporary name beside its final one, .NAME.tmp-PID-XXXXXXXX
+(scratch files add a suffix to it), and publishes with one rename, so a writer killed mid-way
+leaves a temporary behind, never a half shard. gc removes a temporary when both hold:
 
 - the process whose id is in its name is not running on this machine (gone, or a zombie);
-- no packlab job is writing in its directory: gc takes the directory's ``flock``
-  (:func:`packlab.pipeline.dataset_record.writing_lock`) for the sweep, and leaves a directory a
-  running job holds alone.
+- no packlab job is writing in its directory (gc takes the directory's lock for the sweep,
+  and leaves a directory a running job holds alone).
 
 Nothing else is ever touched: finished shards, receipts, manifests, links (never followed),
 and temporaries whose name carries no process id. Writers on other machines sharing the
 filesystem are not seen: run gc where the writers ran.
 
-Prints one line (``--json``: one object with every path removed or kept, and why).
+Prints one line (--json: one object with every path removed or kept, and why).
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ from packlab.commands import emit_json
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("gc", help="remove temporaries left by killed writers",
-                       description="Remove the hidden temporaries (.NAME.tmp-PID-...) that "
-                                   "killed writers left under OUT: only those whose process is "
-                                   "gone, never in a directory a running job writes, never a "
-                                   "finished shard.")
-    p.add_argument("out", help="an output directory (or any directory writers wrote into)")
+                       description=__doc__)
+    p.add_argument("out", metavar="OUT",
+                   help="an output directory (or any directory writers wrote into)")
     p.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p.set_defaults(run=run)

@@ -1,9 +1,9 @@
-"""``packlab inspect PATH``: what a spool or a dataset holds (counts, lengths, sizes).
+"""Describe what a spool or a dataset holds: counts, lengths, sizes.
 
 A spool: counts, length statistics, mask fraction, bytes per file (and the keys its writer
 added). One shard: format, bins, tokens, pack size, bytes on disk. Any other dataset path (a
-directory of shards, a layout, a split, a run folder, a glob; local or ``s3://``): the same
-totals, per split, and one line per shard. Nothing is validated (``packlab validate`` does).
+directory of shards, a layout, a split, a run folder, a glob; local or s3://): the same
+totals, per split, and one line per shard. Nothing is validated (packlab validate does).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from packlab.commands import DATASET_HELP, emit
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("inspect", help="describe a spool, a shard or a dataset",
-                                   description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+                                   description=__doc__)
     parser.add_argument("path", metavar="PATH", help=f"a spool directory, or {DATASET_HELP}")
-    parser.add_argument("--split", help="only this split of an output layout or run folder")
+    parser.add_argument("--split", help="only this split of an output layout or run folder "
+                                        "(default: every split)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 

@@ -1,16 +1,16 @@
-"""``packlab pack SPOOL [SPOOL ...] OUT --format F --pack-size P [--split ...]``.
+"""Pack spools into shards of one format.
 
-Without ``--split`` (one spool): plan the bins and write the shards straight into OUT, with
-``OUT/dataset.json`` written first (``"writing"``: readers refuse OUT) and finished last. With
-``--split`` (or several spools): write the output layout of seed 001 (``splits/`` of relative
-links, ``runs/{run_hash}/datasets/{name}/{hash}/``, ``blend.json``, itself written as
-``"writing"`` first).
+Without --split (one spool): plan the bins and write the shards straight into OUT, with
+OUT/dataset.json written first (as "writing": every reader refuses OUT meanwhile) and finished
+last. With --split (or several spools): write an output layout (splits/ of relative links,
+runs/RUN_HASH/datasets/NAME/HASH/ holding the shards, and blend.json, itself written as
+"writing" first).
 
 Interrupted (Ctrl-C, a kill, a lost machine), the same command finishes the job: every shard
-whose receipt still vouches for it is kept, the rest written. OUT may be a URI (``s3://...``):
-the output is written in a local staging folder and uploaded when whole (``dataset.json`` or
-``blend.json`` last); a ``packed_index`` output takes its spool along (``OUT/spool/<name>/``).
-SPOOL may be a URI too (fetched once into the verified cache).
+whose receipt still vouches for it is kept, the rest written. OUT may be a URI (s3://...): the
+output is written in a local staging folder and uploaded when whole (dataset.json or
+blend.json last); a packed_index output takes its spool along (OUT/spool/NAME/). SPOOL may be
+a URI too (fetched once into the verified cache).
 """
 
 from __future__ import annotations
@@ -40,26 +40,24 @@ def add_parser(sub: Any) -> None:
 
     p = sub.add_parser(
         "pack", help="pack spools into shards (or into a split/blend output layout)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("spool", nargs="+", help="spool directory (spool_v1), local or a URI; "
-                                            "several to blend")
+        description=__doc__)
+    p.add_argument("spool", nargs="+", metavar="SPOOL",
+                   help="spool directory (spool_v1), local or a URI; several to blend")
     p.add_argument("out", metavar="OUT", help=f"output directory: {OUTPUT_HELP}")
     p.add_argument("--format", required=True, help=f"shard format: {format_choices()}")
     p.add_argument("--pack-size", type=pack_size_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
-                   help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))} (default "
-                        f"{DEFAULT_ALGORITHM})")
-    p.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="packing and split seed (default 0)")
+                   help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))}")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="packing and split seed")
     p.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
-                   help="what to do with sequences longer than --pack-size (default truncate)")
+                   help="what to do with sequences longer than --pack-size")
     p.add_argument("--bins-per-shard", type=positive_int, default=BINS_PER_SHARD,
-                   help=f"bins in each shard file (default {BINS_PER_SHARD}); the last shard "
-                        "holds the rest")
+                   help="bins in each shard file; the last shard holds the rest")
     add_executor_options(p, workers=2, jobs="shard writers")
     p.add_argument("--split", help="write the layout with these splits, e.g. "
                                    "train=0.98,valid=0.01,test=0.01 (fractions of sequences, "
-                                   "each in [0, 1], summing to 1)")
+                                   "each in [0, 1], summing to 1; default: no splits, one "
+                                   "output)")
     p.add_argument("--weights", help="blend weights, one per spool, e.g. 0.7,0.3 (relative; "
                                      "default: each spool's share of the bins)")
     p.add_argument("--names", help="dataset names, one per spool (default: folder names)")
@@ -95,14 +93,14 @@ def run(args: argparse.Namespace) -> int:
             spools = stage_spools(spools, local)
         result = run_layout(args, spools, local) if layout else \
             run_flat(args, spools, local, planned[0])
-    code = show_layout(args, result) if layout else show_flat(args, *result)
     plans = [p["plan"] for p in result["parts"] if p["plan"]] if layout else [result[0]]
     wheres = [f"{p['name']}/{p['split']}: " for p in result["parts"] if p["plan"]] \
         if layout else [""]
-    for plan, where in zip(plans, wheres, strict=True):
-        message = loss_warning(plan, where)
-        if message:
-            warn("pack", message)
+    warnings = [message for plan, where in zip(plans, wheres, strict=True)
+                if (message := loss_warning(plan, where))]
+    code = show_layout(args, result, warnings) if layout else show_flat(args, *result, warnings)
+    for message in warnings:  # after the output: a failure stays one line
+        warn("pack", message)
     return code
 
 
@@ -156,7 +154,7 @@ def run_flat(args: argparse.Namespace, spools: list[Any], out: Any, planned: tup
 
 
 def show_flat(args: argparse.Namespace, plan: dict[str, Any],
-              receipts: list[dict[str, Any]]) -> int:
+              receipts: list[dict[str, Any]], warnings: list[str]) -> int:
     written = {
         "out": args.out,
         "format": args.format,
@@ -166,7 +164,7 @@ def show_flat(args: argparse.Namespace, plan: dict[str, Any],
         "bytes": sum(r["bytes"] for r in receipts),
     }
     if args.json:
-        emit_json({"plan": plan, "written": written, "shards": receipts})
+        emit_json({"plan": plan, "written": written, "shards": receipts, "warnings": warnings})
         return 0
     emit_table(plan)
     print()
@@ -201,9 +199,9 @@ def run_layout(args: argparse.Namespace, spools: list[Any], out: Any) -> dict[st
     return {**result, "out": args.out}
 
 
-def show_layout(args: argparse.Namespace, result: dict[str, Any]) -> int:
+def show_layout(args: argparse.Namespace, result: dict[str, Any], warnings: list[str]) -> int:
     if args.json:
-        emit_json(result)
+        emit_json({**result, "warnings": warnings})
         return 0
     emit_table({k: result[k] for k in ("out", "run_hash", "format", "num_shards", "reused",
                                        "written")})

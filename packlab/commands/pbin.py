@@ -1,8 +1,8 @@
-"""``packlab pbin SRC OUT.pbin``: Modalities' ``data pack_encoded_data``, written by packlab.
+"""Write a Modalities packed data file (.pbin), as Modalities' data pack_encoded_data does.
 
-A Modalities packed data file from a JSONL of documents (tokenized offline, one document per
-record, end-of-document token appended) or from a spool (one document per sequence):
-:mod:`packlab.interop.modalities`, :func:`packlab.formats.modalities.write_pbin`.
+From a JSONL of documents: each record's text field tokenized with an offline BPE encoding and
+closed with the end-of-document token, one document per record. From a spool directory: one
+document per sequence. Modalities' PackedMemMapDatasetBase reads the file.
 """
 
 from __future__ import annotations
@@ -20,17 +20,15 @@ def add_parser(subparsers: Any) -> None:
         "pbin",
         help="write a Modalities packed data file from a JSONL or a spool (its "
              "pack_encoded_data)",
-        description="Write a Modalities .pbin (`modalities data pack_encoded_data`): from a "
-                    "JSONL, each record's text field tokenized with an offline BPE encoding "
-                    "and closed with the end-of-document token; from a spool directory, one "
-                    "document per sequence. Modalities' PackedMemMapDatasetBase reads it.",
+        description=__doc__,
     )
-    parser.add_argument("src", help="a JSONL file of documents, or a spool directory (local "
-                                    "or a URI)")
-    parser.add_argument("out", help="the .pbin file to write (a local path or a URI)")
+    parser.add_argument("src", metavar="SRC", help="a JSONL file of documents, or a spool "
+                                                   "directory (local or a URI)")
+    parser.add_argument("out", metavar="OUT", help="the .pbin file to write (a local path or "
+                                                   "a URI)")
     parser.add_argument("--field", default="text",
-                        help="JSONL: the record's text field, dotted for nested keys (default "
-                             "text; Modalities' jq_pattern .text)")
+                        help="JSONL: the record's text field, dotted for nested keys "
+                             "(Modalities' jq_pattern .text)")
     parser.add_argument("--encoding", default="cl100k_base",
                         help=f"JSONL: BPE encoding, {' or '.join(ENCODINGS)}")
     parser.add_argument("--eod-id", type=nonnegative_int, default=None,
@@ -46,10 +44,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.files import require_file
+    from packlab.sources.describe import what_is
     from packlab.sources.outputs import local_input, output, spool_at
 
     width = args.token_width if args.token_width == "auto" else _width(args.token_width)
     spool = spool_at(args.src)
+    jsonl = None if spool is not None else require_file(
+        local_input(args.src, what="file"), "a JSONL file of documents or a spool", what_is)
     with output(args.out, kind="packed_data", overwrite=args.overwrite) as local:
         if spool is not None:
             from packlab.formats.modalities import write_pbin
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             from packlab.interop.modalities import encode_jsonl_pbin
 
-            summary = encode_jsonl_pbin(local_input(args.src, what="file"), local,
+            summary = encode_jsonl_pbin(jsonl, local,
                                         encoding=args.encoding, field=args.field,
                                         eod_id=args.eod_id, token_width=width, overwrite=True)
     emit({**summary, "path": args.out}, args.json)

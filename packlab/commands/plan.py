@@ -1,9 +1,11 @@
-"""``packlab plan SPOOL --pack-size P``: the packing report of a spool, nothing written.
+"""Report how a spool would pack, writing nothing.
 
-Packing reads only ``lengths.bin``, so trying pack sizes and algorithms costs seconds even for
-a 13M-sequence spool: plan first, then ``packlab pack`` with the choice. When over-long
-sequences lose 1% or more of the spool's tokens (truncated or dropped), a warning line on
-stderr says how many (``--json`` also lists it under ``warnings``). SPOOL may be a URI.
+Assign the spool's sequences to bins of at most --pack-size tokens and report: bins, the lower
+bound ceil(tokens / pack size), efficiency, sequences per bin, over-long sequences truncated
+or dropped, and the time it took. Packing reads only the spool's lengths, so trying pack sizes
+and algorithms costs seconds even for a 13M-sequence spool: plan first, then packlab pack with
+the choice. When over-long sequences lose 1% or more of the spool's tokens, a warning line on
+stderr says how many (--json also lists it under "warnings"). SPOOL may be a URI (s3://...).
 """
 
 from __future__ import annotations
@@ -21,17 +23,13 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "plan",
         help="pack a spool's lengths and report bins and efficiency (writes nothing)",
-        description="Assign the spool's sequences to bins of at most --pack-size tokens and "
-        "report: bins, the lower bound ceil(tokens / pack size), efficiency, sequences per "
-        "bin, over-long sequences truncated or dropped (a warning when they lose 1%% or more "
-        "of the tokens), and the time it took. SPOOL may be a URI (s3://...).",
-    )
-    p.add_argument("spool", help="spool directory (spool_v1), local or a URI")
+        description=__doc__)
+    p.add_argument("spool", metavar="SPOOL", help="spool directory (spool_v1), local or a URI")
     p.add_argument("--pack-size", type=pack_size_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
-                   help=f"one of {', '.join(sorted(ALGORITHMS))} (default {DEFAULT_ALGORITHM})")
+                   help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))}")
     p.add_argument("--seed", type=nonnegative_int, default=0,
-                   help="seed of the shuffling algorithms (default 0)")
+                   help="seed of the shuffling algorithms")
     p.add_argument("--overlong", choices=("truncate", "drop"), default="truncate",
                    help="sequences longer than --pack-size: truncate to it, or drop them")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
@@ -56,9 +54,8 @@ def run(args: argparse.Namespace) -> int:
     lost = plan["truncated_tokens"] + plan["dropped_tokens"]
     plan["lost_token_fraction"] = lost / plan["spool_tokens"] if plan["spool_tokens"] else 0.0
     message = loss_warning(plan)
-    if message:
-        plan["warnings"] = [message]
-    emit(plan, args.json)
+    plan["warnings"] = [message] if message else []
+    emit(plan if args.json else {k: v for k, v in plan.items() if k != "warnings"}, args.json)
     if message:
         warn("plan", message)
     return 0

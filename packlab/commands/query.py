@@ -1,13 +1,15 @@
-"""``packlab query "SQL" --data PATH``: DuckDB over the Parquet shards of any dataset path.
+"""Run SQL (DuckDB) over the bins of any dataset.
 
-Views: ``shards``, ``bins`` (split, dataset, shard, row, packed_len, num_seqs, loss_tokens),
-``sequences``, ``violations`` and, with ``--tokens``, ``tokens``. PATH is an output layout
-(every split, or ``--split``), ``ROOT/splits/NAME``, a run folder, a directory of shards, a
-shard or a glob; local or ``s3://`` (read through packlab's own S3 client, no DuckDB
-extension). Read-only unless ``--allow-writes``: only SELECT and EXPLAIN run, no file but the
-shards can be opened, DuckDB spills into a private temporary folder only. A missing view or
-column is DuckDB's message on one line, exit 2; ``--split`` of a split that does not exist
-lists those that do.
+Views: shards, bins (split, dataset, shard, row, packed_len, num_seqs, loss_tokens),
+sequences, violations and, with --tokens, tokens. PATH is an output layout (every split, or
+--split), ROOT/splits/NAME, a run folder, a directory of shards, a shard or a glob; local or
+s3:// (read through packlab's own S3 client, no DuckDB extension). DuckDB reads Parquet where
+it is; shards of other formats are transcoded into Parquet first, in a temporary folder, once
+per process (a note on stderr says so; packlab convert PATH OUT --format parquet keeps a
+Parquet copy that needs none). Read-only unless --allow-writes: only SELECT and EXPLAIN run,
+no file but the shards can be opened, DuckDB spills into a private temporary folder only. A
+missing view or column is DuckDB's message on one line, exit 2; --split of a split that does
+not exist lists those that do.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ from packlab.commands import DATASET_HELP, _jsonable, nonnegative_int, positive_
 
 
 def add_parser(sub: Any) -> None:
-    p = sub.add_parser("query", help="SQL (DuckDB) over Parquet shards",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("sql", help='e.g. "SELECT split, count(*) AS bins FROM bins GROUP BY split"')
-    p.add_argument("--data", required=True, help=DATASET_HELP)
-    p.add_argument("--split", help="only this split of a layout (or run folder)")
+    p = sub.add_parser("query", help="SQL (DuckDB) over the bins of any dataset",
+                       description=__doc__)
+    p.add_argument("sql", metavar="SQL",
+                   help='e.g. "SELECT split, count(*) AS bins FROM bins GROUP BY split"')
+    p.add_argument("--data", required=True, metavar="PATH", help=DATASET_HELP)
+    p.add_argument("--split", help="only this split of a layout (or run folder; default: every "
+                                   "split)")
     p.add_argument("--tokens", action="store_true",
                    help="also create the tokens view (one row per token)")
     p.add_argument("--format", choices=("table", "csv", "json"), default="table",
@@ -34,7 +38,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--max-rows", type=nonnegative_int, default=100,
                    help="table output: rows shown (the rest are counted); csv/json: all rows")
     p.add_argument("--threads", type=positive_int, help="DuckDB threads (default: all cores)")
-    p.add_argument("--memory-limit", help="DuckDB memory limit, e.g. 1GB, 512MB or 50%%")
+    p.add_argument("--memory-limit", help="DuckDB memory limit, e.g. 1GB, 512MB or 50%% "
+                                          "(default: DuckDB's own, 80%% of the RAM)")
     p.add_argument("--allow-writes", action="store_true",
                    help="let the SQL write (COPY ... TO, ATTACH, CREATE, ...) and open any file")
     p.set_defaults(run=run)
@@ -49,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
     if not args.allow_writes:
         check_read_only(args.sql)  # before the shards are even listed
     con = connect(args.data, split=args.split, tokens=args.tokens, threads=args.threads,
-                  memory_limit=args.memory_limit, allow_writes=args.allow_writes)
+                  memory_limit=args.memory_limit, allow_writes=args.allow_writes,
+                  note=lambda message: print(f"packlab query: {message}", file=sys.stderr))
     try:
         try:
             result = execute(con, args.sql)

@@ -1,8 +1,8 @@
-"""``packlab raw-index JSONL``: Modalities' ``data create_raw_index``, written by packlab.
+"""Index a JSONL file's lines for Modalities, as its data create_raw_index does.
 
-The line index of a JSONL file in Modalities' own format (a pickled list of ``(offset,
-length)``), where Modalities looks for it (``JSONL`` with ``.idx`` for its suffix):
-:mod:`packlab.interop.modalities`.
+Write the line index Modalities reads: a pickled list of (byte offset, byte length) per
+record, beside the file as NAME.idx, where Modalities looks for it. Every line is parsed once;
+a bad one is named.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "raw-index",
         help="index a JSONL file's lines for Modalities (its create_raw_index)",
-        description="Write the line index Modalities reads (`modalities data create_raw_index`"
-                    "): a pickled list of (byte offset, byte length) per record, beside the "
-                    "file as NAME.idx. Every line is parsed once; a bad one is named.",
+        description=__doc__,
     )
-    parser.add_argument("jsonl", help="JSONL file (local or a URI)")
+    parser.add_argument("jsonl", metavar="JSONL", help="JSONL file (local or a URI)")
     parser.add_argument("--index-path", default=None,
                         help="where to write the index (default: JSONL with suffix .idx)")
     parser.add_argument("--overwrite", action="store_true",
@@ -32,13 +30,15 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from packlab.files import require_file
     from packlab.interop.modalities import INDEX_SUFFIX, write_raw_index
+    from packlab.sources.describe import what_is
     from packlab.sources.outputs import local_input, output
 
     target = args.index_path or _beside(args.jsonl, INDEX_SUFFIX)
     if target == args.jsonl:
         raise PacklabError(f"{target}: the index would replace its own JSONL (--index-path)")
-    jsonl = local_input(args.jsonl, what="file")
+    jsonl = require_file(local_input(args.jsonl, what="file"), "a JSONL file", what_is)
     with output(target, kind="raw_index", overwrite=args.overwrite) as local:
         summary = write_raw_index(jsonl, local, overwrite=True)
     emit({**summary, "path": target, "source": args.jsonl}, args.json)

@@ -1,8 +1,8 @@
-"""``packlab synth OUT --num-sequences N``: write a synthetic spool (see :mod:`packlab.synth`).
+"""Write a synthetic spool, seeded and streamed.
 
-OUT is a local folder or a URI (written locally, then uploaded: manifest last).
-``--overwrite`` replaces a spool only (never another kind of file or folder), and never one
-that ``packed_index`` shards still read.
+OUT is a local folder or a URI (written locally, then uploaded: manifest last). --overwrite
+replaces a spool only (never another kind of file or folder), and never one that packed_index
+shards still read.
 """
 
 from __future__ import annotations
@@ -21,16 +21,16 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "synth",
         help="write a synthetic spool (seeded, streamed)",
-        description=f"Write a synthetic spool. Profiles: {profiles}.",
+        description=f"{__doc__}\nProfiles: {profiles}.",
     )
     parser.add_argument("out", metavar="OUT", help=f"spool directory to create: {OUTPUT_HELP}")
     parser.add_argument("--num-sequences", "-n", type=positive_int, required=True,
                         help="number of sequences (positive)")
     parser.add_argument("--profile", default="chat", choices=sorted(PROFILES),
-                        help="length / structure / token profile (default: chat)")
+                        help="length / structure / token profile")
     parser.add_argument("--vocab-size", type=positive_int, default=None,
                         help="vocabulary size (default: the profile's, 131072 for chat)")
-    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed (default 0)")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="seed")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace OUT if it is a spool (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

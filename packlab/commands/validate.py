@@ -1,11 +1,12 @@
-"""``packlab validate PATH [--split S]``: prove a dataset (or a spool) whole and valid.
+"""Prove a dataset (or a spool) whole and valid.
 
-PATH is any dataset path (:mod:`packlab.sources.resolve`): a shard, a directory of shards, a
-glob, an output layout (every split, or ``--split``), a run folder, a Nemotron output
-directory, local or ``s3://``. Exit 0 only when every shard passes: sizes, checksums (manifest,
-receipt, the dataset record's record of it), counts against ``blend.json``, and every
-invariant of every bin. An output still being written (or interrupted) is refused. A spool is
-checked against its manifest. Otherwise one line naming the file (and bin), exit 2.
+PATH is any dataset path: a shard, a directory of shards, a glob, an output layout (every
+split, or --split), a run folder, a Nemotron output directory; local or s3://. Exit 0 only
+when every shard passes: sizes, checksums (its manifest, its receipt, and what dataset.json
+records of it), counts against blend.json, and every invariant of every bin. An output still
+being written (or interrupted) is refused. A spool is checked against its manifest.
+Otherwise one line naming the file (and bin), exit 2; with --json, also one JSON object on
+stdout saying what failed.
 """
 
 from __future__ import annotations
@@ -18,11 +19,18 @@ from packlab.commands import DATASET_HELP, emit_json
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("validate", help="check shards: sizes, checksums, every invariant",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)
     p.add_argument("path", metavar="PATH", help=f"{DATASET_HELP}; or a spool")
-    p.add_argument("--split", help="only this split of an output layout or run folder")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p.set_defaults(run=run)
+    p.add_argument("--split", help="only this split of an output layout or run folder "
+                                   "(default: every split)")
+    p.add_argument("--json", action="store_true",
+                   help="one JSON object on stdout, whole or not (\"valid\": true or false)")
+    p.set_defaults(run=run, failure=failure)
+
+
+def failure(args: argparse.Namespace) -> dict[str, Any]:
+    """What ``--json`` prints beside the error when PATH is not whole and valid."""
+    return {"valid": False, "path": args.path, "split": args.split}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = validate_path(args.path, split=args.split)
     if args.json:
-        emit_json(result)
+        emit_json({"valid": True, **result})
         return 0
     if result["kind"] == "file":
         print(f"valid: {result['what']} written by {result['written_by']}, "

@@ -64,7 +64,8 @@ def _load(name: str, *, required: bool = True) -> ModuleType | None:
     try:
         return importlib.import_module(_MODULES[name])
     except KeyError:
-        raise PacklabError(f"unknown format {name!r}; choose from {format_names()}") from None
+        raise PacklabError(f"unknown format {name!r}; choose from {', '.join(format_names())}"
+                           ) from None
     except ModuleNotFoundError as exc:
         if exc.name == _MODULES[name] and not required:
             return None
@@ -103,8 +104,12 @@ def detect_format(path: str | os.PathLike[str] | Location) -> str:
     """The name of the format of the shard at ``path`` (a local path or a
     :class:`~packlab.storage.Location`); a clear error if none claims it. Only the formats of
     its kind are asked (a file: one-file formats; a folder: directory formats), each reading a
-    few bytes at most (one ranged request on object storage)."""
+    few bytes at most (one ranged request on object storage). A pair named by another of its
+    names (its ``.bin``, its prefix) is the pair's format."""
     location = as_location(path)
+    named = shard_entry(location)
+    if named != location and named.exists():
+        location = named
     kind = location.info().type
     if kind == pafs.FileType.NotFound:
         raise FormatError(f"{path}: no such file or directory")
@@ -134,6 +139,12 @@ def shard_entry(location: Location) -> Location:
         if name.endswith(prefix):
             return location.parent / f"{name}.{extension}"
     return location
+
+
+def prefixed_entries(location: Location) -> list[Location]:
+    """The one-file shards a bare prefix may name (``out/c`` -> ``out/c.sft.idx``): where a
+    format whose shard is several files writes when given that name."""
+    return [location.parent / f"{location.name}{reader.SUFFIX}" for reader in _paired()]
 
 
 def is_companion(name: str) -> bool:

@@ -26,7 +26,7 @@ headers, no identity) are shards written before identities: read as before.
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
 sidecars carry what the pretraining format lacks (loss mask, sub-sequence starts).
 
-``data.idx`` is megatron-core's index (:mod:`packlab.formats.mmidx`, field by field): dtype
+``data.idx`` is megatron-core's index (:mod:`packlab.mmidx`, field by field): dtype
 code 8 (uint16) or 4 (int32), one sequence and one document per bin, its length the bin's
 tokens.
 
@@ -40,7 +40,11 @@ Shards written before it have none (and no ``bin_checksum`` in the manifest): th
 before, and ``verify=True`` refuses them.
 
 The reader maps every file and reads the index where it is, as megatron-core does
-(:mod:`packlab.formats.table`: nothing per bin is copied into the reader's memory). It returns
+(:mod:`packlab.formats.table`: nothing per bin is copied into the reader's memory). On object
+storage it reads in place, as megatron-core's object-storage path does: the manifest, the
+index and the small sidecars (``data.idx``, ``seq_starts.bin``, ``checksums.bin``) fetched once
+into a local cache, checked against the manifest, then each bin is one ranged GET of its tokens
+in ``data.bin`` and one of its mask in ``loss_mask.bin`` (:mod:`packlab.formats.ranged`). It returns
 views that stay valid after the reader is closed or collected: each view holds a reference to
 its map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
 closes its mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
@@ -48,6 +52,7 @@ closes its mmap in ``__del__``, so arrays it returned crash the process once it 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -55,10 +60,17 @@ from typing import Any
 
 import numpy as np
 
+from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import AlignedWriter, HashedFile, file_entry, short_hash, verify_files
-from packlab.formats import mmidx
+from packlab.files import (
+    AlignedWriter,
+    HashedFile,
+    file_entry,
+    parse_json,
+    short_hash,
+    verify_files,
+)
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -91,7 +103,7 @@ from packlab.formats.table import (
     refuse_unverifiable,
 )
 from packlab.mapping import load_array
-from packlab.storage import Location
+from packlab.storage import Location, as_location, cache_entry, cache_root, fetch_files
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -123,6 +135,8 @@ class BinidxFacts(FormatFacts):
     RECORD = RECORD
     RECORD_FORMAT = FORMAT
     FILES = (DATA, INDEX, LOSS, SEQS, SUMS)
+    DATA_FILES = (DATA, LOSS)
+    READS_IN_PLACE = True
     ZERO_COPY = True
     detect = staticmethod(detect)
 
@@ -294,7 +308,9 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     On first read (in each process) the files are mapped and every bin's structure is checked
     over the mapped index (:mod:`packlab.formats.table`). ``verify=True``: each bin read is
-    checked against its checksum.
+    checked against its checksum. On object storage (``path`` a
+    :class:`~packlab.storage.Location`) the files other than ``DATA_FILES`` are fetched once
+    into ``cache_dir`` (default :func:`packlab.storage.cache_root`), the data read by ranges.
     """
 
     @property
@@ -302,9 +318,12 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         found = self.record.get("metadata")
         return found if isinstance(found, dict) else {}
 
-    def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
+    def __init__(self, path: str | os.PathLike[str] | Location, *, verify: bool = False,
+                 cache_dir: str | os.PathLike[str] | None = None) -> None:
         super().__init__(path)
-        self.record = read_manifest(self.path)
+        self.cache_dir = None if cache_dir is None else str(cache_dir)
+        self._local = self._local_files()
+        self.record = read_manifest(self._local)
         self.pack_size = _int_field(self.record, "pack_size", self.path)
         self.num_bins = _int_field(self.record, "num_bins", self.path)
         self.num_tokens = _int_field(self.record, "num_tokens", self.path)
@@ -323,10 +342,34 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         return ("_table",)
 
     # -- opening ------------------------------------------------------------------------------
+    def _local_files(self) -> Path:
+        """The folder holding the manifest and the index files locally: the shard itself, or
+        (on object storage) their copies fetched once into the cache, each checked against
+        the manifest's size and sha256 (a replaced manifest is a new cache entry)."""
+        if not isinstance(self.path, Location):
+            return self.path
+        record = self.path / RECORD
+        if not record.is_file():
+            raise FormatError(f"{record}: missing (an unfinished or damaged {FORMAT} shard)")
+        raw = record.read_bytes()
+        files = parse_json(raw, record, unreadable="unreadable manifest")
+        files = files.get("files") if isinstance(files, dict) else None
+        listed = files if isinstance(files, dict) else {}
+        wanted = {name: listed.get(name) for name in (INDEX, SEQS, SUMS)
+                  if name in listed or name != SUMS}
+        root = Path(self.cache_dir) if self.cache_dir else cache_root()
+        final = cache_entry(root / "index", self.path, hashlib.sha256(raw).hexdigest())
+        return fetch_files(self.path, wanted, final, last={RECORD: raw})
+
+    def _file(self, name: str) -> Path | Location:
+        """Where file ``name`` is read: a data file where it is, the others from
+        :meth:`_local_files`."""
+        return self.path / name if name in self.DATA_FILES else self._local / name
+
     def _read_headers(self) -> np.dtype:
         """Check every header field against the manifest; the token dtype of ``data.bin``."""
-        idx = self.path / INDEX
-        code, nseq, ndoc = mmidx.parse_header(head(idx, mmidx.HEADER_SIZE), idx)
+        idx = self._file(INDEX)
+        code, nseq, ndoc = mmidx.parse_header(head(idx, mmidx.HEADER_SIZE), self.path / INDEX)
         if code not in DTYPE_CODES:
             raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
         token_dtype = DTYPE_CODES[code]
@@ -356,7 +399,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _sidecar(self, name: str, header: type[Sidecar]) -> tuple[Any, ...]:
         """A sidecar's header fields (its version read first: 1, or 2 with the shard's
         identity, checked here against the manifest's); its size is remembered."""
-        file = self.path / name
+        file = self._file(name)
         _, version = unpack(file, VersionPrefix)
         if version not in (1, 2):
             raise FormatError(f"{file}: header version {version}, this reader knows 1 and 2")
@@ -373,7 +416,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         """megatron-core's two files against the fingerprints the manifest records (on the
         first read: the index is mapped and checked whole then anyway)."""
         check_fingerprints(self.record.get("fingerprints"),
-                           {DATA: (self.path / DATA, False), INDEX: (self.path / INDEX, True)},
+                           {DATA: (self._file(DATA), False), INDEX: (self._file(INDEX), True)},
                            f"its manifest {RECORD}")
 
     def _expected_sizes(self) -> dict[str, int]:
@@ -393,8 +436,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     def _check_sizes(self) -> None:
         for name, want in self._expected_sizes().items():
-            file = self.path / name
-            have = file.stat().st_size if file.is_file() else -1
+            file = as_location(self._file(name))
+            have = file.size() if file.is_file() else -1
             if have < 0:
                 raise FormatError(f"{file}: missing (the shard is incomplete)")
             if have != want:
@@ -403,18 +446,20 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     def _layout(self, maps: Maps) -> Layout:
         """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
-        n, p, width = self.num_bins, self.path, self.token_dtype.itemsize
+        n, file, width = self.num_bins, self._file, self.token_dtype.itemsize
         self._check_fingerprints()
         checksum = None
         if self.has_checksums:
             self.check_checksums_header()
-            checksum = lookup(maps.values(p / SUMS, "<u8", self._sums_header(), n)).__getitem__
+            checksum = lookup(maps.values(file(SUMS), "<u8", self._sums_header(), n)).__getitem__
         seqs_at = self.header_size[SEQS]
-        return Layout(Column(p / DATA, self.token_dtype, 0, self.num_tokens),
-                      Column(p / LOSS, np.dtype("|u1"), self.header_size[LOSS], self.num_tokens),
-                      Column(p / SEQS, np.dtype("<i4"), _starts_offset(n, seqs_at),
+        return Layout(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
+                      Column(file(LOSS), np.dtype("|u1"), self.header_size[LOSS],
+                             self.num_tokens),
+                      Column(file(SEQS), np.dtype("<i4"), _starts_offset(n, seqs_at),
                              self.num_seqs),
-                      _Index(maps, p, n, width, self.num_tokens, self.num_seqs, seqs_at),
+                      _Index(maps, self._local, n, width, self.num_tokens, self.num_seqs,
+                             seqs_at, self.path),
                       self.pack_size, str(self.path), checksum)
 
     def check_checksums_header(self) -> None:
@@ -431,12 +476,16 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     # -- validation ---------------------------------------------------------------------------
     def validate(self) -> dict[str, Any]:
-        """Sizes, checksums, index consistency, token range and every bin invariant."""
+        """Sizes, checksums, index consistency, token range and every bin invariant (a local
+        shard: ``validate`` downloads one on object storage, verified, first)."""
+        if isinstance(self.path, Location):
+            raise PacklabError(f"{self.path}: validate a shard on object storage with "
+                               "packlab.sources.validate.validate_path (it downloads it whole)")
         verify_files(self.path, self.record.get("files", {}), checksums=True)
         listed = set(self.record.get("files", {}))
         if listed != set(self._expected_sizes()):
-            raise FormatError(f"{self.path / RECORD}: lists {sorted(listed)}, "
-                              f"expected {sorted(self._expected_sizes())}")
+            raise FormatError(f"{self.path / RECORD}: lists {', '.join(sorted(listed))}, "
+                              f"expected {', '.join(sorted(self._expected_sizes()))}")
         n = self.num_bins
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)
@@ -460,10 +509,11 @@ class _Index(BinIndex):
     __slots__ = ("num_bins", "lengths", "pointers", "seqs", "shift", "_lengths", "_pointers",
                  "_seqs", "width", "num_tokens", "num_seqs", "path")
 
-    def __init__(self, maps: Maps, path: Path, n: int, width: int, num_tokens: int,
-                 num_seqs: int, seqs_at: int) -> None:
+    def __init__(self, maps: Maps, local: Path, n: int, width: int, num_tokens: int,
+                 num_seqs: int, seqs_at: int, shown: Path | Location) -> None:
         self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
-        self.path = path
+        self.path = shown  # as messages name the shard
+        path = local
         lengths = (path / INDEX, "<i4", mmidx.HEADER_SIZE, n)
         pointers = (path / INDEX, "<i8", mmidx.pointers_at(n), n)
         seqs = (path / SEQS, "<i8", seqs_at, n + 1)

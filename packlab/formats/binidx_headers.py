@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError
+from packlab.storage import Location
 
 
 class Sidecar:
@@ -58,7 +59,7 @@ class VersionPrefix:
     STRUCT = struct.Struct("<8sQ")
 
 
-def unpack(file: Path, header: Any, layout: struct.Struct | None = None) -> tuple[Any, ...]:
+def unpack(file: Path | Location, header: Any, layout: struct.Struct | None = None) -> tuple[Any, ...]:
     """The header fields of ``file`` (``layout``, or the header's ``STRUCT``); a FormatError
     when the file is missing or too short."""
     layout = layout or header.STRUCT
@@ -69,9 +70,13 @@ def unpack(file: Path, header: Any, layout: struct.Struct | None = None) -> tupl
     return layout.unpack(raw)
 
 
-def head(file: Path, size: int) -> bytes:
-    """The first ``size`` bytes of ``file`` (fewer if it is shorter); a FormatError when it
-    cannot be read."""
+def head(file: Path | Location, size: int) -> bytes:
+    """The first ``size`` bytes of ``file`` (fewer if it is shorter; on object storage one
+    ranged GET); a FormatError when it cannot be read."""
+    if isinstance(file, Location):
+        if not file.is_file():
+            raise FormatError(f"{file}: missing (the shard is incomplete)")
+        return file.read_range(0, min(size, file.size()))
     try:
         with open(file, "rb") as f:
             return f.read(size)

@@ -5,7 +5,7 @@ Follows Megatron-Bridge's ``src/megatron/bridge/data/packing/indexed.py`` at com
 offline-packed SFT; not in the 0.6.2 release). A shard is a Megatron-core IndexedDataset pair,
 named by its index, and packlab's sidecar beside it::
 
-    train.sft.idx      megatron-core's MMIDIDX index (packlab.formats.mmidx): dtype code 4
+    train.sft.idx      megatron-core's MMIDIDX index (packlab.mmidx): dtype code 4
                        (int32), one sequence and one document per bin. What a path names, and
                        the shard's commit point: published last
     train.sft.bin      the items, int32 words, end to end; bin b is item b:
@@ -62,10 +62,10 @@ from typing import Any
 
 import numpy as np
 
+from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
-from packlab.formats import mmidx
 from packlab.formats.base import (
     MAX_PACK_SIZE,
     FormatFacts,
@@ -125,8 +125,9 @@ class SftFacts(FormatFacts):
 def entry_of(path: Any) -> Any:
     """The index a path names, by Bridge's rules for one pair: the ``.idx`` itself, its
     ``.bin``, the prefix both share (``train.sft``), or a local folder holding one pair (the
-    writer's temporary). The same kind as given: a ``Path``, or a
-    :class:`~packlab.storage.Location`."""
+    writer's temporary); any other name is a prefix the ``.sft`` suffixes are added to
+    (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair). The same
+    kind as given: a ``Path``, or a :class:`~packlab.storage.Location`."""
     location = path if isinstance(path, Location) else Path(path)
     name = location.name
     if name.endswith(".idx"):
@@ -139,7 +140,9 @@ def entry_of(path: Any) -> Any:
             raise FormatError(f"{location}: holds {len(found)} {SUFFIX} pairs, not one (a "
                               "folder of pairs is a dataset: open it with open_dataset)")
         return found[0]
-    return location.parent / f"{name}.idx"
+    if name.endswith(SUFFIX[:-4]):
+        return location.parent / f"{name}.idx"
+    return location.parent / f"{name}{SUFFIX}"
 
 
 def sibling(entry: Any, suffix: str) -> Any:

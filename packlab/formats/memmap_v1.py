@@ -316,7 +316,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
     files = manifest.get("files")
     expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in manifest else set())
     if not isinstance(files, dict) or set(files) != expected:
-        raise FormatError(f"{manifest_path}: 'files' must list {sorted(expected)}")
+        raise FormatError(f"{manifest_path}: 'files' must list {', '.join(sorted(expected))}")
     records_checksum(manifest, manifest_path)
     return manifest
 

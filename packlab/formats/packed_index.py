@@ -78,6 +78,7 @@ from packlab.formats.spool_gather import (
     build_gather,
     changed_sequence,
     gather_bin,
+    gathered_files,
     sequence_checksums,
 )
 from packlab.invariants import check_csr
@@ -85,8 +86,7 @@ from packlab.mapping import MappedFile
 from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
 from packlab.safe_pickle import read_npy_header
-from packlab.spool import FILES as SPOOL_FILES
-from packlab.spool import SPOOL_RECORD, SpoolReader, read_spool_record
+from packlab.spool import SpoolReader, spool_record_at
 from packlab.storage import Location
 
 FORMAT = "packed_index"
@@ -122,7 +122,7 @@ def spool_identity(spool: SpoolReader, files: dict[str, Any] | None = None) -> d
     manifest = spool.record
     recorded = _recorded_files(manifest)
     return {
-        "manifest_sha256": sha256_file(spool.path / SPOOL_RECORD),
+        "manifest_sha256": sha256_file(spool.record_path),
         "num_sequences": manifest["num_sequences"],
         "num_tokens": manifest["num_tokens"],
         "vocab_size": manifest.get("vocab_size"),
@@ -139,13 +139,13 @@ def _recorded_files(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def _check_given_files(spool: SpoolReader, files: dict[str, Any], where: Path) -> None:
     """``spool_files=`` computed by a caller must describe this spool's files."""
-    if set(files) != set(SPOOL_FILES.values()):
-        raise PacklabError(f"{where}: spool_files must list {sorted(SPOOL_FILES.values())}")
+    if set(files) != set(spool.data_files):
+        raise PacklabError(f"{where}: spool_files must list {sorted(spool.data_files)}")
     for name, entry in files.items():
-        size = (spool.path / name).stat().st_size
+        size = (spool.root / name).stat().st_size
         if not isinstance(entry, dict) or entry.get("bytes") != size or "sha256" not in entry:
             raise PacklabError(f"{where}: spool_files[{name!r}] does not describe "
-                               f"{spool.path / name} ({size} bytes)")
+                               f"{spool.root / name} ({size} bytes)")
 
 
 def _as_spool(spool: str | os.PathLike[str] | SpoolReader | None, where: Path) -> SpoolReader:
@@ -179,6 +179,7 @@ class Writer(PackedIndexFacts, ShardWriter):
         where = Path(path)
         self.checksums = bool(checksums)
         self.spool = _as_spool(spool, where)
+        gathered_files(self.spool)  # the files its reads gather from: refused now, not later
         if spool_files is not None:
             _check_given_files(self.spool, spool_files, where)
         self.spool_files = spool_files
@@ -335,23 +336,24 @@ class Reader(PackedIndexFacts, ShardReader):
             candidates = list(dict.fromkeys([local, Path(recorded["path"])]))
         problems = []
         for candidate in candidates:
-            if not (candidate / SPOOL_RECORD).is_file():
-                problems.append(f"{candidate}: missing")
-                continue
             change = self._spool_change(candidate)
             if change is None:
                 return candidate
             problems.append(f"{candidate}: {change}")
         raise FormatError(f"{self.path}: its spool is missing or changed ({'; '.join(problems)}); "
-                          "repack, or pass spool= the spool it was built from")
+                          "repack it, or put the spool it was built from back where it was (from "
+                          "Python, open_shard(..., spool=PATH) names it)")
 
     def _spool_change(self, candidate: Path) -> str | None:
         """What differs between the spool at ``candidate`` and the one recorded, or None."""
         recorded = self.record["spool"]
         try:
-            manifest = read_spool_record(candidate)
+            found = spool_record_at(candidate)
         except FormatError as exc:
             return str(exc)
+        if found is None:
+            return "missing"
+        manifest, folder = found
         for key in ("num_sequences", "num_tokens"):
             if manifest.get(key) != recorded.get(key):
                 return f"{key} {manifest.get(key)}, the shard recorded {recorded.get(key)}"
@@ -359,7 +361,7 @@ class Reader(PackedIndexFacts, ShardReader):
         if own and own != recorded.get("files"):
             return "its files' checksums differ from the ones the shard recorded"
         for name, entry in recorded.get("files", {}).items():
-            file = candidate / name
+            file = folder / name
             if not file.is_file() or file.stat().st_size != entry.get("bytes"):
                 return f"{name} is missing or not {entry.get('bytes')} bytes"
         return None
@@ -442,7 +444,7 @@ class Reader(PackedIndexFacts, ShardReader):
         assert self._spool is not None
         if spool_checksums:
             if not _recorded_files(self._spool.record):  # none of its own: the pack-time ones
-                verify_files(self.spool_path, self.record["spool"]["files"], checksums=True)
+                verify_files(self._spool.root, self.record["spool"]["files"], checksums=True)
             self._spool.verify()  # structure; and the hashes its manifest records, if any
         lengths = self.assignment.bin_lengths(self._spool.lengths)
         _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))

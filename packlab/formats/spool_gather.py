@@ -22,7 +22,6 @@ from packlab.bins import PackedBin
 from packlab.errors import FormatError
 from packlab.mapping import MappedFile, ReadAdvice, advise
 from packlab.materialize import BinMaterializer
-from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader
 
 SUMS = "seq_checksums.npy"
@@ -70,8 +69,7 @@ def build_gather(source: Path, materializer: BinMaterializer,
             offsets, int(np.argmax(outside)), side="right") - 1)
         raise FormatError(f"{source}: bin {b} does not fit its spool {spool.path} "
                           "(empty, over pack_size or past the spool's tokens; run validate)")
-    files = (MappedFile(spool.path / SPOOL_FILES["tokens"]),
-             MappedFile(spool.path / SPOOL_FILES["masks"]))
+    files = tuple(MappedFile(f) for f in gathered_files(spool))
     if sums is not None and sums.shape[0] != indices.shape[0]:
         raise FormatError(f"{source / SUMS}: {sums.shape[0]} checksums for "
                           f"{indices.shape[0]} sequences (corrupted)")
@@ -81,6 +79,20 @@ def build_gather(source: Path, materializer: BinMaterializer,
                    memoryview(packed), files[0].fd, files[1].fd, ReadAdvice(files[0].fd), files,
                    memoryview(tokens).cast("B"), memoryview(masks),
                    None if sums is None else memoryview(np.ascontiguousarray(sums)))
+
+
+def gathered_files(spool: SpoolReader) -> tuple[Path, Path]:
+    """The files a gather reads whole: int32 tokens and uint8 masks from their first byte (a
+    spool's, or a Megatron prefix's int32 ``.bin`` and packlab's mask sidecar)."""
+    tokens, masks = spool.columns["tokens"], spool.columns.get("masks")
+    if tokens.dtype != np.dtype("<i4") or tokens.offset:
+        raise FormatError(f"{tokens.path}: {tokens.dtype.name} tokens; packed_index gathers "
+                          "int32 ones (a vocabulary of 65500 ids or more): pack this prefix into "
+                          "a format that copies its tokens, or pack the spool it came from")
+    if masks is None:
+        raise FormatError(f"{spool.path}: packed_index reads the masks from a file: export the "
+                          "prefix with its mask sidecar (packlab export --chat-markers ...)")
+    return tokens.path, masks.path
 
 
 def _spool_starts(spool: SpoolReader, indices: np.ndarray, kept: np.ndarray
@@ -162,7 +174,7 @@ def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
     out = np.empty(index.shape[0], dtype=np.uint64)
     tokens = bytearray(4 * window)
     masks = bytearray(window)
-    fds = [os.open(spool.path / SPOOL_FILES[name], os.O_RDONLY) for name in ("tokens", "masks")]
+    fds = [os.open(f, os.O_RDONLY) for f in gathered_files(spool)]
     try:
         k, count = 0, index.shape[0]
         while k < count:

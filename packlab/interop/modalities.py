@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.files import HashedFile, refuse_existing, staged
+from packlab.files import HashedFile, json_kind, refuse_existing, require_file, staged
 from packlab.formats.modalities import (
     TOKEN_DTYPES,
     IndexWriter,
@@ -72,8 +72,7 @@ def write_raw_index(jsonl: str | os.PathLike[str], index: str | os.PathLike[str]
                     *, overwrite: bool = False, validate: bool = True) -> dict[str, Any]:
     """Modalities' raw index of ``jsonl`` (see the module doc); returns what it wrote."""
     source = Path(jsonl)
-    if not source.is_file():
-        raise PacklabError(f"{source}: no such JSONL file")
+    require_file(source, "a JSONL file")
     final = Path(index) if index is not None else raw_index_path(source)
     if final.resolve() == source.resolve():
         raise PacklabError(f"{final}: the index would replace its own JSONL")
@@ -103,7 +102,7 @@ def _text_of(record: dict[str, Any], field: str, where: str) -> str:
             raise PacklabError(f"{where}: no {field!r} in the record")
         value = value[key]
     if not isinstance(value, str):
-        raise PacklabError(f"{where}: {field!r} is a {type(value).__name__}, not text")
+        raise PacklabError(f"{where}: {field!r} is {json_kind(value)}, not text")
     return value
 
 
@@ -120,8 +119,7 @@ def encode_jsonl_pbin(
     """A Modalities pbin of the documents of ``jsonl`` (see the module doc); returns what it
     wrote. Memory: one buffer of tokens plus 8 bytes per document (the index comes last)."""
     source, final = Path(jsonl), Path(path)
-    if not source.is_file():
-        raise PacklabError(f"{source}: no such JSONL file")
+    require_file(source, "a JSONL file")
     refuse_existing(final, overwrite=overwrite)
     tokenizer = ChatTokenizer(encoding)
     eod = END_OF_TEXT[encoding] if eod_id is None else int(eod_id)

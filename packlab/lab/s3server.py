@@ -23,13 +23,18 @@ so two servers never race for a port. ``S3Server.configure()`` (done by ``start`
 :mod:`packlab.storage` at it, so ``s3://`` URIs resolve to this server in this process;
 ``stop`` restores the previous configuration.
 
-Run by hand: ``python -m packlab.lab.s3server`` prints ``PORT <n>`` and serves until interrupted.
+Run by hand (``python -m packlab.lab.s3server --help``): ``--port`` and ``--bucket`` to try
+packlab's ``s3://`` paths against a store on this machine; it prints ``PORT <n>``, then on
+stderr the environment another shell needs, and serves until interrupted (README, "Object
+storage, step by step").
 """
 
 from __future__ import annotations
 
+import argparse
 import atexit
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -144,18 +149,75 @@ class CountingMiddleware:
             self.lock.notify_all()
 
 
-def serve(host: str = HOST, port: int = 0) -> None:
-    """Serve moto on ``host:port`` (0: a free port), printing ``PORT <n>`` once listening."""
+def serve(host: str = HOST, port: int = 0, buckets: Iterable[str] = (),
+          on_ready: Callable[[int], None] | None = None) -> None:
+    """Serve moto on ``host:port`` (0: a free port) with ``buckets`` made, printing
+    ``PORT <n>`` once listening (then ``on_ready(port)``), until interrupted."""
     from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     if host != HOST:
         raise PacklabError(f"the test server binds {HOST} only, not {host}")
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request: counted, not told
     app = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
     server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
     threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    if buckets:
+        import pyarrow.fs as pafs
+
+        store = pafs.S3FileSystem(endpoint_override=f"{HOST}:{server.server_port}",
+                                  scheme="http", access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                                  region=REGION, allow_bucket_creation=True)
+        for bucket in buckets:
+            store.create_dir(bucket)
     print(f"PORT {server.server_port}", flush=True)
-    server.serve_forever()
+    if on_ready is not None:
+        on_ready(server.server_port)
+    try:
+        serving.join()
+    finally:
+        server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m packlab.lab.s3server``: a store to try ``s3://`` paths on, by hand."""
+    parser = argparse.ArgumentParser(
+        prog="python -m packlab.lab.s3server", allow_abbrev=False,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=f"A local S3-compatible store (moto) to try packlab's s3:// paths on: it "
+                    f"listens on {HOST} only, keeps every object in memory (gone when it "
+                    f"stops) and takes one fixed pair of keys. It prints PORT and the port "
+                    f"number on stdout, then on stderr the environment that points packlab "
+                    f"(in another shell) at it. Ctrl-C stops it.")
+    parser.add_argument("--port", type=int, default=0,
+                        help="the port to listen on; 0 picks a free one")
+    parser.add_argument("--bucket", action="append", default=argparse.SUPPRESS, metavar="NAME",
+                        help="a bucket to create at start (repeat for more; default: none)")
+    args = parser.parse_args(argv)
+    args.bucket = getattr(args, "bucket", [])
+    if not 0 <= args.port <= 65535:
+        parser.error(f"--port must be in 0..65535, got {args.port}")
+
+    def tell(port: int) -> None:
+        env = {"AWS_ENDPOINT_URL_S3": f"http://{HOST}:{port}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+               "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
+        made = f" with bucket{'s' if len(args.bucket) > 1 else ''} {', '.join(args.bucket)}" \
+            if args.bucket else ""
+        print(f"s3server: serving s3:// at http://{HOST}:{port}{made} (in memory; Ctrl-C "
+              f"stops it). In another shell:\n  export "
+              + " ".join(f"{k}={v}" for k, v in env.items()), file=sys.stderr, flush=True)
+
+    try:
+        serve(port=args.port, buckets=args.bucket, on_ready=tell)
+    except KeyboardInterrupt:
+        return 130
+    except OSError as exc:
+        print(f"s3server: error: cannot listen on {HOST}:{args.port}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
+    return 0
 
 
 def _exit_with_parent(parent: int) -> None:
@@ -316,4 +378,4 @@ class S3Server:
 
 
 if __name__ == "__main__":
-    serve()
+    sys.exit(main())

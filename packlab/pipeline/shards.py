@@ -70,7 +70,7 @@ from packlab.pipeline.receipts import (
 )
 from packlab.pipeline.references import record_spool_use
 from packlab.progress import shared_counter
-from packlab.spool import SPOOL_RECORD, SpoolReader
+from packlab.spool import SpoolReader
 
 SHARD_NAME = re.compile(r"^shard_(\d{6,})")
 EXISTING = ("refuse", "overwrite", "reuse")
@@ -170,7 +170,7 @@ def job_identity(spool: str, assignment: BinAssignment, *, format: str, bins_per
     The spool enters by its manifest's checksum, not its path (moving it changes nothing)."""
     reader = SpoolReader(spool)
     return {
-        "spool": {"manifest_sha256": sha256_file(Path(spool) / SPOOL_RECORD),
+        "spool": {"manifest_sha256": sha256_file(reader.record_path),
                   "num_sequences": reader.num_sequences, "num_tokens": reader.num_tokens},
         "assignment_sha256": assignment.digest(), "format": format,
         "bins_per_shard": int(bins_per_shard), "format_options": format_options,

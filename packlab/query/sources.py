@@ -4,21 +4,27 @@
 or the one named), ``ROOT/splits/NAME``, a run folder, a Parquet shard, a directory of shards,
 a glob, a list of those (split and dataset are then NULL); local or ``s3://``. Only the footers
 are read here (pack size, bins, tokens), never a row group. A shard of a format SQL does not
-read is transcoded (:func:`sql_readable`) into a private temporary folder first.
+read is transcoded (:func:`sql_readable`) into a private temporary folder first, once per
+process: a copy is kept (until the process exits) for as long as its source's files are
+unchanged, so the second query over a binidx output costs what one over Parquet costs.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from packlab.formats import formats_where, get_format
+from packlab.formats import files_of_shard, formats_where, get_format
 from packlab.progress import progress_bar
 from packlab.sources import open_shard, resolve_source
 from packlab.sources.convert import convert_reader
+from packlab.storage import as_location
 
 PathLike = str | os.PathLike[str]
 
@@ -55,23 +61,53 @@ def _shard(shard: Any) -> Shard:
                      shard.format)
 
 
-def sql_readable(shards: Sequence[Shard], folder: Path) -> list[Shard]:
+TRANSCODED_PREFIX = "packlab-transcoded-"
+_COPIES: dict[tuple[Any, ...], str] = {}  # a shard's identity -> its SQL-readable copy
+_FOLDER: list[Path] = []  # this process's folder of copies, made at first use
+
+
+def sql_readable(shards: Sequence[Shard], *, note: Callable[[str], None] | None = None
+                 ) -> list[Shard]:
     """The shards, each readable by SQL: a format SQL reads is left as it is; any other is
-    transcoded bin by bin into ``folder`` (a private temporary folder) as the first format
-    that is (:func:`packlab.sources.convert.convert_reader`), and read from there."""
+    transcoded bin by bin (:func:`packlab.sources.convert.convert_reader`) as the first format
+    that is, into this process's temporary folder (removed at exit), and read from there.
+    A copy serves every later call while its source's files keep their sizes and times
+    (:func:`shard_identity`). ``note(message)`` is told before a transcoding starts: it takes
+    seconds to minutes, and a user should know why and how to avoid it."""
     target = formats_where("SQL_READABLE")[0]
-    todo = [s for s in shards if not get_format(s.format).Reader.SQL_READABLE]
-    if not todo:
-        return list(shards)
-    folder.mkdir(parents=True, exist_ok=True)
-    out = list(shards)
-    with progress_bar(total=sum(s.num_bins for s in todo), desc=f"transcode to {target}",
-                      unit="bin") as bar:
-        for k, shard in enumerate(shards):
-            if shard in todo:
-                file = folder / f"{k:06d}{get_format(target).Writer.SUFFIX}"
-                with open_shard(shard.path, format=shard.format) as reader:
-                    convert_reader(reader, file, format=target, before=0,
+    keys = {k: shard_identity(s) for k, s in enumerate(shards)
+            if not get_format(s.format).Reader.SQL_READABLE}
+    todo = {k: key for k, key in keys.items() if key not in _COPIES}
+    if todo:
+        formats = sorted({shards[k].format for k in todo})
+        bins = sum(shards[k].num_bins for k in todo)
+        if note is not None:
+            note(f"transcoding {len(todo)} {' and '.join(formats)} shard"
+                 f"{'s' if len(todo) != 1 else ''} ({bins:,} bins) into {target} for SQL, "
+                 f"once in this process (packlab convert PATH OUT --format {target} keeps a "
+                 "copy that needs none)")
+        suffix = get_format(target).Writer.SUFFIX
+        with progress_bar(total=bins, desc=f"transcode to {target}", unit="bin") as bar:
+            for k, key in todo.items():
+                file = _folder() / f"{len(_COPIES):06d}{suffix}"
+                with open_shard(shards[k].path, format=shards[k].format) as reader:
+                    convert_reader(reader, file, format=target, before=0, overwrite=True,
                                    on_bin=lambda: bar.update(1))
-                out[k] = replace(shard, file=str(file))
-    return out
+                _COPIES[key] = str(file)
+    return [replace(s, file=_COPIES[keys[k]]) if k in keys else s for k, s in enumerate(shards)]
+
+
+def shard_identity(shard: Shard) -> tuple[Any, ...]:
+    """What says a shard is unchanged since it was transcoded: its place, format, and every
+    file's name, size and modification time (a listing, no byte read; local or remote)."""
+    location = as_location(shard.path)
+    infos = (f.info() for f in files_of_shard(location))
+    return (location.uri, shard.format, tuple(sorted((i.path, i.size, i.mtime_ns) for i in infos)))
+
+
+def _folder() -> Path:
+    if not _FOLDER:
+        folder = Path(tempfile.mkdtemp(prefix=f"{TRANSCODED_PREFIX}{os.getpid()}-"))
+        atexit.register(shutil.rmtree, folder, True)
+        _FOLDER.append(folder)
+    return _FOLDER[0]

@@ -32,7 +32,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -139,11 +139,12 @@ def connect(
     threads: int | None = None,
     memory_limit: str | None = None,
     allow_writes: bool = False,
+    note: Callable[[str], None] | None = None,
 ) -> Any:
     """A DuckDB connection (in memory) with the views over ``data``'s shards (local or on
     object storage). Parquet is read where it is; a shard of another format is transcoded
-    first (bin by bin, into the connection's private temporary folder, removed by
-    :func:`close`), so every format can be queried.
+    first, once per process (:func:`packlab.query.sources.sql_readable`, which tells ``note``
+    when it does), so every format can be queried.
 
     Read-only unless ``allow_writes`` (:func:`lock_down`): only SELECT and EXPLAIN run, only
     the shards can be opened, DuckDB may spill only into a temporary folder of its own
@@ -152,7 +153,7 @@ def connect(
     import duckdb
 
     spill = Path(tempfile.gettempdir()) / f"{SPILL_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    shards = sql_readable(resolve_sources(data, split=split), spill / "transcoded")
+    shards = sql_readable(resolve_sources(data, split=split), note=note)
     con = duckdb.connect(":memory:")
     con.execute(f"SET temp_directory = {_literal(str(spill))}")
     # DuckDB draws its own progress bar for long queries: when a person watches (a terminal,

@@ -261,14 +261,15 @@ def convert_reader(
             if on_bin is not None:
                 on_bin()
         manifest = writer.finalize()
+    written = writer.path  # where the writer put it (a pair named by its prefix: its .idx)
     return {
         "source": str(reader.path),
         "source_format": reader.FORMAT,
-        "destination": str(dst),
+        "destination": str(written),
         "format": format,
         "num_bins": int(manifest.get("num_bins", reader.num_bins)),
         "num_tokens": int(manifest.get("num_tokens", reader.num_tokens)),
         "bytes_before": int(before),
-        "bytes_after": shard_bytes(Path(dst)),
+        "bytes_after": shard_bytes(Path(written)),
         "seconds": time.perf_counter() - began,
     }

@@ -1,4 +1,5 @@
-"""``packlab inspect`` over any dataset path: what it holds, from headers and listings only.
+"""``packlab inspect`` over any dataset path: what it holds, from headers and listings only;
+and what a folder is, in a word, for a command that wanted a file (:func:`what_is`).
 
 One shard: its reader's ``info()`` (format, bins, tokens, pack size, bytes on disk). A dataset
 of several shards: the same totals (``format``, ``num_shards``, ``num_bins``, ``num_tokens``,
@@ -10,11 +11,34 @@ verified cache).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from packlab.formats import shard_size
+from packlab.errors import PacklabError
+from packlab.formats import detect_format, shard_size
+from packlab.layout.blend import is_layout
+from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.sources import open_shard
+from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source
+
+
+def what_is(folder: Path) -> str:
+    """A local folder in a few words, by the record it holds: a spool, a pack or convert
+    output, an output layout, a shard of a format, or just a folder."""
+    try:
+        if spool_at(str(folder)) is not None:
+            return "a spool (already tokenized: packlab pack packs it)"
+    except PacklabError:
+        return "a damaged spool"
+    if (folder / DATASET_RECORD).is_file():
+        return "a pack output (a folder of shards)"
+    if is_layout(folder):
+        return "an output layout (splits of shards)"
+    try:
+        return f"a {detect_format(folder)} shard"
+    except PacklabError:
+        return "a folder"
 
 
 def shard_info(shard: Shard) -> dict[str, Any]:

@@ -26,6 +26,8 @@ spool        ``manifest.json`` of version ``spool_v1`` (synth, tokenize); refuse
 dataset      ``dataset.json`` (pack, convert into a folder), or a folder of nothing but pipeline
              shards and their receipts (written before dataset records existed)
 layout       ``blend.json`` or a ``runs/`` folder (pack with ``--split`` or several spools)
+file         a file whose writer keeps its own record beside it (export: a Megatron prefix's
+             ``.spool.json``), recognised by the caller's ``recognise(path)``, named by ``what``
 shard        a shard of the same format carrying packlab's own record (convert into one shard);
              a one-file shard's companions (a pair's ``.bin``, a sidecar) go with it, and one
              found without its shard is refused
@@ -53,7 +55,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,7 @@ from packlab.cloud.transfer import (
     DIRECTORY_RECORD,
     NoFileList,
     default_cache_dir,
+    download_prefix,
     download_shard,
     upload_shard,
 )
@@ -96,10 +99,11 @@ from packlab.sources.file_records import (
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
+from packlab.spool_prefix import prefix_files, prefix_of
 from packlab.storage import Location, is_remote, resolve
 
 FOLDER_KINDS = ("spool", "dataset", "layout")
-KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS)
+KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS, "file")
 _FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}
 REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: remove it yourself "
            "or choose another path")
@@ -112,7 +116,8 @@ def staging_root() -> Path:
 
 # -- what may be replaced ----------------------------------------------------------------------
 def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
-                 format: str | None = None) -> None:
+                 format: str | None = None, recognise: Callable[[Path], bool] | None = None,
+                 what: str = "") -> None:
     """Refuse to write ``target`` when that could lose something (see the module docstring);
     every message names the path and the flag that would change the answer."""
     if kind not in KINDS:
@@ -136,12 +141,14 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
                            "choose another path")
     if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         return  # an empty folder: nothing to lose
-    if not _recognised(path, kind, format):
+    if not (_recognised(path, kind, format) if kind != "file" else
+            path.is_file() and (recognise is None or recognise(path))):
         if kind == "shard" and not _keeps_record(format):
             raise PacklabError(f"{path}: already exists, and a {format} shard keeps no record "
                                "that says packlab wrote it: remove it yourself or choose "
                                "another path")
-        raise PacklabError(f"{path}: exists and is not {_kind_name(kind, format)}; {REFUSAL}")
+        raise PacklabError(f"{path}: exists and is not {what or _kind_name(kind, format)}; "
+                           f"{REFUSAL}")
     if kind == "spool" and overwrite:
         users = spool_users(path)
         if users:
@@ -203,7 +210,8 @@ def _kind_name(kind: str, format: str | None) -> str:
                "changed since)"
     return {"spool": "a spool (spool_v1)", "dataset": "a packlab output (it has no "
             "dataset.json)", "layout": "a packlab output layout (it has no blend.json or runs/)",
-            "shard": f"a {format} shard packlab wrote"}[kind]
+            "shard": f"a {format} shard packlab wrote",
+            "file": "a file of that kind packlab wrote"}[kind]
 
 
 def _recognised(path: Path, kind: str, format: str | None) -> bool:
@@ -261,6 +269,8 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
         if kind == "shard":
             suffix = _suffix(format)
             own = bool(suffix) and location.name.endswith(suffix)
+        elif kind == "file":
+            own = True  # its own record, beside it, is the writer's to check
         elif kind in FILE_KINDS:
             own = recognised(location, kind)
             record = read_file_record(location) if own else None
@@ -292,7 +302,8 @@ def _suffix(format: str | None) -> str | None:
 # -- writing locally or to a URI ---------------------------------------------------------------
 @contextmanager
 def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
-           format: str | None = None) -> Iterator[Path]:
+           format: str | None = None, recognise: Callable[[Path], bool] | None = None,
+           what: str = "") -> Iterator[Path]:
     """``with output(OUT, kind=...) as local:`` write ``local`` (see the module docstring).
     The checks of :func:`check_output` run first, before any work. For a folder kind or a
     shard ``local`` is where the command's writer builds (and publishes) its output; for a
@@ -300,7 +311,8 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
     URI it is a staging folder's entry, uploaded when the block ends normally."""
     if not is_remote(target):
         sweep_leftovers(Path(target))
-    check_output(target, kind=kind, overwrite=overwrite, resume=resume, format=format)
+    check_output(target, kind=kind, overwrite=overwrite, resume=resume, format=format,
+                 recognise=recognise, what=what)
     if not is_remote(target):
         if kind in FILE_KINDS:
             with _file_output(Path(target), kind) as local:
@@ -433,6 +445,10 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
     output directory keeps ``spool/`` beside its shards)."""
     staged = []
     for spool in spools:
+        prefix = prefix_of(spool)
+        if prefix is not None:  # a Megatron prefix: its files, in a folder of their own
+            staged.append(_stage_prefix(prefix, local_out / "spool" / prefix.name))
+            continue
         target = local_out / "spool" / Path(spool).resolve().name
         if not (target / DIRECTORY_RECORD).is_file():
             remove(target)
@@ -442,6 +458,15 @@ def stage_spools(spools: list[Path], local_out: Path) -> list[Path]:
                     _link_or_copy(entry, target / entry.name)
         staged.append(target)
     return staged
+
+
+def _stage_prefix(prefix: Path, folder: Path) -> Path:
+    """Copies of a Megatron prefix's files (those it has) in ``folder``; the staged prefix."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file in prefix_files(prefix).values():
+        if file.is_file() and not (folder / file.name).is_file():
+            _link_or_copy(file, folder / file.name)
+    return folder / prefix.name
 
 
 def _link_or_copy(source: Path, target: Path) -> None:
@@ -475,7 +500,10 @@ def spool_at(path: str) -> SpoolReader | None:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
     verified cache first), or None when ``path`` is no spool: a folder whose manifest says
     ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
-    what is wrong)."""
+    what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool_prefix`)."""
+    prefix = _prefix_at(path)
+    if prefix is not None:
+        return SpoolReader(prefix)
     location = resolve(path)
     manifest = location / DIRECTORY_RECORD
     if manifest.is_file():
@@ -489,6 +517,28 @@ def spool_at(path: str) -> SpoolReader | None:
     if not any((location / name).exists() for name in SPOOL_FILES.values()):
         return None
     return SpoolReader(local_input(path))
+
+
+def _prefix_at(path: str) -> Path | None:
+    """The local prefix ``path`` names (by itself, its ``.bin`` or its ``.idx``; on object
+    storage fetched once into the verified cache), or None when it names none (or a shard's
+    pair of files, which a format reads)."""
+    if not is_remote(path):
+        prefix = prefix_of(path)
+        return None if prefix is None or _a_shard(prefix_files(prefix)["idx"]) else prefix
+    uri = path[:-4] if path.endswith((".bin", ".idx")) else path
+    idx = resolve(f"{uri}.idx")
+    return download_prefix(uri) if idx.is_file() and not _a_shard(idx) else None
+
+
+def _a_shard(idx: Path | Location) -> bool:
+    """Whether a registered format claims the ``.idx`` (a Bridge ``.sft`` pair): a shard,
+    not a prefix of conversations."""
+    try:
+        detect_format(idx)
+    except FormatError:
+        return False
+    return True
 
 
 def local_copy(source: Source, folder: Path) -> Path:

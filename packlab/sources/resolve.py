@@ -146,8 +146,9 @@ def resolve_source(path: PathLike | Location | Sequence[PathLike | Location], *,
         if not below or below == [_as_given(location)]:
             raise
         return _run_folder(location, below, split, format)
-    kind = "shard" if len(refs) == 1 and str(refs[0][0]) == str(_as_given(location)) \
-        else "directory"
+    # one shard named by itself, or by another name that is no folder (a pair's prefix or file)
+    kind = "shard" if len(refs) == 1 and (str(refs[0][0]) == str(_as_given(location))
+                                          or not location.is_dir()) else "directory"
     _no_split(given, split, "a shard" if kind == "shard" else "a directory of shards")
     return Source(given, kind, [_shard(r) for r in refs])
 

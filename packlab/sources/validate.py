@@ -165,8 +165,8 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
         raise FormatError(f"{path}: {summary['num_bins']} bins, its receipt says "
                           f"{receipt.get('num_bins')}")
     if receipt is not None and bins is not None and receipt.get("bins") not in (None, list(bins)):
-        raise FormatError(f"{path}: its receipt puts it at bins {receipt['bins']}, its place in "
-                          f"the dataset is {list(bins)}")
+        raise FormatError(f"{path}: its receipt puts it at bins {_span(receipt['bins'])}, its "
+                          f"place in the dataset is bins {bins[0]}..{bins[1] - 1}")
     if sha256 is not None and shard_checksum(path)[0] != sha256:
         raise FormatError(f"{path}: checksum differs from {DATASET_RECORD}'s (replaced or "
                           "corrupted)")
@@ -225,3 +225,10 @@ def totals(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "bytes": sum(int(r["bytes"]) for r in rows),
         "shards": rows,
     }
+
+
+def _span(bins: Any) -> str:
+    """A receipt's ``[start, stop]`` in words (``0..4``); anything else as it was written."""
+    if isinstance(bins, list) and len(bins) == 2 and all(type(b) is int for b in bins):
+        return f"{bins[0]}..{bins[1] - 1}"
+    return repr(bins)

@@ -28,12 +28,19 @@ from packlab.tokenize.bpe import (
 )
 from packlab.tokenize.chat_template import Unlocated
 from packlab.tokenize.hf import BUILTIN_TEMPLATES, HFChatTokenizer, builtin_template, tokenizer_spec
-from packlab.tokenize.records import Stats, iter_file_records, load_encoder, masked_segments
+from packlab.tokenize.records import (
+    Stats,
+    iter_file_records,
+    load_encoder,
+    marker_encoder,
+    masked_segments,
+)
 from packlab.tokenize.run import encoder_spec, tokenize_chat_jsonl
 
 __all__ = [
     "BUILTIN_TEMPLATES", "ENCODINGS", "IM_END", "IM_START", "N_VOCAB", "ROLES", "TEMPLATE",
     "ChatTokenizer", "HFChatTokenizer", "Stats", "Unlocated", "builtin_template", "decode",
-    "detokenize", "encoder_spec", "iter_file_records", "load_encoder", "masked_segments", "tokenize_chat_jsonl",
+    "detokenize", "encoder_spec", "iter_file_records", "load_encoder", "marker_encoder",
+    "masked_segments", "tokenize_chat_jsonl",
     "tokenizer_spec", "validate_messages",
 ]

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.files import json_kind
 
 # One past the largest id each encoding defines (BPE ranks and its own special tokens); fixed
 # here so encoding never loads the Python rank tables (a test checks them against bpe-openai).
@@ -176,7 +177,7 @@ def message_objects(record: dict[str, Any], where: str) -> list[dict[str, Any]]:
     for k, message in enumerate(messages):
         if not isinstance(message, dict):
             raise PacklabError(f"{where}: message {k}: expected an object, "
-                               f"got {type(message).__name__}")
+                               f"got {json_kind(message)}")
     return messages
 
 
@@ -187,7 +188,7 @@ def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]
     for k, message in enumerate(messages):
         extra = sorted(set(message) - {"role", "content"})
         if extra:
-            raise PacklabError(f"{where}: message {k}: unsupported keys {extra} "
+            raise PacklabError(f"{where}: message {k}: unsupported keys {', '.join(extra)} "
                                f"(only \"role\" and \"content\")")
         role = message.get("role")
         if role not in ROLES:
@@ -195,5 +196,5 @@ def validate_messages(record: dict[str, Any], where: str) -> list[dict[str, str]
                                f"{', '.join(ROLES)}")
         if not isinstance(message.get("content"), str):
             raise PacklabError(f"{where}: message {k}: \"content\" must be a string, "
-                               f"got {type(message.get('content')).__name__}")
+                               f"got {json_kind(message.get('content'))}")
     return messages

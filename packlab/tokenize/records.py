@@ -8,6 +8,7 @@ editor), the prefix of every error about it.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
@@ -146,3 +147,27 @@ def masked_segments(decode: Callable[[np.ndarray], str], tokens: np.ndarray,
     edges = [0, *(np.flatnonzero(np.diff(mask.astype(np.int8))) + 1).tolist(), mask.shape[0]]
     return [(int(mask[a]), decode(tokens[a:b])) for a, b in zip(edges[:-1], edges[1:],
                                                                  strict=True)]
+
+
+def marker_encoder(spec: Spec) -> Callable[[str], list[int]]:
+    """How a chat marker string (``"<|im_start|>assistant\\n"``) becomes token ids with the
+    tokenizer ``spec`` names: special-token strings matched as the special tokens (as
+    Megatron-LM's config tokenizes its markers with the model's tokenizer), the text between
+    them encoded as text. For :mod:`packlab.chat_masks`."""
+    encoder = load_encoder(spec)
+    if isinstance(encoder, HFChatTokenizer):
+        tokenizer = encoder.tokenizer
+        return lambda text: list(tokenizer.encode(text, add_special_tokens=False).ids)
+    specials: dict[str, int] = encoder.special_tokens  # type: ignore[attr-defined]
+    split = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
+
+    def encode(text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in split.split(text):
+            if piece in specials:
+                ids.append(specials[piece])
+            elif piece:
+                ids += encoder.encode_text(piece).tolist()  # type: ignore[attr-defined]
+        return ids
+
+    return encode

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from packlab.errors import PacklabError
 from packlab.executors import EXECUTORS
+from packlab.files import require_file
 from packlab.progress import progress
 from packlab.spool import SpoolReader, SpoolWriter
 from packlab.tokenize.hf import tokenizer_spec
@@ -89,8 +90,7 @@ def tokenize_chat_jsonl(
         raise PacklabError(f"unknown executor {executor!r}; choose from {', '.join(EXECUTORS)}")
     if unlocated not in UNLOCATED:
         raise PacklabError(f"unlocated must be one of {', '.join(UNLOCATED)}, got {unlocated!r}")
-    if not jsonl.is_file():
-        raise PacklabError(f"{jsonl}: no such file")
+    require_file(jsonl, "a chat JSONL file")
     spec = encoder_spec(encoding, tokenizer, chat_template)
     encoder = load_encoder(spec)
     source = {"generator": "tokenize", "input": str(jsonl), **encoder.describe(),

@@ -31,6 +31,10 @@ notebooks call the same functions):
   swept for size and speed;
 - :mod:`~packlab.lab.measure.verdicts`: the verdict words (tables and units: :mod:`packlab.lab.tables`);
 - :mod:`~packlab.lab.measure.workload`: a synthetic spool and packing for the benchmarks;
+- :mod:`~packlab.lab.measure.packing_sweep`: every packer as N grows and per length profile
+  (notebook 02); :mod:`~packlab.lab.measure.trl_packing`: TRL's BFD on the same lengths;
+- :mod:`~packlab.lab.measure.prefix_export`: a spool exported as a Megatron prefix and read back,
+  tokens per second of each step (the export figures);
 - :mod:`~packlab.lab.measure.peers`: the same bins in other systems (Megatron-core, HF datasets,
   LitData, MDS, Lance, Vortex, Modalities, raw CSR, Arrow views) beside packlab's formats (notebook 11);
 - :mod:`~packlab.lab.measure.queries`, :mod:`~packlab.lab.measure.sharding`,

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from packlab.errors import PacklabError
+from packlab.formats import files_of_shard
+from packlab.storage import as_location
 
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4
@@ -34,12 +36,13 @@ _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
 def shard_files(path: str | os.PathLike[str]) -> list[Path]:
-    """Every regular file of a shard (a file, or all files under a directory shard)."""
+    """Every regular file of a shard (a file and its companions, a Megatron pair's ``.bin``
+    and sidecar; or all files under a directory shard)."""
     p = Path(path)
     if p.is_dir():
         return sorted(f for f in p.rglob("*") if f.is_file())
     if p.is_file():
-        return [p]
+        return [Path(f.path) for f in files_of_shard(as_location(p))]
     raise PacklabError(f"{p}: no such file or directory")
 
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.formats import format_names, get_format
+from packlab.formats import files_of_shard, format_names, get_format
 from packlab.lab.measure.pagecache import shard_files
 from packlab.packing import BinAssignment, pack
 from packlab.spool import SpoolReader
@@ -83,7 +83,7 @@ def _files(shard: Any, single: bool) -> dict[str, int]:
     where = shard.path
     if shard.remote:
         whole = where.is_file()
-        sizes = [(where.name, where.size())] if whole else \
+        sizes = [(f.name, f.size()) for f in files_of_shard(where)] if whole else \
             [(i.path[len(where.path) + 1:], int(i.size)) for i in where.walk_files()]
     else:
         whole = Path(where).is_file()
@@ -91,7 +91,10 @@ def _files(shard: Any, single: bool) -> dict[str, int]:
                  for f in shard_files(where)]
     if single:
         return dict(sizes)
-    return {shard.name if whole else f"{shard.name}/{name}": size for name, size in sizes}
+    if whole:  # a file and its companions, beside it in the dataset's folder
+        folder = shard.name[:len(shard.name) - len(where.name)]
+        return {f"{folder}{name}": size for name, size in sizes}
+    return {f"{shard.name}/{name}": size for name, size in sizes}
 
 
 def size_report(path: str | os.PathLike[str], *, split: str | None = None) -> dict[str, Any]:

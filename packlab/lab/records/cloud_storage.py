@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from packlab.lab.records.base import Record
@@ -24,3 +24,6 @@ class CloudStorage(Record):
     duckdb_num_bins: int
     duckdb_requests: int
     duckdb_bytes: int
+    #: one large shard per format read in place or downloaded first
+    #: (:func:`packlab.lab.measure.in_place.in_place_comparison`); empty in runs before it
+    in_place: list[dict[str, Any]] = field(default_factory=list)

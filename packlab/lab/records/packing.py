@@ -33,6 +33,10 @@ class Packing(Record):
     trap: dict[str, int]
     #: packlab's packers beside TRL's BFD on the same lengths, by packer
     beside_trl: dict[str, dict[str, float]] | None = None
+    #: bins over the lower bound at each size of the sweep, by algorithm
+    sweep_over_bound: dict[str, list[float]] | None = None
+    #: every algorithm on each synthetic length profile at the notebook's N, by profile
+    profiles: dict[str, dict[str, Algorithm]] | None = None
 
     @classmethod
     def from_flat(cls, numbers: Mapping[str, Any], parameters: Mapping[str, Any]) -> Self:

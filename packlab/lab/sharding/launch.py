@@ -109,14 +109,31 @@ def _terminate(processes: list[Any]) -> None:
             p.join(5)
 
 
+def local_store(rank: int, world_size: int, port: int, timeout: float) -> Any:
+    """The group's rendezvous store on 127.0.0.1:``port`` only: rank 0 serves it from a socket
+    it bound there itself and hands over (torch's TCPStore, given a port, listens on every
+    interface, ``::``), the other ranks connect to it."""
+    import torch.distributed as dist
+
+    listening = None
+    if rank == 0:
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        listening = listener.detach()  # the store's from now on
+    return dist.TCPStore("127.0.0.1", port, world_size, is_master=rank == 0,
+                         timeout=timedelta(seconds=timeout), master_listen_fd=listening)
+
+
 def _rank_main(rank: int, world_size: int, port: int, job: Job, config: dict[str, Any],
                out_dir: str, timeout: float) -> None:
     """One rank: join the group, run the job (errors caught and shared), always tear down."""
     import torch.distributed as dist
 
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world_size, timeout=timedelta(seconds=timeout))
+    dist.init_process_group("gloo", store=local_store(rank, world_size, port, timeout),
+                            rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout))
     try:
         try:
             result = job(dist.get_rank(), dist.get_world_size(), config)

@@ -34,9 +34,10 @@ def bullets(n: CloudStorage, p: Mapping[str, Any]) -> list[str]:
         f"({cold['parquet']['seconds']:.2f} s); memmap downloaded "
         f"{cold['memmap_v1']['bytes_out'] / 1e6:.2f} MB in {cold['memmap_v1']['requests']} "
         f"requests ({cold['memmap_v1']['seconds']:.2f} s) before its first bin, then "
-        f"{warm['memmap_v1']['bytes_out'] / 1e3:.0f} kB (the manifests) when warm. Memmap and "
-        "binidx suit jobs that copy the data to local disk once; Parquet suits reading straight "
-        "from the store.",
+        f"{warm['memmap_v1']['bytes_out'] / 1e3:.0f} kB (the manifests) when warm. Formats that "
+        "download first suit jobs that copy the data to local disk once; Parquet and the "
+        "Megatron pairs suit reading straight from the store.",
+        *_in_place(n.in_place),
         f"**Writing** Parquet straight to the store took {way['parquet direct']['seconds']:.2f} s "
         "and no local disk; locally then uploaded, "
         f"{way['parquet local+upload']['seconds']:.2f} s and "
@@ -48,3 +49,25 @@ def bullets(n: CloudStorage, p: Mapping[str, Any]) -> list[str]:
         f"{n.duckdb_requests} requests ({n.duckdb_bytes / 1e6:.2f} MB), with no network "
         "extension.",
     ]
+
+
+def _in_place(rows: list[dict[str, Any]]) -> list[str]:
+    """The bullet of the in-place table (none for a run recorded before it)."""
+    if not rows:
+        return []
+    ranged = [r for r in rows if r["reads_in_place"]]
+    fetched = [r for r in rows if not r["reads_in_place"]]
+    each = "; ".join(f"{r['format']} {r['requests_per_bin']:g} GET, "
+                     f"{r['bytes_per_bin'] / 1e3:.1f} kB ({r['bytes_per_token_read']:.2f} B per "
+                     f"token read), first bin {r['first_bin_bytes'] / 1e3:.0f} kB in "
+                     f"{r['first_bin_seconds']:.2f} s" for r in ranged)
+    largest = max(fetched, key=lambda r: r["first_bin_bytes"]) if fetched else None
+    rest = (f" The formats that download first ({', '.join(r['format'] for r in fetched)}) "
+            f"fetch the whole shard before their first bin (up to "
+            f"{largest['first_bin_bytes'] / 1e6:.2f} MB, {largest['first_bin_seconds']:.2f} s, "
+            f"{largest['format']}), then nothing." if largest else "")
+    return [f"**In place by ranged GETs**, one large shard of {rows[0]['num_bins']:,} bins, a "
+            f"random bin after the first: {each}. The Megatron pairs fetch megatron-core's .idx "
+            "once into the cache, then exactly the bin's bytes per data file (megatron_sft one "
+            "request, its mask in the token words; binidx two, its mask in loss_mask.bin); "
+            f"Parquet its row group.{rest}"]

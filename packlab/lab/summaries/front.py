@@ -268,12 +268,17 @@ def _aspects(chosen: Mapping[str, Any], pick: Mapping[str, Any]) -> list[tuple[s
     ]
 
 
-def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None
-                    ) -> tuple[str, str, str, str]:
-    """Object storage: read in place or downloaded first, and the bytes a read moves."""
+def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None,
+                    in_place: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str, str]:
+    """Object storage: read in place or downloaded first, and what a random bin moves
+    (notebook 09's ``in_place`` rows, where the run has them)."""
     def how(r: Mapping[str, Any]) -> str:
         way = "read in place by ranged GETs" if r["reads_in_place"] else "downloaded whole first"
-        size = (f", {r['bytes_per_token']:.2f} B/token stored"
+        cost = in_place.get(r["format"])
+        if cost is not None and r["reads_in_place"]:
+            way += (f": {cost['requests_per_bin']:g} GET and {human_bytes(cost['bytes_per_bin'])}"
+                    f" a random bin ({cost['bytes_per_token_read']:.2f} B/token read)")
+        size = (f"; {r['bytes_per_token']:.2f} B/token stored"
                 if r["bytes_per_token"] is not None else "")
         return way + size
 
@@ -284,8 +289,11 @@ def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None
     elif not chosen["reads_in_place"]:
         verdict = "differs: downloaded before its first bin"
     else:
-        verdict = "differs: " + _against(chosen["bytes_per_token"], pick["bytes_per_token"],
-                                         "bytes per token").split(": ", 1)[-1]
+        stored = _against(chosen["bytes_per_token"], pick["bytes_per_token"], "bytes stored")
+        ours, theirs = in_place.get(chosen["format"]), in_place.get(pick["format"])
+        moved = (_against(ours["bytes_per_bin"], theirs["bytes_per_bin"], "bytes a random bin "
+                          "moves") if ours and theirs else None)
+        verdict = "; ".join(v for v in (stored, moved) if v)
     return ("object storage", how(chosen), f"`{pick['format']}`: {how(pick)}", verdict)
 
 
@@ -296,12 +304,14 @@ def chosen_elsewhere(run: Run) -> list[dict[str, Any]]:
     by_name = {r["format"]: r for r in rows}
     picks = {c["use_case"]: by_name.get(c["format"]) for c in recommendations(run)}
     local, storage = picks.get("local training"), picks.get("object storage")
+    cloud = of_run(run, CloudStorage)
+    in_place = {r["format"]: r for r in cloud.in_place} if cloud is not None else {}
     out = []
     for chosen in (r for r in rows if r["chosen_by"]):
         aspects = _aspects(chosen, local) if local is not None else []
         out.append({"format": chosen["format"], "stacks": chosen["chosen_by"],
                     "local": local["format"] if local else None,
-                    "aspects": [*aspects, _storage_aspect(chosen, storage)]})
+                    "aspects": [*aspects, _storage_aspect(chosen, storage, in_place)]})
     return out
 
 

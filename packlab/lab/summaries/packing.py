@@ -9,6 +9,7 @@ from packlab.lab.records.packing import Packing
 
 SHORT = {"first_fit_decreasing": "FFD", "best_fit_decreasing": "BFD",
          "first_fit_shuffle": "first-fit shuffle", "next_fit": "next-fit",
+         "modified_first_fit_decreasing": "MFFD", "megatron_lm_mffd": "Megatron-LM's MFFD",
          "trl_bfd (map batches of 1,000)": "TRL's BFD as SFTTrainer packs",
          "trl_bfd (one batch)": "TRL's BFD in one batch"}
 
@@ -48,8 +49,42 @@ def bullets(n: Packing, p: Mapping[str, Any]) -> list[str]:
         f"trains {trap['spurious']:,} positions it should not, and at {trap['leaking']:,} "
         "positions it trains a sequence's last token to predict the next sequence "
         f"({trap['bins_failing']:,} bins fail `check_bin`).",
+        *([_mffd(n, p)] if MFFD in algorithms else []),
         *([_beside_trl(n.beside_trl, p)] if n.beside_trl else []),
     ]
+
+
+MFFD, MEGATRON_MFFD = "modified_first_fit_decreasing", "megatron_lm_mffd"
+AGAINST = ("first_fit_decreasing", "best_fit_decreasing", "first_fit_shuffle")
+
+
+def _mffd(n: Packing, p: Mapping[str, Any]) -> str:
+    """Modified First-Fit Decreasing (Megatron-LM's SFTDataset packer) beside FFD, BFD and
+    first-fit shuffle: bins over the bound and seconds, at N and per length profile."""
+    shown = [a for a in (MFFD, MEGATRON_MFFD, *AGAINST) if a in n.algorithms]
+
+    def row(algorithms: Mapping[str, Any]) -> str:
+        return ", ".join(f"{_name(a)} {100 * algorithms[a].bins_over_lower_bound:.3f}%"
+                         for a in shown if a in algorithms)
+
+    text = (f"**Modified First-Fit Decreasing** (Megatron-LM's `SFTDataset` packer; "
+            f"{p['num_sequences']:,} `{p['profile']}` sequences): bins over the bound "
+            f"{row(n.algorithms)}; seconds "
+            + ", ".join(f"{_name(a)} {n.algorithms[a].seconds:.2f} s" for a in shown) + ".")
+    if n.sweep_over_bound and MFFD in n.sweep_over_bound:
+        sizes = n.sweep_sizes
+        text += (f" From {sizes[0]:,} to {sizes[-1]:,} sequences MFFD stays within "
+                 f"{100 * max(n.sweep_over_bound[MFFD]):.3f}% of the bound (FFD "
+                 f"{100 * max(n.sweep_over_bound['first_fit_decreasing']):.3f}%), its time "
+                 f"growing with slope {n.sweep_loglog_slope[MFFD]:.2f}.")
+    if n.profiles:
+        text += " By length profile: " + "; ".join(
+            f"`{name}` {row(algorithms)}" for name, algorithms in n.profiles.items()) + "."
+    if MEGATRON_MFFD in n.algorithms:
+        extra = n.algorithms[MEGATRON_MFFD].num_bins - n.algorithms[MFFD].num_bins
+        text += (f" Megatron-LM's code puts the leftovers of step 5 into the least-loaded bin "
+                 f"instead of the first that fits: {extra:+,} bins here.")
+    return text
 
 
 def _beside_trl(rows: Mapping[str, Mapping[str, Any]], p: Mapping[str, Any]) -> str:

@@ -1,5 +1,7 @@
 """Megatron-core's ``MMIDIDX`` index (``.idx``), which ``binidx`` and ``megatron_sft`` write and
-read: one implementation of its layout, its writing and its checks.
+read, and spools exported as Megatron prefixes (:mod:`packlab.spool_prefix`) too: one
+implementation of its layout, its writing and its checks (a layer below the spool and the
+formats, so both use it).
 
 Field by field, little-endian, as megatron-core's ``_IndexWriter`` writes it::
 
@@ -20,14 +22,14 @@ follow the lengths before it is damage (:func:`first_stray`).
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from packlab.errors import FormatError
 from packlab.files import HashedFile
-from packlab.formats.scratch import ScratchArray
 
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
@@ -39,6 +41,12 @@ DTYPES: dict[int, np.dtype] = {1: np.dtype("u1"), 2: np.dtype("i1"), 3: np.dtype
                                7: np.dtype("<f4"), 8: np.dtype("<u2")}
 CODE_OF = {dt.str: code for code, dt in DTYPES.items()}
 _STEP = 1 << 17  # values written per chunk (the writer's memory: one chunk)
+
+
+class Chunked(Protocol):
+    """Values read back a chunk at a time (``formats.scratch.ScratchArray``, a spool's lengths)."""
+
+    def chunks(self) -> Iterator[np.ndarray]: ...
 
 
 def index_size(num_items: int) -> int:
@@ -56,7 +64,7 @@ def documents_at(num_items: int) -> int:
     return HEADER_SIZE + 12 * num_items
 
 
-def write_index(path: Path, lengths: ScratchArray, num_items: int, dtype: np.dtype
+def write_index(path: Path, lengths: Chunked, num_items: int, dtype: np.dtype
                 ) -> dict[str, Any]:
     """The index of ``num_items`` sequences of ``dtype`` values whose lengths ``lengths`` holds,
     one document each, byte for byte as megatron-core writes it; its manifest entry."""
