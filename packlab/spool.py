@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from xxhash import xxh3_64, xxh3_64_intdigest
+from xxhash import xxh3_64
 
 from packlab.chat_masks import MarkerTokens, derive_masks
 from packlab.errors import FormatError, PacklabError
@@ -62,6 +62,8 @@ from packlab.files import (
     read_versioned_json,
     sha256_file,
 )
+from packlab.spool_custody import RANGED, SpoolCustody
+from packlab.spool_custody import is_count as _is_count
 from packlab.spool_prefix import (
     PREFIX_VERSION,
     RECORD_KEYS,
@@ -87,8 +89,6 @@ KNOWN_KEYS = frozenset({"version", "num_sequences", *COUNT_KEYS, "dtypes",
                         *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "ranges", "source"})
 _FLUSH_TOKENS = 1 << 20
 RANGE_SEQUENCES = 8192  # sequences per range checksum (13M sequences: 1,600 ranges)
-RANGED = ("tokens", "masks")  # the files checked range by range (the others are small)
-_VERIFIED: dict[tuple[str, str], set[int]] = {}  # per process: (spool, record) -> ranges checked
 
 
 class SpoolWriter:
@@ -267,7 +267,7 @@ class Column(NamedTuple):
     offset: int = 0
 
 
-class SpoolReader:
+class SpoolReader(SpoolCustody):
     """Memory-mapped spool reader: opening costs the manifest; sequences are views.
 
     ``path`` is a spool folder (``spool_v1``) or a Megatron-core ``.bin/.idx`` prefix
@@ -277,6 +277,9 @@ class SpoolReader:
     Megatron-LM derives them (:mod:`packlab.chat_masks`), once per reader, in memory (one byte
     a token; ``packlab export`` writes them as a sidecar once for all).
     """
+
+    FILES = FILES  # what the chain of custody checks (packlab.spool_custody)
+    RECORD_NAME = SPOOL_RECORD
 
     def __init__(self, path: str | os.PathLike[str], *,
                  markers: MarkerTokens | None = None) -> None:
@@ -362,68 +365,6 @@ class SpoolReader:
         state["_maps"] = None
         state["_derived"] = None  # derived again in the process that reads
         return state
-
-    # -- the chain of custody: what a reader that writes from the spool checks first ----------
-    def range_checksums(self) -> tuple[int, dict[str, np.ndarray]] | None:
-        """``(sequences per range, {file: uint64 checksums})`` from the record, or None for a
-        spool written before them (or by Nemotron); a damaged entry is one FormatError."""
-        ranges = self.record.get("ranges")
-        if ranges is None:
-            return None
-        where = self.path / SPOOL_RECORD
-        per = ranges.get("sequences") if isinstance(ranges, dict) else None
-        if not _is_count(per) or per == 0 or ranges.get("checksum") != "xxh3_64":
-            raise FormatError(f"{where}: bad 'ranges' (a damaged spool record)")
-        count = -(-self.num_sequences // per)
-        out = {}
-        for name in RANGED:
-            values = ranges.get(FILES[name])
-            if not isinstance(values, list) or len(values) != count or not all(
-                    _is_count(v) and v < 1 << 64 for v in values):
-                raise FormatError(f"{where}: 'ranges' of {FILES[name]}: not {count} checksums "
-                                  "(a damaged spool record)")
-            out[name] = np.array(values, dtype=np.uint64)
-        return per, out
-
-    def verify_index(self) -> None:
-        """``lengths.bin`` and ``offsets.bin`` against the record's checksums (where it has
-        them; a few bytes a sequence), before a plan made from them is trusted; a spool whose
-        record has no range checksums but whole-file ones gets every file checked now."""
-        recorded = self.record.get("files") or {}
-        names = ["lengths", "offsets"]
-        if self.range_checksums() is None:
-            names += list(RANGED)
-        for name in names:
-            entry = recorded.get(FILES[name])
-            if isinstance(entry, dict) and "sha256" in entry and \
-                    sha256_file(self.path / FILES[name]) != entry["sha256"]:
-                raise FormatError(f"{self.path / FILES[name]}: checksum mismatch (corrupted "
-                                  f"spool; `packlab validate {self.path}` checks it whole)")
-
-    def verify_sequences(self, indices: np.ndarray) -> None:
-        """Check every range of sequences ``indices`` fall in, once per process, against the
-        record's range checksums (nothing to check for a spool without them); a corrupted
-        range is one FormatError naming the file and its sequences."""
-        found = self.range_checksums()
-        if found is None or not len(indices):
-            return
-        per, sums = found
-        key = (str(self.path.resolve()), str(sums["tokens"][:4].tolist()))
-        done = _VERIFIED.setdefault(key, set())
-        offsets = self.offsets.view(np.ndarray)
-        for r in np.unique(np.asarray(indices, dtype=np.int64) // per).tolist():
-            if r in done:
-                continue
-            lo, hi = r * per, min((r + 1) * per, self.num_sequences)
-            start = int(offsets[lo])
-            stop = int(offsets[hi]) if hi < self.num_sequences else self.num_tokens
-            for name in RANGED:
-                view = self._map()[name].view(np.ndarray)[start:stop]
-                if xxh3_64_intdigest(memoryview(view).cast("B")) != int(sums[name][r]):
-                    raise FormatError(f"{self.path / FILES[name]}: sequences {lo}..{hi - 1}: "
-                                      "checksum mismatch (corrupted spool; nothing was "
-                                      "written from it)")
-            done.add(r)
 
     def _map(self) -> dict[str, np.ndarray]:
         if self._maps is None:
@@ -591,10 +532,6 @@ def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
     ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
     return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS | RECORD_KEYS}
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:

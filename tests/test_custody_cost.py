@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import write_random_spool
 
-from packlab import spool as spool_module
+from packlab import spool_custody
 from packlab.errors import FormatError
 from packlab.lab.measure.custody import _unverified, custody_cost
 from packlab.spool import SpoolReader
@@ -31,6 +31,6 @@ def test_custody_cost_times_both_variants_and_restores_the_checks(tmp_path: Path
     everything = np.arange(spool.num_sequences)
     with _unverified():  # what the unverified variant skips: a damaged spool passes
         SpoolReader(spool.path).verify_sequences(everything)
-    spool_module._VERIFIED.clear()
+    spool_custody._VERIFIED.clear()
     with pytest.raises(FormatError, match="tokens.bin: sequences 0..199: checksum mismatch"):
         SpoolReader(spool.path).verify_sequences(everything)

@@ -87,7 +87,7 @@ from packlab.formats.binidx_headers import (
     SumsHeader,
     VersionPrefix,
     head,
-    unpack,
+    unpack_raw,
 )
 from packlab.formats.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.scratch import ScratchArray
@@ -400,10 +400,11 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         """A sidecar's header fields (its version read first: 1, or 2 with the shard's
         identity, checked here against the manifest's); its size is remembered."""
         file = self._file(name)
-        _, version = unpack(file, VersionPrefix)
+        raw = head(file, header.size(2))  # one read (one ranged GET on object storage)
+        _, version = unpack_raw(raw, VersionPrefix.STRUCT, file)
         if version not in (1, 2):
             raise FormatError(f"{file}: header version {version}, this reader knows 1 and 2")
-        fields = unpack(file, header, header.struct_of(version))
+        fields = unpack_raw(raw, header.struct_of(version), file)
         self.header_size[name] = header.size(version)
         expected = self.record.get("identity")
         if version == 2 and isinstance(expected, str) and fields[-1].hex() != expected:
@@ -415,9 +416,10 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _check_fingerprints(self) -> None:
         """megatron-core's two files against the fingerprints the manifest records (on the
         first read: the index is mapped and checked whole then anyway)."""
-        check_fingerprints(self.record.get("fingerprints"),
-                           {DATA: (self._file(DATA), False), INDEX: (self._file(INDEX), True)},
-                           f"its manifest {RECORD}")
+        files = {INDEX: (self._file(INDEX), True)}
+        if not isinstance(self._file(DATA), Location):  # on object storage each read is one
+            files[DATA] = (self._file(DATA), False)  # ranged GET: per-bin checksums stand
+        check_fingerprints(self.record.get("fingerprints"), files, f"its manifest {RECORD}")
 
     def _expected_sizes(self) -> dict[str, int]:
         n = self.num_bins

@@ -59,15 +59,21 @@ class VersionPrefix:
     STRUCT = struct.Struct("<8sQ")
 
 
-def unpack(file: Path | Location, header: Any, layout: struct.Struct | None = None) -> tuple[Any, ...]:
+def unpack(file: Path | Location, header: Any, layout: struct.Struct | None = None
+           ) -> tuple[Any, ...]:
     """The header fields of ``file`` (``layout``, or the header's ``STRUCT``); a FormatError
     when the file is missing or too short."""
     layout = layout or header.STRUCT
-    raw = head(file, layout.size)
+    return unpack_raw(head(file, layout.size), layout, file)
+
+
+def unpack_raw(raw: bytes, layout: struct.Struct, file: object) -> tuple[Any, ...]:
+    """``layout``'s fields from the first bytes of ``file`` read as ``raw``; a FormatError
+    naming it when they are too few (truncated)."""
     if len(raw) < layout.size:
         raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {layout.size}-byte header "
                           "(truncated)")
-    return layout.unpack(raw)
+    return layout.unpack(raw[:layout.size])
 
 
 def head(file: Path | Location, size: int) -> bytes:

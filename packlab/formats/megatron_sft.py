@@ -386,8 +386,10 @@ class Reader(SftFacts, TableReads, ShardReader):
     def _layout(self, maps: Maps) -> ItemLayout:
         n, idx = self.num_bins, self._idx
         if self.record is not None:  # the pair is the one its sidecar was written with
-            check_fingerprints(self.record.get("fingerprints"),
-                               {"idx": (idx, True), "bin": (self.bin, False)},
+            files = {"idx": (idx, True)}  # on object storage each read is one ranged GET:
+            if not isinstance(self.bin, Location):  # there the per-bin checksums stand
+                files["bin"] = (self.bin, False)
+            check_fingerprints(self.record.get("fingerprints"), files,
                                f"its sidecar {sibling(self.path, SIDECAR).name}")
         index = _Index(maps.values(idx, "<i4", mmidx.HEADER_SIZE, n),
                        maps.values(idx, "<i8", mmidx.pointers_at(n), n), str(self.path))

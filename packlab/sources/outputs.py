@@ -358,8 +358,10 @@ def sweep_leftovers(path: Path) -> list[Path]:
     gone: list[Path] = []
     if not path.parent.is_dir():
         return gone
-    prefixes = (f".{path.name}{TMP_MARKER}", f".{record_path(path).name}{TMP_MARKER}")
-    beside = [p for p in path.parent.iterdir() if p.name.startswith(prefixes)]
+    prefixes = (f".{path.name}{TMP_MARKER}", f".{record_path(path).name}{TMP_MARKER}",
+                f".{path.stem}.")  # and its companions' (a prefix's .bin beside its .idx)
+    beside = [p for p in path.parent.iterdir()
+              if p.name.startswith(prefixes) and is_temporary(p)]
     inside = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
     if not all(is_temporary(p) for p in inside):
         inside = []  # a folder with content: its own writer sweeps it, under its lock

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from packlab import spool as spool_module
+from packlab import spool_custody
 from packlab.files import remove
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
@@ -39,7 +39,7 @@ def _unverified() -> Iterator[None]:
 
 
 def _verification_alone(spool: SpoolReader, indices: Any) -> float:
-    spool_module._VERIFIED.clear()
+    spool_custody._VERIFIED.clear()
     began = time.perf_counter()
     spool.verify_index()
     spool.verify_sequences(indices)
@@ -62,7 +62,7 @@ def custody_cost(spool_path: str | os.PathLike[str], work: str | os.PathLike[str
         order = ("verified", "unverified")
         for variant in order if i % 2 == 0 else order[::-1]:  # neither always first
             out = work / f"{variant}{i}"
-            spool_module._VERIFIED.clear()  # a fresh process's memo
+            spool_custody._VERIFIED.clear()  # a fresh process's memo
             began = time.perf_counter()
             if variant == "verified":
                 write_shards(spool_path, assignment, out, format=format,
