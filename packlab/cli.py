@@ -22,12 +22,13 @@ import pkgutil
 import re
 import sys
 import textwrap
+import warnings
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from packlab import commands
 from packlab.commands import emit_json
-from packlab.errors import PacklabError, one_line
+from packlab.errors import PacklabError, PacklabWarning, one_line
 from packlab.version import __version__
 
 SIGPIPE_STATUS = 128 + 13
@@ -155,7 +156,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
     try:
-        return int(args.run(args) or 0)
+        with warnings.catch_warnings(record=True) as heard:
+            warnings.simplefilter("always", PacklabWarning)
+            code = int(args.run(args) or 0)
+        said = set()
+        for warning in heard:  # after success: a failure stays one line
+            text = str(warning.message)
+            if issubclass(warning.category, PacklabWarning) and text not in said:
+                said.add(text)
+                print(f"{where}: warning: {in_cli_words(one_line(text))}", file=sys.stderr)
+            elif not issubclass(warning.category, PacklabWarning):
+                warnings.showwarning(warning.message, warning.category, warning.filename,
+                                     warning.lineno)
+        return code
     except BrokenPipeError:
         _silence_stdout()
         return SIGPIPE_STATUS

@@ -11,6 +11,11 @@ class PacklabError(ValueError):
     """Bad input or invalid data; the message is meant for the user, one line."""
 
 
+class PacklabWarning(UserWarning):
+    """Something a user should hear that does not stop the work (a folder of theirs inside an
+    output, ignored): one warning line from the command line, a Python warning otherwise."""
+
+
 class InvariantError(PacklabError):
     """A packed bin breaks a rule of "One packed bin" (docs/design.md)."""
 

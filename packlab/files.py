@@ -31,6 +31,17 @@ DIRECTORY_RECORD = "manifest.json"
 TMP_MARKER = ".tmp-"
 
 
+def check_path_name(path: str | os.PathLike[str]) -> None:
+    """A path the OS accepts but UTF-8 cannot spell (bytes that are no character) is refused,
+    one line, before anything is read or written: the filesystems, records and SQL packlab
+    uses name paths in UTF-8."""
+    try:
+        os.fsdecode(path).encode("utf-8")
+    except UnicodeError:
+        raise PacklabError(f"{os.fsencode(path)!r:.200}: the path is not valid UTF-8 (rename "
+                           "it, or choose another path)") from None
+
+
 def temporary_sibling(final: Path) -> Path:
     """A unique hidden name beside ``final``, so the rename that publishes it is atomic:
     ``.NAME.tmp-PID-XXXXXXXX``, the writing process's id in it (what ``packlab gc`` reads to
@@ -49,6 +60,31 @@ def temporary_owner(path: Path) -> int | None:
     """The process id in a temporary's name (:func:`temporary_sibling`), or None."""
     found = _OWNER.search(path.name) if is_temporary(path) else None
     return int(found.group(1)) if found else None
+
+
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (a zombie, killed and not yet reaped by
+    its parent, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc here: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def left_by_a_dead_writer(path: Path) -> bool:
+    """A temporary whose writer (the process id in its name) no longer runs: a killed run's,
+    which no one will finish or remove (``packlab gc`` and every writer sweep them)."""
+    owner = temporary_owner(path)
+    return owner is not None and not process_running(owner)
 
 
 def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadable JSON") -> Any:

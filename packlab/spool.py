@@ -16,7 +16,15 @@ A literal manifest, as :class:`SpoolWriter` writes it::
      "dtypes": {"tokens": "<i4", "masks": "|u1", "offsets": "<u8", "lengths": "<u4"},
      "vocab_size": 131072,
      "files": {"tokens.bin": {"bytes": 68, "sha256": "..."}, ...},
+     "ranges": {"sequences": 8192, "checksum": "xxh3_64",
+                "tokens.bin": [1234567890123456789], "masks.bin": [987654321098765432]},
      "source": {"generator": "synth", "profile": "chat", "seed": 0}}
+
+``ranges`` is the spool's checksum per range of ``sequences`` consecutive sequences (the last
+range may be shorter), for its two large files: what ``pack`` verifies as it reads, range by
+range, so a corrupted spool is refused naming the file and the sequences, never packed into
+fresh checksums (:meth:`SpoolReader.verify_sequences`). ``lengths.bin`` and ``offsets.bin``
+are verified whole against ``files`` before a plan is trusted (:meth:`SpoolReader.verify_index`).
 
 Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a manifest of its
 own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the four
@@ -41,6 +49,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+from xxhash import xxh3_64
 
 from packlab.chat_masks import MarkerTokens, derive_masks
 from packlab.errors import FormatError, PacklabError
@@ -53,6 +62,8 @@ from packlab.files import (
     read_versioned_json,
     sha256_file,
 )
+from packlab.spool_custody import RANGED, SpoolCustody
+from packlab.spool_custody import is_count as _is_count
 from packlab.spool_prefix import (
     PREFIX_VERSION,
     RECORD_KEYS,
@@ -75,8 +86,9 @@ NEMOTRON_DTYPE_KEYS = {"tokens": "tokens_dtype", "masks": "mask_dtype",
                        "offsets": "offsets_dtype", "lengths": "lengths_dtype"}
 COUNT_KEYS = ("num_tokens", "total_tokens")  # packlab's, Nemotron's: either, equal when both
 KNOWN_KEYS = frozenset({"version", "num_sequences", *COUNT_KEYS, "dtypes",
-                        *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "source"})
+                        *NEMOTRON_DTYPE_KEYS.values(), "vocab_size", "files", "ranges", "source"})
 _FLUSH_TOKENS = 1 << 20
+RANGE_SEQUENCES = 8192  # sequences per range checksum (13M sequences: 1,600 ranges)
 
 
 class SpoolWriter:
@@ -107,6 +119,9 @@ class SpoolWriter:
         self.num_sequences = 0
         self.num_tokens = 0
         self._closed = False
+        self._range_hash = {name: xxh3_64() for name in RANGED}
+        self._range_fill = 0  # sequences in the range being hashed
+        self._ranges: dict[str, list[int]] = {name: [] for name in RANGED}
 
     def __enter__(self) -> SpoolWriter:
         return self
@@ -168,8 +183,11 @@ class SpoolWriter:
             return
         lengths = np.concatenate(self._pending_lengths)
         offsets = self.num_tokens + np.concatenate(([0], np.cumsum(lengths)[:-1]))
-        self._files["tokens"].write(np.concatenate(self._pending_tokens))
-        self._files["masks"].write(np.concatenate(self._pending_masks))
+        tokens = np.concatenate(self._pending_tokens)
+        masks = np.concatenate(self._pending_masks)
+        self._hash_ranges({"tokens": tokens, "masks": masks}, lengths)
+        self._files["tokens"].write(tokens)
+        self._files["masks"].write(masks)
         self._files["offsets"].write(offsets.astype(DTYPES["offsets"]))
         self._files["lengths"].write(lengths.astype(DTYPES["lengths"]))
         self.num_sequences += lengths.shape[0]
@@ -178,6 +196,27 @@ class SpoolWriter:
         self._pending_masks.clear()
         self._pending_lengths.clear()
         self._pending_count = 0
+
+    def _hash_ranges(self, data: dict[str, np.ndarray], lengths: np.ndarray) -> None:
+        """Feed each range's hash its sequences' bytes, closing a range every
+        :data:`RANGE_SEQUENCES` sequences."""
+        ends = np.concatenate(([0], np.cumsum(lengths)))
+        i, n = 0, lengths.shape[0]
+        while i < n:
+            take = min(RANGE_SEQUENCES - self._range_fill, n - i)
+            lo, hi = int(ends[i]), int(ends[i + take])
+            for name in RANGED:
+                self._range_hash[name].update(memoryview(data[name][lo:hi]).cast("B"))
+            self._range_fill += take
+            i += take
+            if self._range_fill == RANGE_SEQUENCES:
+                self._close_range()
+
+    def _close_range(self) -> None:
+        for name in RANGED:
+            self._ranges[name].append(self._range_hash[name].intdigest())
+            self._range_hash[name].reset()
+        self._range_fill = 0
 
     def finalize(self) -> dict[str, Any]:
         """Flush, write the manifest last and publish the directory atomically."""
@@ -188,6 +227,8 @@ class SpoolWriter:
             self.abort()
             raise PacklabError(f"{self.path}: no sequences were written (empty spool)")
         files = {FILES[name]: f.close() for name, f in self._files.items()}
+        if self._range_fill:
+            self._close_range()
         manifest = {
             "version": SPOOL_VERSION,
             "num_sequences": self.num_sequences,
@@ -197,6 +238,8 @@ class SpoolWriter:
             "dtypes": {name: dt.str for name, dt in DTYPES.items()},
             "vocab_size": self.vocab_size,
             "files": files,
+            "ranges": {"sequences": RANGE_SEQUENCES, "checksum": "xxh3_64",
+                       **{FILES[name]: self._ranges[name] for name in RANGED}},
             "source": self.source,
         }
         (self._staging.path / SPOOL_RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -224,7 +267,7 @@ class Column(NamedTuple):
     offset: int = 0
 
 
-class SpoolReader:
+class SpoolReader(SpoolCustody):
     """Memory-mapped spool reader: opening costs the manifest; sequences are views.
 
     ``path`` is a spool folder (``spool_v1``) or a Megatron-core ``.bin/.idx`` prefix
@@ -234,6 +277,9 @@ class SpoolReader:
     Megatron-LM derives them (:mod:`packlab.chat_masks`), once per reader, in memory (one byte
     a token; ``packlab export`` writes them as a sidecar once for all).
     """
+
+    FILES = FILES  # what the chain of custody checks (packlab.spool_custody)
+    RECORD_NAME = SPOOL_RECORD
 
     def __init__(self, path: str | os.PathLike[str], *,
                  markers: MarkerTokens | None = None) -> None:
@@ -486,10 +532,6 @@ def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
     """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
     ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
     return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS | RECORD_KEYS}
-
-
-def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:

@@ -46,6 +46,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from packlab import files
 from packlab.errors import FormatError, PacklabError
 from packlab.files import TMP_MARKER, HashedFile, fsync_path, publish, remove, staged
 
@@ -152,6 +153,7 @@ def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> 
     if isinstance(path, Location):
         return path
     text = os.fspath(path)
+    files.check_path_name(text)
     scheme = scheme_of(text)
     inner = text[len(scheme) + 3:] if scheme else text
     if filesystem is not None:

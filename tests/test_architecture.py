@@ -27,7 +27,7 @@ NOT_FORMAT_NAMES = {
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version", "files", "storage", "progress", "safe_pickle", "mapping", "bins",
      "invariants", "executors", "mmidx"),
-    ("spool", "spool_prefix", "spool_export", "chat_masks", "synth", "spool_stats", "corpus",
+    ("spool", "spool_custody", "spool_prefix", "spool_export", "chat_masks", "synth", "spool_stats", "corpus",
      "jsonl_index", "tokenize", "packers", "mffd", "packing", "materialize"),
     ("formats",),
     ("dataset", "discovery", "samplers", "collate", "pipeline", "sharded", "interop"),

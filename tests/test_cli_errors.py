@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from conftest import one_error_line, run_cli, write_random_spool
+from test_cli_interrupt import WRITERS
 
 from packlab.cli import build_parser, in_cli_words
 from packlab.pipeline.dataset_record import DATASET_RECORD
@@ -49,13 +50,51 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     (root / "chat.jsonl").write_text(json.dumps({"messages": [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}) + "\n")
     (root / "bad.jsonl").write_text((root / "chat.jsonl").read_text() + "not json\n")
+    # outputs of the other writing commands, and damaged inputs for the chain of custody
+    assert run_cli_quiet("pack", spool, root / "mm", "--format", "memmap_v1", *pack) == 0
+    assert run_cli_quiet("pack", spool, root / "bi", "--format", "binidx", *pack) == 0
+    assert run_cli_quiet("pack", spool, root / "pb", "--format", "pbin", *pack) == 0
+    assert run_cli_quiet("pack", spool, root / "sft", "--format", "megatron_sft", *pack) == 0
+    assert run_cli_quiet("pbin", spool, root / "chat.pbin") == 0
+    (root / "mydocs.jsonl").write_text((root / "chat.jsonl").read_text())  # a person's
+    (root / "theirs.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(25))  # a person's index
+    shutil.copytree(spool, root / "flipped_spool")  # one byte of one token flipped
+    _flip(root / "flipped_spool" / "tokens.bin", 1001)
+    shutil.copytree(root / "mm", root / "flipped_out")  # one byte of one bin's tokens
+    _flip(sorted((root / "flipped_out").glob("shard_*/input_ids.npy"))[1], 200)
+    assert run_cli_quiet("convert", root / "out", root / "converting", "--format",
+                         "arrow_ipc") == 0
+    record = json.loads((root / "converting" / DATASET_RECORD).read_text())
+    (root / "converting" / DATASET_RECORD).write_text(json.dumps({**record, "state": "writing"}))
+    shutil.copytree(ref, root / "swap" / "spool")  # a packed_index output, then its spool
+    assert run_cli_quiet("pack", root / "swap" / "spool", root / "swap" / "out", "--format",
+                         "packed_index", *pack) == 0  # replaced: another record in its place
+    record = root / "swap" / "spool" / "manifest.json"
+    record.write_text(json.dumps(json.loads(record.read_text()), indent=1))
+    truncated = root / "truncated.pbin"  # a pbin shard cut inside its trailer
+    truncated.write_bytes(sorted((root / "pb").glob("*.pbin"))[0].read_bytes()[:-30])
     return {"root": str(root), "spool": str(spool), "other": str(other), "refspool": str(ref),
             "out": str(root / "out"), "byref": str(root / "byref"),
             "layout": str(root / "layout"), "incomplete": str(root / "incomplete"),
             "damaged": str(root / "damaged"), "victim": str(victim),
             "unrelated": str(root / "unrelated"), "file": str(root / "file.txt"),
             "chat": str(root / "chat.jsonl"), "badjsonl": str(root / "bad.jsonl"),
-            "missing": str(root / "missing"), "new": str(root / "new")}
+            "missing": str(root / "missing"), "new": str(root / "new"),
+            "mm": str(root / "mm"), "bi": str(root / "bi"), "pb": str(root / "pb"),
+            "sft": str(root / "sft"), "theirs": str(root / "theirs.idx"),
+            "theirs_prefix": str(root / "theirs"), "swapped": str(root / "swap" / "out"),
+            "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
+            "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
+            "converting": str(root / "converting"), "truncated": str(truncated),
+            "nonutf8": str(root / os.fsdecode(b"bad\xffname"))}
+
+
+def _flip(path: Path, offset: int) -> None:
+    """One bit of the byte ``offset`` bytes from the end of ``path`` flipped (data, not a
+    header), nothing else changed."""
+    raw = bytearray(path.read_bytes())
+    raw[-offset] ^= 1
+    path.write_bytes(bytes(raw))
 
 
 def run_cli_quiet(*argv: object) -> int:
@@ -107,11 +146,11 @@ CASES = [
     # corpus
     (["corpus", "{new}", "--records", "0"], ["--records", "positive"]),
     (["corpus", "{new}", "--records", "2", "--seed", "-3"], ["--seed", "-3"]),
-    (["corpus", "{chat}", "--records", "2"], ["{chat}", "already exists", "--overwrite"]),
+    (["corpus", "{chat}", "--records", "2"], ["{chat}", "not a chat JSONL packlab wrote"]),
     (["corpus", "{unrelated}", "--records", "2", "--overwrite"], ["{unrelated}",
-                                                                  "not a JSONL file"]),
-    (["corpus", "{spool}/tokens.bin", "--records", "2", "--overwrite"], ["tokens.bin",
-                                                                          "not a JSONL file"]),
+                                                                  "not a chat JSONL"]),
+    (["corpus", "{spool}/tokens.bin", "--records", "2", "--overwrite"],
+     ["tokens.bin", "inside {spool}, a spool"]),
     # plan
     (["plan", "{spool}", "--pack-size", "64", "--seed", "-1"], ["--seed", "-1"]),
     (["plan", "{spool}", "--pack-size", "0"], ["--pack-size", "positive"]),
@@ -194,12 +233,52 @@ CASES = [
     (["gc", "{out}", "--dry-run", "--json", "--json=x"], ["--json"]),
     # pbin, raw-index
     (["pbin", "{missing}", "{new}.pbin"], ["{missing}"]),
-    (["pbin", "{spool}", "{file}"], ["{file}", "not a .pbin file"]),
-    (["pbin", "{spool}", "{file}", "--overwrite"], ["{file}", "not a .pbin file"]),
+    (["pbin", "{spool}", "{file}"], ["{file}", "not a Modalities packed data file"]),
+    (["pbin", "{spool}", "{file}", "--overwrite"], ["{file}",
+                                                    "not a Modalities packed data file"]),
     (["pbin", "{spool}", "{new}.pbin", "--token-width", "3"], ["3"]),
     (["raw-index", "{missing}"], ["{missing}"]),
-    (["raw-index", "{chat}", "--index-path", "{file}"], ["{file}", "not an index"]),
+    (["raw-index", "{chat}", "--index-path", "{file}"], ["{file}",
+                                                         "not a Modalities raw index"]),
     (["raw-index", "{badjsonl}"], ["{badjsonl}", "line 2"]),
+    # issue 25: --overwrite never reaches inside another output, nor a person's file
+    (["raw-index", "{chat}", "--index-path", "{bi}/shard_000000/data.idx", "--overwrite"],
+     ["data.idx", "inside {bi}/shard_000000, a binidx shard"]),
+    (["corpus", "{mydocs}", "--records", "2", "--overwrite"], ["{mydocs}",
+                                                              "not a chat JSONL packlab wrote"]),
+    (["pbin", "{spool}", "{pb}/shard_000000.pbin", "--overwrite"],
+     ["shard_000000.pbin", "inside {pb}, a packlab output"]),
+    (["convert", "{victim}", "{out}/shard_000000.parquet", "--format", PARQUET, "--overwrite"],
+     ["inside {out}, a packlab output"]),
+    (["synth", "{out}/shard_000000.parquet", "-n", "5", "--overwrite"], ["inside {out}"]),
+    (["pack", "{spool}", "{mm}/shard_000000/x", *P, "--overwrite"], ["inside {mm}"]),
+    # the chain of custody: corrupted input refused, naming the file and sequences or bin
+    (["pack", "{flipped_spool}", "{new}", *P], ["{flipped_spool}/tokens.bin", "sequences",
+                                               "checksum mismatch"]),
+    (["convert", "{flipped_out}", "{new}", "--format", "arrow_ipc"],
+     ["{flipped_out}/shard_000001", "bin", "checksum mismatch"]),
+    (["validate", "{converting}"], ["{converting}", "incomplete output",
+                                    "`packlab convert` again"]),
+    (["validate", "{swapped}"], ["spool", "not the spool {swapped} was packed from",
+                                 "replaced"]),
+    # limits, before any work
+    (["pack", "{spool}", "{new}", "--format", PARQUET, "--pack-size", "2147483648"],
+     ["--pack-size", "2,147,483,647"]),
+    (["pack", "{spool}", "{new}", "--format", PARQUET, "--pack-size",
+      "99999999999999999999"], ["--pack-size", "2,147,483,647"]),
+    (["plan", "{spool}", "--pack-size", "99999999999999999999"], ["--pack-size"]),
+    (["synth", "{new}", "-n", "99999999999999999999"], ["--num-sequences"]),
+    (["tokenize", "{chat}", "{new}", "--limit", "0"], ["--limit"]),
+    (["pack", "{spool}", "{new}", "--format", "memmap_v1", "--pack-size", "1000000000"],
+     ["{new}", "pads every bin", "5.0 GB"]),
+    # its own files, odd names, empty queries
+    (["validate", "{truncated}"], ["{truncated}", "stray bytes"]),
+    (["synth", "{nonutf8}", "-n", "5"], ["not valid UTF-8"]),
+    (["pack", "{spool}", "{nonutf8}", *P], ["not valid UTF-8"]),
+    (["query", "SELECT 1", "--data", "{nonutf8}"], ["not valid UTF-8"]),
+    (["query", "", "--data", "{out}"], ["no SQL statement"]),
+    (["query", ";", "--data", "{out}"], ["no SQL statement"]),
+    (["query", "-- hi", "--data", "{out}"], ["no SQL statement"]),
     (["raw-index", "{unrelated}"], ["{unrelated}", "a folder, not a JSONL file"]),
     (["pbin", "{out}", "{new}.pbin"], ["{out}", "a pack output", "not a JSONL file"]),
     (["pbin", "{layout}", "{new}.pbin"], ["{layout}", "an output layout"]),
@@ -234,6 +313,51 @@ def test_bad_input_is_one_line_exit_2_and_nothing_changes(tree, capsys, argv, na
     assert (json.loads(out)["error"] if "--json" in args else out) == (lines[0] if "--json" in args
                                                                         else "")
     assert snapshot(root) == before
+
+
+#: every command that writes, with --overwrite aimed at TARGET: the test below fills TARGET
+#: with a file inside another output, then with a person's file
+OVERWRITES = {
+    "synth": ["synth", "TARGET", "-n", "5"],
+    "tokenize": ["tokenize", "{chat}", "TARGET"],
+    "corpus": ["corpus", "TARGET", "--records", "2"],
+    "pack": ["pack", "{spool}", "TARGET", *P],
+    "convert": ["convert", "{out}", "TARGET", "--format", "arrow_ipc"],
+    "raw-index": ["raw-index", "{chat}", "--index-path", "TARGET"],
+    "pbin": ["pbin", "{spool}", "TARGET"],
+    "export": ["export", "{spool}", "TARGET"],  # TARGET.idx, TARGET.bin, ... (a prefix)
+}
+INSIDE = ("{out}/shard_000000.parquet", "{bi}/shard_000000/data.idx",
+          "{mm}/shard_000000/input_ids.npy", "{spool}/tokens.bin", "{layout}/blend.json",
+          "{pb}/shard_000000.pbin", "{sft}/shard_000000.sft.bin", "{sft}/shard_000000.sft.idx")
+
+
+@pytest.mark.parametrize("name", sorted(OVERWRITES))
+def test_overwrite_never_replaces_a_file_inside_another_output_or_a_persons_file(
+        tree, capsys, name) -> None:
+    """Every writing command, --overwrite aimed at a file inside another output (every kind of
+    output packlab makes) and at a person's files: refused in one line, every byte kept."""
+    root = Path(tree["root"])
+    targets = [*INSIDE, "{file}", "{mydocs}", "{unrelated}/notes.txt", "{theirs}"]
+    if name == "export":  # it names a prefix: TARGET.idx is what would be replaced
+        targets = [*INSIDE, "{theirs_prefix}"]
+    for target in targets:
+        argv = [a.replace("TARGET", target).format(**tree) for a in OVERWRITES[name]]
+        before = snapshot(root)
+        code, out, err = run_cli(capsys, *argv, "--overwrite")
+        assert (code, out) == (2, ""), (argv, code, out, err)
+        assert len(err.strip().splitlines()) == 1, err
+        assert snapshot(root) == before, argv
+
+
+def test_every_writing_command_is_driven_by_the_overwrite_test() -> None:
+    """A new command that writes (it has --overwrite) joins OVERWRITES, and WRITERS of
+    tests/test_cli_interrupt.py."""
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    writing = {name for name, sub in action.choices.items()
+               if any("--overwrite" in a.option_strings for a in sub._actions)}
+    assert writing == set(OVERWRITES) == set(WRITERS)  # and the interruption test drives it
 
 
 def assert_plain_words(line: str) -> None:
@@ -294,6 +418,32 @@ def test_a_closed_pipe_ends_quietly(tree) -> None:
         err = packlab.stderr.read().decode()
         assert packlab.wait(timeout=120) == 141, err
         assert err == "" and head.stdout.decode().startswith(("split", "split,"))
+
+
+def test_its_own_files_and_outputs_with_a_persons_folder_inside_are_read(
+        tree, tmp_path, capsys) -> None:
+    """What ``packlab pbin`` wrote validates and inspects; a folder (even empty) and a file a
+    person put inside a pack output are ignored with one warning line by validate, inspect and
+    ``open_dataset``, never a failure."""
+    from packlab import open_dataset
+
+    for command in ("validate", "inspect"):
+        code, out, err = run_cli(capsys, command, tree["pbinfile"])
+        assert (code, err) == (0, ""), err
+        assert "packlab pbin" in out
+    out = tmp_path / "out"
+    shutil.copytree(tree["out"], out)
+    (out / "my_notes").mkdir()
+    (out / "empty").mkdir()
+    (out / "my_notes" / "todo.txt").write_text("look at bin 3\n")
+    for command in ("validate", "inspect"):
+        code, _, err = run_cli(capsys, command, out)
+        assert code == 0, err
+        warnings = err.strip().splitlines()
+        assert len(warnings) == 1 and "empty and 1 more" in warnings[0], err
+        assert "ignored" in warnings[0], err
+    with pytest.warns(UserWarning, match="ignored"):
+        assert len(open_dataset(out)) == len(open_dataset(tree["out"]))
 
 
 # -- words for people: help, defaults, abbreviations, --json on failure ------------------------

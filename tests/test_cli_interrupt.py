@@ -177,3 +177,94 @@ def test_an_interrupted_layout_is_refused_until_the_same_pack_finishes_it(tmp_pa
         capsys.readouterr()
         assert tree(out) == tree(ref)
         done += 1
+
+
+# -- every writing command, killed between any two of its renames -------------------------------
+#: every command that writes, OUT its output (tests/test_cli_errors.py checks the list is whole)
+WRITERS = {
+    "synth": (["synth", "OUT", "-n", "40"], "spool"),
+    "tokenize": (["tokenize", "{chat}", "OUT"], "spool"),
+    "corpus": (["corpus", "OUT", "--records", "6"], "docs.jsonl"),
+    "pack": (["pack", "{spool}", "OUT", "--format", "parquet", "--pack-size", "256",
+              "--bins-per-shard", "4",
+              "--workers", "1"], "out"),
+    "convert": (["convert", "{packed}", "OUT", "--format", "arrow_ipc"], "arrow"),
+    "raw-index": (["raw-index", "{chat}", "--index-path", "OUT"], "chat.idx"),
+    "pbin": (["pbin", "{spool}", "OUT"], "chat.pbin"),
+    "export": (["export", "{spool}", "OUT"], "prefix"),  # prefix.bin, prefix.idx, ...
+}
+
+
+def killed_at_rename(argv: list[str], k: int) -> int:
+    """``packlab ARGV`` in a forked child killed (``os._exit``: no cleanup, as SIGKILL) at its
+    ``k``-th rename, the step by which every writer publishes; the child's exit status, or with
+    ``k=0`` how many renames an uninterrupted run makes."""
+    pid = os.fork()
+    if pid == 0:  # the child: nothing of the test's process runs on after this
+        calls = [0]
+        real = {"rename": os.rename, "replace": os.replace}
+
+        def counted(name: str):  # type: ignore[no-untyped-def]
+            def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+                calls[0] += 1
+                if calls[0] == k:
+                    os._exit(99)
+                return real[name](*args, **kwargs)
+            return call
+
+        os.rename, os.replace = counted("rename"), counted("replace")
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the child exits below
+        code = main(argv)
+        os._exit(min(calls[0], 98) if code == 0 and k == 0 else 100 + code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def payload(path: Path) -> dict[str, bytes]:
+    """What an output holds, records aside (they carry times and the job's temporary names)."""
+    if not path.exists():  # a prefix: its files beside it
+        files = sorted(path.parent.glob(f"{path.name}.*"))
+    else:
+        files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    return {str(p.relative_to(path.parent)): p.read_bytes() for p in files
+            if not p.name.endswith(".json")}
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_every_writing_command_killed_between_any_two_renames_finishes_when_rerun(
+        tmp_path, capsys, name) -> None:
+    """Killed at its first, middle and last rename (before it, nothing of the run is
+    published; after the last, everything), the same command finishes the job: exit 0, the
+    output validates and holds what an uninterrupted run writes; nothing of the run is left
+    beside it."""
+    spool = write_random_spool(tmp_path / "in" / "spool", num_sequences=40, max_len=200,
+                               seed=3).path
+    chat = tmp_path / "in" / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"question {i}"},
+        {"role": "assistant", "content": f"answer {i}"}]}) + "\n" for i in range(5)))
+    packed = tmp_path / "in" / "packed"
+    assert main(["pack", str(spool), str(packed), "--format", "parquet", "--pack-size", "256",
+                 "--bins-per-shard",
+                 "4", "--workers", "1"]) == 0
+    given = {"spool": str(spool), "chat": str(chat), "packed": str(packed)}
+    template, out_name = WRITERS[name]
+
+    def argv(where: Path) -> list[str]:
+        return [str(where / out_name) if a == "OUT" else a.format(**given) for a in template]
+
+    reference = tmp_path / "ref"
+    reference.mkdir()
+    renames = killed_at_rename(argv(reference), 0)
+    assert 0 < renames < 98, renames
+    expected = payload(reference / out_name)
+    for k in sorted({1, (renames + 1) // 2, renames}):
+        run = tmp_path / f"killed{k}"
+        run.mkdir()
+        assert killed_at_rename(argv(run), k) == 99, (name, k)
+        capsys.readouterr()
+        assert main(argv(run)) == 0, (name, k, capsys.readouterr().err)
+        assert main(["validate", str(run / out_name)]) == 0, (name, k, capsys.readouterr().err)
+        capsys.readouterr()
+        assert payload(run / out_name) == expected, (name, k)
+        assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == [], (name, k)

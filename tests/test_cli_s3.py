@@ -273,3 +273,40 @@ def test_the_command_in_its_own_process_reaches_the_store(server, spool, tmp_pat
     assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
     assert "Traceback" not in done.stderr
     assert os.listdir(cwd) == []
+
+
+def test_one_file_outputs_on_the_store_are_guarded_as_local_ones(server, spool, tmp_path,
+                                                                capsys) -> None:
+    """corpus, raw-index and pbin to ``s3://``: the file and its record on the store, validated
+    by URI; rerun refused without --overwrite, replaced with it; a person's object at such a
+    URI refused whatever the flag and kept byte for byte."""
+    from packlab.storage import put_object, resolve
+
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]})
+        + "\n" for i in range(4)))
+    base = f"s3://{BUCKET}/files"
+    commands = {"corpus": ["corpus", f"{base}/docs.jsonl", "--records", 3],
+                "raw-index": ["raw-index", chat, "--index-path", f"{base}/chat.idx"],
+                "pbin": ["pbin", spool, f"{base}/chat.pbin"]}
+    for name, argv in commands.items():
+        uri = next(str(a) for a in argv if str(a).startswith("s3://"))
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 0, (name, err)
+        assert f"files/.{uri.rsplit('/', 1)[1]}.record.json" in \
+            " ".join(objects(server, "files")), name
+        code, _, err = run_cli(capsys, "validate", uri)
+        assert code == 0, (name, err)
+        code, _, err = run_cli(capsys, *argv)
+        assert code == 2, name
+        one_error_line(err, uri, "already exists", "--overwrite")
+        assert run_cli(capsys, *argv, "--overwrite")[0] == 0, name
+        person = uri.replace("files/", "files/mine_")
+        put_object(b"a person's bytes\n", resolve(person))
+        mine = [person if a == uri else a for a in argv]
+        code, _, err = run_cli(capsys, *mine, "--overwrite")
+        assert code == 2, name
+        one_error_line(err, person, "--overwrite replaces only packlab's own")
+        assert resolve(person).read_bytes() == b"a person's bytes\n", name
+    assert not any(tmp_path.joinpath("cwd").iterdir())

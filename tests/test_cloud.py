@@ -404,8 +404,8 @@ def bin_ranges(name: str, shard: Path, b: int) -> list[tuple[str, int, int]]:
     length = int(np.fromfile(idx, "<i4", count=1, offset=34 + 4 * b)[0])
     pointer = int(np.fromfile(idx, "<i8", count=1, offset=34 + 4 * count + 8 * b)[0])
     ranges = [(data, pointer, length * words)]
-    if name == "binidx":  # its mask: one byte a token after a 32-byte header
-        ranges.append(("loss_mask.bin", 32 + pointer // words, length))
+    if name == "binidx":  # its mask: one byte a token after a 40-byte header (version 2)
+        ranges.append(("loss_mask.bin", 40 + pointer // words, length))
     return ranges
 
 
@@ -432,8 +432,9 @@ def test_a_random_bin_in_place_is_one_ranged_get_of_exactly_its_bytes(
         # the index whole, once, then from the cache (detection reads binidx's 9-byte magic)
         magic = 0 if name == "megatron_sft" else 9
         assert fetched == (index.stat().st_size if attempt == 0 else 0) + magic, opened
-        # of the data files, at most a header (binidx's loss_mask.bin: 32 bytes)
-        assert sum(e["bytes_out"] for e in opened if e["path"].endswith(data_files)) <= 32
+        # of the data files, at most a header (binidx's loss_mask.bin: 40 bytes, its version 2
+        # header ending with the shard's identity)
+        assert sum(e["bytes_out"] for e in opened if e["path"].endswith(data_files)) <= 40
         rng = np.random.default_rng(7)
         for b in rng.choice(len(bins), 12, replace=False).tolist():
             reader.read_bin(0 if b else 1)  # a neighbour first: each read is its own request

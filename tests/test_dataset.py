@@ -15,7 +15,7 @@ from packlab.bins import bin_digest
 from packlab.collate import Collator
 from packlab.dataset import PackedDataset
 from packlab.discovery import find_shards
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, PacklabWarning
 from packlab.formats import format_names
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
@@ -117,8 +117,8 @@ def test_format_given_must_match_what_is_on_disk(shard_dirs) -> None:
     assert len(open_dataset(shard_dirs[first], format=first)) > 0
 
 
-def test_hidden_temporaries_and_receipts_are_ignored_strays_are_not(packed, shard_dirs,
-                                                                    tmp_path) -> None:
+def test_hidden_temporaries_and_receipts_are_ignored_strays_are_said(packed, shard_dirs,
+                                                                     tmp_path) -> None:
     _, _, digests = packed
     name = FORMATS[0]
     copy = tmp_path / "copy"
@@ -128,9 +128,9 @@ def test_hidden_temporaries_and_receipts_are_ignored_strays_are_not(packed, shar
     (copy / ".shard_000099.tmp-123-abc").write_bytes(b"half written")
     (copy / "blend.json").write_text("{}")
     assert digests_of(open_dataset(copy)) == digests
-    (copy / "notes.bin").write_bytes(b"\x00" * 100)
-    with pytest.raises(FormatError, match="notes.bin"):
-        open_dataset(copy)
+    (copy / "notes.bin").write_bytes(b"\x00" * 100)  # not the record's: one warning line
+    with pytest.warns(PacklabWarning, match="notes.bin not listed in its dataset.json"):
+        assert digests_of(open_dataset(copy)) == digests
 
 
 def test_splits_resolve_and_unknown_split_lists_the_known(packed, shard_dirs, tmp_path) -> None:

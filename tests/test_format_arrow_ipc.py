@@ -313,3 +313,17 @@ def test_writing_and_reading_never_import_pandas(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", _NO_PANDAS, f"{tmp_path}/"], capture_output=True,
                           text=True, check=True, timeout=120)
     assert done.stdout.strip() == "False"
+
+
+def test_a_large_pack_size_takes_fewer_bins_a_batch_by_default(tmp_path: Path,
+                                                               bins: list[PackedBin]) -> None:
+    """At ``pack_size=2_200_000`` 1000 bins a batch would overflow int32 list offsets: the
+    default batch holds as many as fit, and the shard reads back (issue 25's case, which
+    failed naming an option the command line does not have)."""
+    with Writer(tmp_path / "big.arrow", pack_size=2_200_000) as writer:
+        assert writer.batch_size * 2_200_000 <= 2**31 - 1 < (writer.batch_size + 1) * 2_200_000
+        for packed in bins[:3]:
+            writer.write(packed)
+        writer.finalize()
+    with Reader(tmp_path / "big.arrow") as reader:
+        assert all(bins_equal(reader.read_bin(i), bins[i]) for i in range(3))

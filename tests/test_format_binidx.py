@@ -39,6 +39,8 @@ def rewrite_checksums(shard: Path) -> None:
     for name, entry in manifest["files"].items():
         entry["sha256"] = sha256_file(shard / name)
         entry["bytes"] = (shard / name).stat().st_size
+    manifest["fingerprints"] = {"data.bin": binidx.fingerprint(shard / "data.bin", whole=False),
+                                "data.idx": binidx.fingerprint(shard / "data.idx", whole=True)}
     (shard / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -167,7 +169,8 @@ def test_validate_catches_a_leaking_loss_mask(shard: Path, spool: SpoolReader,
                                               assignment: BinAssignment) -> None:
     lengths = assignment.bin_lengths(spool.lengths)
     loss = bytearray((shard / "loss_mask.bin").read_bytes())
-    last_of_bin_2 = 32 + int(lengths[:3].sum()) - 1  # header, then one byte per token
+    last_of_bin_2 = binidx.Reader(shard).header_size["loss_mask.bin"] \
+        + int(lengths[:3].sum()) - 1  # header, then one byte per token
     loss[last_of_bin_2] = 1
     (shard / "loss_mask.bin").write_bytes(bytes(loss))
     rewrite_checksums(shard)
@@ -187,5 +190,6 @@ def test_validate_catches_a_bad_pointer(shard: Path) -> None:
         binidx.Reader(shard).validate()
     idx[pointer_1 : pointer_1 + 8] = struct.pack("<q", 10**12)
     (shard / "data.idx").write_bytes(bytes(idx))
+    rewrite_checksums(shard)
     with pytest.raises(FormatError, match="bin 1: index entry points outside"):
         binidx.Reader(shard).read_bin(1)

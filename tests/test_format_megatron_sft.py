@@ -223,6 +223,52 @@ def test_an_index_of_another_dtype_is_refused(tmp_path: Path) -> None:
         open_shard(tmp_path / "u16.sft.idx")
 
 
+# -- the files know their shard, the output discipline -------------------------------------------
+def test_a_file_exchanged_with_another_shards_is_refused_at_the_first_read(
+        bins, tmp_path: Path) -> None:
+    """Two shards of the same shape (same sizes, other tokens): a ``.bin`` or a sidecar
+    exchanged between them is refused before a bin is served, naming the file."""
+    other = [PackedBin(b.input_ids + 1, b.loss_mask, b.seq_start_id) for b in bins[:3]]
+    write_pair(tmp_path / "a" / "x.sft.idx", bins[:3])
+    write_pair(tmp_path / "b" / "x.sft.idx", other)
+    assert open_shard(tmp_path / "a/x.sft.idx").read_bin(1).input_ids.tolist() == \
+        bins[1].input_ids.tolist()
+    for name in ("x.sft.bin", "x.sft.packlab"):
+        mixed = tmp_path / f"mixed_{name}"
+        mixed.mkdir()
+        for part in ("x.sft.idx", "x.sft.bin", "x.sft.packlab"):
+            source = tmp_path / ("b" if part == name else "a") / part
+            (mixed / part).write_bytes(source.read_bytes())
+        with pytest.raises(FormatError, match=r"x\.sft\.bin: not this shard's"):
+            open_shard(mixed / "x.sft.idx").read_bin(0)
+        with pytest.raises(FormatError, match=r"x\.sft\.bin: (not this shard's|checksum differs)"):
+            validate_path(mixed / "x.sft.idx")
+
+
+def test_convert_never_replaces_a_pair_it_did_not_write_nor_a_lone_companion(
+        bins, bridge_dir: Path, tmp_path: Path) -> None:
+    """--overwrite replaces packlab's own pair only: a pair Bridge wrote (no sidecar), or a
+    person's file where the pair's ``.bin`` would go, is refused and kept byte for byte."""
+    source = write_pair(tmp_path / "src" / "s.sft.idx", bins[:3])
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for suffix in (".bin", ".idx"):
+        (foreign / f"t.sft{suffix}").write_bytes((bridge_dir / f"training_1.sft{suffix}")
+                                                 .read_bytes())
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "u.sft.bin").write_bytes(b"a person's file\n")
+    for target, what in ((foreign / "t.sft.idx", "t.sft.idx: exists and is not"),
+                         (lone / "u.sft.idx", r"u\.sft\.bin: exists, and writing")):
+        before = {p: p.read_bytes() for p in target.parent.iterdir()}
+        with pytest.raises(PacklabError, match=what):
+            convert(source, str(target), format="megatron_sft", overwrite=True)
+        assert {p: p.read_bytes() for p in target.parent.iterdir()} == before
+    convert(source, str(tmp_path / "mine.sft.idx"), format="megatron_sft")
+    convert(source, str(tmp_path / "mine.sft.idx"), format="megatron_sft", overwrite=True)
+    assert validate_path(tmp_path / "mine.sft.idx")["num_bins"] == 3
+
+
 @pytest.mark.parametrize("name", ["training_1.sft", "training_1.sft.bin", "training_1.sft.idx"])
 def test_open_shard_takes_any_name_of_a_pair(bins, bridge_dir: Path, name: str) -> None:
     """``open_shard`` (format detected, as the command line does) by either file or the prefix."""

@@ -16,7 +16,15 @@ from packlab.bins import PackedBin, bin_checksum, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import file_entry
 from packlab.formats import detect_format
-from packlab.formats.memmap_v1 import CHECKSUMS, FILES, RECORD, RECORD_FORMAT, Reader, Writer
+from packlab.formats.memmap_v1 import (
+    CHECKSUMS,
+    FILES,
+    RECORD,
+    RECORD_FORMAT,
+    Reader,
+    Writer,
+    npy_header,
+)
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.materialize import iter_bins
@@ -173,9 +181,11 @@ def test_corrupt_manifest_and_unfinished_shard(shard: tuple[Path, list[PackedBin
 
 
 def _rewrite(path: Path, name: str, array: np.ndarray) -> None:
-    """Replace a file's payload and re-sign the manifest: damage only the invariants can see."""
-    np.save(path / name, array)
+    """Replace a file's payload and re-sign the manifest (the shard's identity kept in the
+    header): damage only the invariants can see."""
     manifest = json.loads((path / RECORD).read_text())
+    header = npy_header(array.dtype, array.shape, manifest["identity"])
+    (path / name).write_bytes(header + np.ascontiguousarray(array).tobytes())
     manifest["files"][name] = file_entry(path / name)
     (path / RECORD).write_text(json.dumps(manifest))
 

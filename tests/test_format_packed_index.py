@@ -18,6 +18,7 @@ from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.files import sha256_file
 from packlab.formats import detect_format, packed_index
+from packlab.formats.npy_identity import npy_header
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.sources import open_shard
@@ -201,8 +202,9 @@ def test_damaged_index_files_are_format_errors(shard: Path) -> None:
 def test_validate_catches_an_index_outside_the_spool(shard: Path, spool: SpoolReader) -> None:
     indices = np.load(shard / "seq_indices.npy")
     indices[3] = spool.num_sequences + 7
-    np.save(shard / "seq_indices.npy", indices)
     manifest = json.loads((shard / "manifest.json").read_text())
+    (shard / "seq_indices.npy").write_bytes(  # a consistent forgery: the shard's identity kept
+        npy_header(indices.dtype, indices.shape, manifest["identity"]) + indices.tobytes())
     manifest["files"]["seq_indices.npy"]["sha256"] = sha256_file(shard / "seq_indices.npy")
     (shard / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(FormatError, match=r"seq_indices.npy: bin 1: sequence \d+ is not in the "

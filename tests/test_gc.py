@@ -21,8 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import one_error_line, run_cli, write_random_spool
 
-from packlab.commands.gc import process_running
-from packlab.files import is_temporary, temporary_owner, temporary_sibling
+from packlab.files import is_temporary, process_running, temporary_owner, temporary_sibling
 from packlab.pipeline.dataset_record import read_dataset_record, writing_lock
 from packlab.sources.validate import validate_path
 

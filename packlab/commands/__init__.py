@@ -15,25 +15,41 @@ DATASET_HELP = ("a shard, a directory of shards, a glob, an output layout (with 
 OUTPUT_HELP = "a local path or a URI (s3://bucket/prefix: written locally, then uploaded)"
 
 
+MAX_INT = 1 << 48  # more than any count on any disk (what a shard's record may hold)
+MAX_SEED = (1 << 63) - 1
+
+
 def positive_int(text: str) -> int:
-    """An argparse type: an integer > 0."""
-    return _int_at_least(text, 1)
+    """An argparse type: an integer from 1 to :data:`MAX_INT`."""
+    return int_in_range(text, 1, MAX_INT)
 
 
 def nonnegative_int(text: str) -> int:
-    """An argparse type: an integer >= 0 (seeds, counts that may be zero)."""
-    return _int_at_least(text, 0)
+    """An argparse type: an integer from 0 (seeds up to 2**63 - 1, counts that may be zero)."""
+    return int_in_range(text, 0, MAX_SEED)
 
 
-def _int_at_least(text: str, low: int) -> int:
+def pack_size_int(text: str) -> int:
+    """An argparse type: tokens per bin, from 1 to 2**31 - 1 (a bin's positions are int32;
+    each format's own bounds are checked with the plan, before any work)."""
+    from packlab.formats.base import MAX_PACK_SIZE
+
+    return int_in_range(text, 1, MAX_PACK_SIZE)
+
+
+def int_in_range(text: str, low: int, high: int) -> int:
+    """An integer from ``low`` to ``high``, or argparse's one-line error naming the flag."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r:.40}") from None
     if value < low:
         raise argparse.ArgumentTypeError(
             f"expected {'a positive integer' if low == 1 else f'an integer >= {low}'}, "
             f"got {value}")
+    if value > high:
+        raise argparse.ArgumentTypeError(f"expected an integer from {low} to {high:,}, "
+                                         f"got {str(value)[:40]}")
     return value
 
 

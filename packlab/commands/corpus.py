@@ -3,14 +3,14 @@
 Questions about the public functions and classes of the installed Python packages, answered
 with their docstrings (sources parsed, never imported): real text, deterministic for a seed on
 a given environment. OUT is a local file or a URI (written locally, then uploaded);
---overwrite replaces a JSONL file only.
+--overwrite replaces a corpus packlab wrote
+there only (its record is beside it, hidden).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 from typing import Any
 
 from packlab.commands import OUTPUT_HELP, emit, nonnegative_int, positive_int
@@ -29,7 +29,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--index", action="store_true",
                         help="also write the line index OUT.idx for random access")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUT if it is a JSONL file (nothing else is replaced)")
+                        help="replace OUT if packlab wrote it with `packlab corpus` (nothing else is "
+                             "replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -41,13 +42,12 @@ def run(args: argparse.Namespace) -> int:
 
     began = time.perf_counter()
     index_out = f"{args.out}{SUFFIX}" if args.index else None
-    with output(args.out, kind="file", overwrite=args.overwrite, recognise=is_jsonl,
-                what="a JSONL file") as local:
+    with output(args.out, kind="jsonl", overwrite=args.overwrite) as local:
         out = build_docstring_corpus(local, args.records, args.seed, overwrite=True,
                                      show_progress=True)
         size = out.stat().st_size
         if index_out is not None:
-            with output(index_out, kind="file", overwrite=args.overwrite) as local_index:
+            with output(index_out, kind="jsonl_index", overwrite=args.overwrite) as local_index:
                 build_jsonl_index(out, local_index)
     summary = {
         "path": args.out,
@@ -59,15 +59,3 @@ def run(args: argparse.Namespace) -> int:
     }
     emit(summary, args.json)
     return 0
-
-
-def is_jsonl(path: Path) -> bool:
-    """A file whose first line is a JSON object (what ``--overwrite`` may replace)."""
-    import json
-
-    try:
-        with open(path, "rb") as f:
-            first = f.readline(1 << 20)
-        return isinstance(json.loads(first), dict)
-    except (OSError, ValueError):
-        return False

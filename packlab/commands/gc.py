@@ -73,7 +73,7 @@ def temporaries(root: Path) -> Iterator[Path]:
 def sweep(root: Path, *, dry_run: bool = False) -> dict[str, Any]:
     """Remove (or with ``dry_run`` list) the temporaries under ``root`` no live writer owns."""
     from packlab.errors import PacklabError
-    from packlab.files import remove, temporary_owner
+    from packlab.files import process_running, remove, temporary_owner
     from packlab.pipeline.dataset_record import writing_lock
 
     if not root.is_dir():
@@ -107,23 +107,6 @@ def sweep(root: Path, *, dry_run: bool = False) -> dict[str, Any]:
     return {"out": str(root), "dry_run": dry_run, "removed": removed, "bytes": size,
             "kept": kept}
 
-
-def process_running(pid: int) -> bool:
-    """Whether process ``pid`` runs on this machine (a zombie, killed and not yet reaped by
-    its parent, does not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:  # no /proc here: ask the kernel
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
-    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
 
 
 def _size(path: Path) -> int:

@@ -28,10 +28,13 @@ def add_parser(subparsers: Any) -> None:
 def inspect_path(path: str | Path, split: str | None = None) -> dict[str, Any]:
     """The description ``packlab inspect`` prints; FormatError for anything unreadable."""
     from packlab.sources.describe import describe_source
+    from packlab.sources.file_records import describe_file, file_output
     from packlab.sources.outputs import spool_at
     from packlab.sources.resolve import resolve_source
     from packlab.spool_stats import describe_spool
 
+    if split is None and file_output(path, check=False) is not None:
+        return describe_file(path)  # a one-file output packlab wrote
     spool = spool_at(str(path)) if split is None else None
     if spool is not None:
         return describe_spool(spool)

@@ -25,6 +25,7 @@ from packlab.commands import (
     emit_table,
     format_choices,
     nonnegative_int,
+    pack_size_int,
     positive_int,
     warn,
 )
@@ -44,7 +45,7 @@ def add_parser(sub: Any) -> None:
                    help="spool directory (spool_v1), local or a URI; several to blend")
     p.add_argument("out", metavar="OUT", help=f"output directory: {OUTPUT_HELP}")
     p.add_argument("--format", required=True, help=f"shard format: {format_choices()}")
-    p.add_argument("--pack-size", type=positive_int, required=True, help="tokens per bin")
+    p.add_argument("--pack-size", type=pack_size_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
                    help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))}")
     p.add_argument("--seed", type=nonnegative_int, default=0, help="packing and split seed")
@@ -84,12 +85,14 @@ def run(args: argparse.Namespace) -> int:
         parse_fractions(args.split)
         parse_weights(args.weights, len(args.spool))
     spools = [local_input(s) for s in args.spool]
+    planned = plan_within_limits(args, spools)  # the format's bounds, before any work
     needs_spool = get_format(args.format).Writer.NEEDS_SPOOL
     with output(args.out, kind="layout" if layout else "dataset", overwrite=args.overwrite,
                 resume=True) as local:
         if needs_spool and is_remote(args.out):  # the spool travels along
             spools = stage_spools(spools, local)
-        result = (run_layout if layout else run_flat)(args, spools, local)
+        result = run_layout(args, spools, local) if layout else \
+            run_flat(args, spools, local, planned[0])
     plans = [p["plan"] for p in result["parts"] if p["plan"]] if layout else [result[0]]
     wheres = [f"{p['name']}/{p['split']}: " for p in result["parts"] if p["plan"]] \
         if layout else [""]
@@ -99,6 +102,27 @@ def run(args: argparse.Namespace) -> int:
     for message in warnings:  # after the output: a failure stays one line
         warn("pack", message)
     return code
+
+
+def plan_within_limits(args: argparse.Namespace, spools: list[Any]) -> list[tuple[Any, Any]]:
+    """Each spool packed (from its lengths: cheap) and the plan checked against the format's
+    bounds (:meth:`~packlab.formats.base.FormatFacts.plan_limits`) before anything is written:
+    a plan it cannot write is refused, one it should say something about is said now."""
+    from packlab.formats import get_format
+    from packlab.packing import pack
+    from packlab.spool import SpoolReader
+
+    planned = []
+    for spool in spools:
+        reader = SpoolReader(spool)
+        planned.append(pack(reader.lengths, args.pack_size, algorithm=args.algorithm,
+                            seed=args.seed, overlong=args.overlong))
+    notes = get_format(args.format).Writer.plan_limits(
+        pack_size=args.pack_size, num_bins=sum(a.num_bins for a, _ in planned),
+        num_tokens=sum(int(r.num_tokens) for _, r in planned), where=args.out)
+    for note in notes:
+        warn("pack", note)
+    return planned
 
 
 def loss_warning(report: dict[str, Any], where: str = "") -> str | None:
@@ -115,15 +139,13 @@ def loss_warning(report: dict[str, Any], where: str = "") -> str | None:
             "--pack-size keeps them)")
 
 
-def run_flat(args: argparse.Namespace, spools: list[Any], out: Any
+def run_flat(args: argparse.Namespace, spools: list[Any], out: Any, planned: tuple[Any, Any]
              ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from packlab.packing import pack
     from packlab.pipeline.shards import write_shards
     from packlab.spool import SpoolReader
 
     spool = SpoolReader(spools[0])
-    assignment, report = pack(spool.lengths, args.pack_size, algorithm=args.algorithm,
-                              seed=args.seed, overlong=args.overlong)
+    assignment, report = planned
     receipts = write_shards(spool, assignment, out, format=args.format,
                             bins_per_shard=args.bins_per_shard, workers=args.workers,
                             existing="overwrite" if args.overwrite else "refuse",

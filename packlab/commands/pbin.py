@@ -8,7 +8,6 @@ document per sequence. Modalities' PackedMemMapDatasetBase reads the file.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
 from packlab.commands import emit, nonnegative_int
@@ -38,7 +37,8 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--token-width", default="auto",
                         help="bytes per token: 1, 2, 4 or auto (from the vocabulary)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUT if it is a .pbin file (nothing else is replaced)")
+                        help="replace OUT if packlab wrote it with `packlab pbin` (nothing else is "
+                             "replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -52,8 +52,7 @@ def run(args: argparse.Namespace) -> int:
     spool = spool_at(args.src)
     jsonl = None if spool is not None else require_file(
         local_input(args.src, what="file"), "a JSONL file of documents or a spool", what_is)
-    with output(args.out, kind="file", overwrite=args.overwrite, recognise=_is_pbin,
-                what="a .pbin file") as local:
+    with output(args.out, kind="packed_data", overwrite=args.overwrite) as local:
         if spool is not None:
             from packlab.formats.modalities import write_pbin
 
@@ -66,13 +65,6 @@ def run(args: argparse.Namespace) -> int:
                                         eod_id=args.eod_id, token_width=width, overwrite=True)
     emit({**summary, "path": args.out}, args.json)
     return 0
-
-
-def _is_pbin(path: Path) -> bool:
-    """A Modalities packed data file (by its suffix): what ``--overwrite`` may replace."""
-    from packlab.formats.modalities import SUFFIX
-
-    return path.suffix == SUFFIX
 
 
 def _width(text: str) -> int | str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from packlab.commands import emit, nonnegative_int, positive_int, warn
+from packlab.commands import emit, nonnegative_int, pack_size_int, warn
 
 
 def add_parser(sub: Any) -> None:
@@ -25,7 +25,7 @@ def add_parser(sub: Any) -> None:
         help="pack a spool's lengths and report bins and efficiency (writes nothing)",
         description=__doc__)
     p.add_argument("spool", metavar="SPOOL", help="spool directory (spool_v1), local or a URI")
-    p.add_argument("--pack-size", type=positive_int, required=True, help="tokens per bin")
+    p.add_argument("--pack-size", type=pack_size_int, required=True, help="tokens per bin")
     p.add_argument("--algorithm", default=DEFAULT_ALGORITHM,
                    help=f"packing algorithm: {', '.join(sorted(ALGORITHMS))}")
     p.add_argument("--seed", type=nonnegative_int, default=0,

@@ -24,7 +24,7 @@ def add_parser(subparsers: Any) -> None:
     parser.add_argument("--index-path", default=None,
                         help="where to write the index (default: JSONL with suffix .idx)")
     parser.add_argument("--overwrite", action="store_true",
-                        help="replace an existing index (.idx; nothing else is replaced)")
+                        help="replace an index packlab wrote there (nothing else is replaced)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.set_defaults(run=run)
 
@@ -39,8 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if target == args.jsonl:
         raise PacklabError(f"{target}: the index would replace its own JSONL (--index-path)")
     jsonl = require_file(local_input(args.jsonl, what="file"), "a JSONL file", what_is)
-    with output(target, kind="file", overwrite=args.overwrite,
-                recognise=lambda p: p.suffix == INDEX_SUFFIX, what="an index (.idx)") as local:
+    with output(target, kind="raw_index", overwrite=args.overwrite) as local:
         summary = write_raw_index(jsonl, local, overwrite=True)
     emit({**summary, "path": target, "source": args.jsonl}, args.json)
     return 0

@@ -40,6 +40,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({"valid": True, **result})
         return 0
+    if result["kind"] == "file":
+        print(f"valid: {result['what']} written by {result['written_by']}, "
+              f"{result['bytes_on_disk']:,} bytes (the bytes its record lists)")
+        return 0
     if result["kind"] == "spool":
         print(f"valid: spool, {result['num_sequences']:,} sequences, "
               f"{result['num_tokens']:,} tokens (files match the manifest's sizes and checksums)")

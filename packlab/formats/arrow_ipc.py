@@ -56,6 +56,7 @@ from packlab.files import AlignedWriter, fsync_file
 from packlab.formats.arrow_lists import (
     ARROW_ERRORS,
     DTYPES,
+    MAX_LIST_VALUES,
     METADATA_KEY,
     BinColumns,
     ListBuffer,
@@ -118,7 +119,8 @@ def normalize_codec(compression: str | None) -> str:
 class Writer(ArrowIpcFacts, ShardWriter):
     """Streaming Arrow IPC file writer; memory bounded by one record batch.
 
-    Keyword options: ``batch_size`` (bins per record batch), ``compression`` (none, lz4, zstd).
+    Keyword options: ``batch_size`` (bins per record batch; default 1000, or as many as a
+    batch's int32 list offsets hold at a large pack size), ``compression`` (none, lz4, zstd).
     """
 
     def __init__(
@@ -126,10 +128,12 @@ class Writer(ArrowIpcFacts, ShardWriter):
         path: str | os.PathLike[str],
         *,
         pack_size: int,
-        batch_size: int = DEFAULT_BATCH_SIZE,
+        batch_size: int | None = None,
         compression: str | None = None,
         **options: Any,
     ) -> None:
+        if batch_size is None:  # the default, fewer bins a batch where large bins need it
+            batch_size = max(1, min(DEFAULT_BATCH_SIZE, MAX_LIST_VALUES // max(int(pack_size), 1)))
         if isinstance(batch_size, bool) or int(batch_size) < 1:
             raise PacklabError(f"{path}: batch_size must be a positive number of bins, "
                                f"got {batch_size!r}")
@@ -141,7 +145,7 @@ class Writer(ArrowIpcFacts, ShardWriter):
     def _open(self) -> None:
         # A batch must hold exactly batch_size bins (the reader locates bins by division), so
         # the buffer's token bound (int32 offsets) is checked against the pack size up front.
-        if self.batch_size * self.pack_size > 2**31 - 1:
+        if self.batch_size * self.pack_size > MAX_LIST_VALUES:
             raise PacklabError(f"{self.path}: batch_size {self.batch_size} x pack_size "
                                f"{self.pack_size} overflows int32 list offsets; use smaller batches")
         self._buffer = ListBuffer(self.batch_size, source=str(self.path),
@@ -226,6 +230,10 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
     ``verify`` (each bin read checked against its checksum; a compressed file's batches are
     checked as they are decoded).
     """
+
+    @property
+    def own_record(self) -> bool:
+        return self.packlab is not None
 
     @property
     def metadata(self) -> dict[str, Any]:

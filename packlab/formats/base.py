@@ -90,6 +90,9 @@ class FormatFacts:
     #: the other stacks that read this format's shards as packlab writes them (names from
     #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
     READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: a shard carries a record of its writer (a manifest, footer metadata or trailer), so
+    #: packlab tells its own shards from another program's; False: no room for one (legacy)
+    KEEPS_RECORD: ClassVar[bool] = True
     #: the stacks (names from :data:`READERS`) that store packed data in this format by default:
     #: the report sets packlab's recommendation beside their choice, with the numbers
     CHOSEN_BY: ClassVar[tuple[str, ...]] = ()
@@ -120,6 +123,18 @@ class FormatFacts:
         registry asks only those) is, or looks like, a shard of this format (let the reader
         explain what is wrong); reads a few bytes at most, never raises."""
         raise NotImplementedError(f"{cls.__name__}.detect")
+
+    @classmethod
+    def plan_limits(cls, *, pack_size: int, num_bins: int, num_tokens: int,
+                    where: object) -> list[str]:
+        """Check a plan against this format's bounds before any work: refuse (one
+        PacklabError naming ``where``) what it cannot write; return what a person should hear
+        before it starts (a padded format: the bytes it would write). Every format: a bin's
+        positions are int32 (``seq_start_id``, Arrow and Parquet list offsets)."""
+        if not 0 < pack_size <= MAX_PACK_SIZE:
+            raise PacklabError(f"{where}: pack_size must be from 1 to {MAX_PACK_SIZE:,} (a "
+                               f"bin's positions are int32), got {pack_size:,}")
+        return []
 
     @classmethod
     def companions(cls, entry: Any) -> list[Any]:
@@ -392,6 +407,13 @@ class ShardReader(FormatFacts, ABC):
 
     def __len__(self) -> int:
         return self.num_bins
+
+    @property
+    def own_record(self) -> bool:
+        """Whether the shard carries packlab's own record (a directory shard's manifest, which
+        its reader requires; a one-file shard's packlab footer, metadata or trailer): what
+        ``--overwrite`` may replace. A file another program wrote has none."""
+        return self.KEEPS_RECORD
 
     @property
     def metadata(self) -> dict[str, Any]:

@@ -7,9 +7,20 @@ A shard is a directory, published atomically::
     loss_mask.bin    header + uint8 loss mask per token (bin i at the token offset of data.bin)
     seq_starts.bin   header + CSR of the bins' seq_start_id: offsets int64, starts int32
     checksums.bin    header + each bin's xxh3_64 (packlab.bins.bin_checksum over its tokens as
-                     stored, its mask and its starts): 32 bytes, then uint64[num_bins]
+                     stored, its mask and its starts): 40 bytes, then uint64[num_bins]
     manifest.json    written last: counts, token dtype, pack_size, "bin_checksum": "xxh3_64",
+                     the shard's "identity", the "fingerprints" of data.bin and data.idx,
                      every file's bytes and sha256
+
+**The files know their shard.** Each sidecar's header (version 2) ends with the shard's
+identity, 8 bytes (the 16 hex digits of the manifest's ``identity``, derived from what the shard
+is before its first byte: its metadata, where the pipeline records its place in its dataset,
+and its pack size, so the same job writes the same bytes), checked when the header is read at open. ``data.bin`` and
+``data.idx`` stay megatron-core's bytes, so the manifest records their ``fingerprints``
+(xxh3_64 of ``data.idx`` whole, a few bytes a bin, and of ``data.bin``'s first and last 4 KiB),
+checked on the first read, when the index is mapped and checked anyway. A file exchanged with
+another shard's is refused before a bin is served. Version 1 sidecars (32, 48 and 32-byte
+headers, no identity) are shards written before identities: read as before.
 
 ``data.bin`` + ``data.idx`` are byte-compatible with megatron-core, so
 ``IndexedDataset(str(shard / "data"))`` reads every packed row's tokens unchanged; the
@@ -23,8 +34,8 @@ Token dtype: ``dtype="auto"`` stores uint16 when ``vocab_size <= 65536`` (every 
 int32 otherwise or when the vocabulary is unknown; the writer refuses a token that does not
 fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 
-``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 1, ``<Q`` num_bins,
-``8s`` the algorithm (``b"xxh3_64\\x00"``), then ``<u8`` per bin. megatron-core never opens it.
+``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 2, ``<Q`` num_bins,
+``8s`` the algorithm (``b"xxh3_64\\x00"``), ``8s`` the shard's identity, then ``<u8`` per bin. megatron-core never opens it.
 Shards written before it have none (and no ``bin_checksum`` in the manifest): they read as
 before, and ``verify=True`` refuses them.
 
@@ -44,7 +55,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +63,14 @@ import numpy as np
 from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import AlignedWriter, HashedFile, file_entry, parse_json, verify_files
+from packlab.files import (
+    AlignedWriter,
+    HashedFile,
+    file_entry,
+    parse_json,
+    short_hash,
+    verify_files,
+)
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -63,6 +80,16 @@ from packlab.formats.base import (
     read_shard_record,
     starts_with,
 )
+from packlab.formats.binidx_headers import (
+    LossHeader,
+    SeqHeader,
+    Sidecar,
+    SumsHeader,
+    VersionPrefix,
+    head,
+    unpack_raw,
+)
+from packlab.formats.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.scratch import ScratchArray
 from packlab.formats.table import (
     BinIndex,
@@ -92,33 +119,6 @@ PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 # megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
 DTYPE_CODES: dict[int, np.dtype] = {8: mmidx.DTYPES[8], 4: mmidx.DTYPES[4]}
 CODE_OF = mmidx.CODE_OF
-
-
-class _LossHeader:
-    """``loss_mask.bin`` header: 32 bytes, then uint8 per token."""
-
-    MAGIC = b"PLKLOSS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQQ")  # magic, version, num_bins, num_tokens
-    SIZE = STRUCT.size  # 32
-
-
-class _SeqHeader:
-    """``seq_starts.bin`` header: 48 bytes, then int64 offsets[num_bins + 1], int32 starts."""
-
-    MAGIC = b"PLKSEQS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQQQB7x")  # magic, version, num_bins, num_starts, pack_size, code
-    SIZE = STRUCT.size  # 48
-
-
-class _SumsHeader:
-    """``checksums.bin`` header: 32 bytes, then uint64 per bin."""
-
-    MAGIC = b"PLKSUMS\x00"
-    VERSION = 1
-    STRUCT = struct.Struct("<8sQQ8s")  # magic, version, num_bins, algorithm
-    SIZE = STRUCT.size  # 32
 
 
 def detect(location: Location) -> bool:
@@ -181,11 +181,14 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _open(self) -> None:
         self.tmp_path.mkdir()
+        # what this shard is, known before its first byte (see the module docstring)
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": self.pack_size})
+        self._stamp = bytes.fromhex(self.identity)
         self._data = HashedFile(self.tmp_path / DATA)
         self._loss = AlignedWriter(self.tmp_path / LOSS)  # closed in _close
-        self._loss.write(bytes(_LossHeader.SIZE))  # placeholder, the header is written last
+        self._loss.write(bytes(LossHeader.size()))  # placeholder, the header is written last
         self._sums = open(self.tmp_path / SUMS, "wb")  # noqa: SIM115 - closed in _close
-        self._sums.write(bytes(_SumsHeader.SIZE))  # placeholder, the header is written last
+        self._sums.write(bytes(SumsHeader.size()))  # placeholder, the header is written last
         self._lengths = ScratchArray(self.tmp_path / ".lengths.scratch", "<i4")
         self._nseqs = ScratchArray(self.tmp_path / ".nseqs.scratch", "<i8")
         self._starts = ScratchArray(self.tmp_path / ".starts.scratch", "<i4")
@@ -226,6 +229,9 @@ class Writer(BinidxFacts, ShardWriter):
             vocab_size=self.vocab_size,
             megatron_prefix=PREFIX,
             bin_checksum=CHECKSUM,
+            identity=self.identity,
+            fingerprints={DATA: fingerprint(self.tmp_path / DATA, whole=False),
+                          INDEX: fingerprint(self.tmp_path / INDEX, whole=True)},
             files=files,
         )
         (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -233,11 +239,12 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _finish_loss(self) -> dict[str, Any]:
         self._loss.seek(0)
-        self._loss.write(_LossHeader.STRUCT.pack(
-            _LossHeader.MAGIC,  # magic
-            _LossHeader.VERSION,  # version 1
+        self._loss.write(LossHeader.struct_of(2).pack(
+            LossHeader.MAGIC,  # magic
+            LossHeader.VERSION,  # version 2
             self.bins_written,  # num_bins
             self.tokens_written,  # num_tokens: uint8 loss mask values that follow
+            self._stamp,  # the shard's identity
         ))
         self._loss.flush()
         os.fsync(self._loss.fileno())
@@ -246,11 +253,12 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _finish_sums(self) -> dict[str, Any]:
         self._sums.seek(0)
-        self._sums.write(_SumsHeader.STRUCT.pack(
-            _SumsHeader.MAGIC,  # magic
-            _SumsHeader.VERSION,  # version 1
+        self._sums.write(SumsHeader.struct_of(2).pack(
+            SumsHeader.MAGIC,  # magic
+            SumsHeader.VERSION,  # version 2
             self.bins_written,  # num_bins: uint64 checksums that follow
             CHECKSUM.encode(),  # algorithm, NUL-padded to 8 bytes
+            self._stamp,  # the shard's identity
         ))
         self._sums.flush()
         os.fsync(self._sums.fileno())
@@ -259,13 +267,14 @@ class Writer(BinidxFacts, ShardWriter):
 
     def _write_seq_starts(self) -> dict[str, Any]:
         seqs = HashedFile(self.tmp_path / SEQS)
-        seqs.write(_SeqHeader.STRUCT.pack(
-            _SeqHeader.MAGIC,  # magic
-            _SeqHeader.VERSION,  # version 1
+        seqs.write(SeqHeader.struct_of(2).pack(
+            SeqHeader.MAGIC,  # magic
+            SeqHeader.VERSION,  # version 2
             self.bins_written,  # num_bins
             self.seqs_written,  # num_starts
             self.pack_size,  # pack_size
             CODE_OF["<i4"],  # dtype code of the starts (int32)
+            self._stamp,  # the shard's identity
         ))
         total = 0  # offsets: int64[num_bins + 1], where each bin's starts begin
         seqs.write(np.zeros(1, dtype="<i8"))
@@ -288,9 +297,10 @@ class Writer(BinidxFacts, ShardWriter):
                 handle.close()
 
 
-def _starts_offset(num_bins: int) -> int:
-    """Byte offset of the starts in ``seq_starts.bin`` (after the header and the offsets)."""
-    return _SeqHeader.SIZE + 8 * (num_bins + 1)
+def _starts_offset(num_bins: int, header: int) -> int:
+    """Byte offset of the starts in ``seq_starts.bin`` (after its ``header`` bytes and the
+    offsets)."""
+    return header + 8 * (num_bins + 1)
 
 
 class Reader(BinidxFacts, TableReads, ShardReader):
@@ -359,7 +369,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _read_headers(self) -> np.dtype:
         """Check every header field against the manifest; the token dtype of ``data.bin``."""
         idx = self._file(INDEX)
-        code, nseq, ndoc = mmidx.parse_header(_head(idx, mmidx.HEADER_SIZE), self.path / INDEX)
+        code, nseq, ndoc = mmidx.parse_header(head(idx, mmidx.HEADER_SIZE), self.path / INDEX)
         if code not in DTYPE_CODES:
             raise FormatError(f"{idx}: token dtype code {code} (packlab writes 8=uint16, 4=int32)")
         token_dtype = DTYPE_CODES[code]
@@ -369,14 +379,15 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         if nseq != self.num_bins or ndoc != self.num_bins + 1:
             raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the manifest says "
                               f"{self.num_bins} bins (expected {self.num_bins + 1} documents)")
-        magic, version, nbins, ntok = _unpack(self._file(LOSS), _LossHeader)
-        if magic != _LossHeader.MAGIC or version != _LossHeader.VERSION:
+        self.header_size: dict[str, int] = {}
+        magic, version, nbins, ntok, *stamp = self._sidecar(LOSS, LossHeader)
+        if magic != LossHeader.MAGIC:
             raise FormatError(f"{self.path / LOSS}: bad magic or version ({magic!r}, {version})")
         if nbins != self.num_bins or ntok != self.num_tokens:
             raise FormatError(f"{self.path / LOSS}: header says {nbins} bins / {ntok} tokens, "
                               f"the manifest {self.num_bins} / {self.num_tokens}")
-        magic, version, nbins, nstarts, pack_size, code = _unpack(self._file(SEQS), _SeqHeader)
-        if magic != _SeqHeader.MAGIC or version != _SeqHeader.VERSION or code != CODE_OF["<i4"]:
+        magic, version, nbins, nstarts, pack_size, code, *stamp = self._sidecar(SEQS, SeqHeader)
+        if magic != SeqHeader.MAGIC or code != CODE_OF["<i4"]:
             raise FormatError(f"{self.path / SEQS}: bad magic, version or dtype code "
                               f"({magic!r}, {version}, {code})")
         if (nbins, nstarts, pack_size) != (self.num_bins, self.num_seqs, self.pack_size):
@@ -385,15 +396,45 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                               f"{self.num_seqs}, {self.pack_size}")
         return token_dtype
 
+    def _sidecar(self, name: str, header: type[Sidecar]) -> tuple[Any, ...]:
+        """A sidecar's header fields (its version read first: 1, or 2 with the shard's
+        identity, checked here against the manifest's); its size is remembered."""
+        file = self._file(name)
+        raw = head(file, header.size(2))  # one read (one ranged GET on object storage)
+        _, version = unpack_raw(raw, VersionPrefix.STRUCT, file)
+        if version not in (1, 2):
+            raise FormatError(f"{file}: header version {version}, this reader knows 1 and 2")
+        fields = unpack_raw(raw, header.struct_of(version), file)
+        self.header_size[name] = header.size(version)
+        expected = self.record.get("identity")
+        if version == 2 and isinstance(expected, str) and fields[-1].hex() != expected:
+            raise FormatError(f"{file}: belongs to another shard (its header names shard "
+                              f"{fields[-1].hex()}, this shard is {expected}): files exchanged "
+                              "between shards; refused")
+        return fields
+
+    def _check_fingerprints(self) -> None:
+        """megatron-core's two files against the fingerprints the manifest records (on the
+        first read: the index is mapped and checked whole then anyway)."""
+        files = {INDEX: (self._file(INDEX), True)}
+        if not isinstance(self._file(DATA), Location):  # on object storage each read is one
+            files[DATA] = (self._file(DATA), False)  # ranged GET: per-bin checksums stand
+        check_fingerprints(self.record.get("fingerprints"), files, f"its manifest {RECORD}")
+
     def _expected_sizes(self) -> dict[str, int]:
         n = self.num_bins
         return {
             DATA: self.num_tokens * self.token_dtype.itemsize,
             INDEX: mmidx.index_size(n),
-            LOSS: _LossHeader.SIZE + self.num_tokens,
-            SEQS: _SeqHeader.SIZE + 8 * (n + 1) + 4 * self.num_seqs,
-            **({SUMS: _SumsHeader.SIZE + 8 * n} if self.has_checksums else {}),
+            LOSS: self.header_size[LOSS] + self.num_tokens,
+            SEQS: self.header_size[SEQS] + 8 * (n + 1) + 4 * self.num_seqs,
+            **({SUMS: self._sums_header() + 8 * n} if self.has_checksums else {}),
         }
+
+    def _sums_header(self) -> int:
+        if SUMS not in self.header_size:
+            self._sidecar(SUMS, SumsHeader)
+        return self.header_size[SUMS]
 
     def _check_sizes(self) -> None:
         for name, want in self._expected_sizes().items():
@@ -408,21 +449,25 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def _layout(self, maps: Maps) -> Layout:
         """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
         n, file, width = self.num_bins, self._file, self.token_dtype.itemsize
+        self._check_fingerprints()
         checksum = None
         if self.has_checksums:
             self.check_checksums_header()
-            checksum = lookup(maps.values(file(SUMS), "<u8", _SumsHeader.SIZE, n)).__getitem__
+            checksum = lookup(maps.values(file(SUMS), "<u8", self._sums_header(), n)).__getitem__
+        seqs_at = self.header_size[SEQS]
         return Layout(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
-                      Column(file(LOSS), np.dtype("|u1"), _LossHeader.SIZE, self.num_tokens),
-                      Column(file(SEQS), np.dtype("<i4"), _starts_offset(n), self.num_seqs),
+                      Column(file(LOSS), np.dtype("|u1"), self.header_size[LOSS],
+                             self.num_tokens),
+                      Column(file(SEQS), np.dtype("<i4"), _starts_offset(n, seqs_at),
+                             self.num_seqs),
                       _Index(maps, self._local, n, width, self.num_tokens, self.num_seqs,
-                             self.path),
+                             seqs_at, self.path),
                       self.pack_size, str(self.path), checksum)
 
     def check_checksums_header(self) -> None:
         """``checksums.bin``'s header against the shard (before its values are read)."""
-        magic, version, nbins, algorithm = _unpack(self._file(SUMS), _SumsHeader)
-        if (magic, version, nbins) != (_SumsHeader.MAGIC, _SumsHeader.VERSION, self.num_bins) \
+        magic, version, nbins, algorithm, *_ = self._sidecar(SUMS, SumsHeader)
+        if (magic, nbins) != (SumsHeader.MAGIC, self.num_bins) \
                 or algorithm.rstrip(b"\x00") != CHECKSUM.encode():
             raise FormatError(f"{self.path / SUMS}: header ({magic!r}, version {version}, "
                               f"{nbins} bins, {algorithm!r}) does not match the shard's "
@@ -467,13 +512,13 @@ class _Index(BinIndex):
                  "_seqs", "width", "num_tokens", "num_seqs", "path")
 
     def __init__(self, maps: Maps, local: Path, n: int, width: int, num_tokens: int,
-                 num_seqs: int, shown: Path | Location) -> None:
+                 num_seqs: int, seqs_at: int, shown: Path | Location) -> None:
         self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
         self.path = shown  # as messages name the shard
         path = local
         lengths = (path / INDEX, "<i4", mmidx.HEADER_SIZE, n)
         pointers = (path / INDEX, "<i8", mmidx.pointers_at(n), n)
-        seqs = (path / SEQS, "<i8", _SeqHeader.SIZE, n + 1)
+        seqs = (path / SEQS, "<i8", seqs_at, n + 1)
         self._lengths, self._pointers, self._seqs = (maps.values(*c)
                                                      for c in (lengths, pointers, seqs))
         self.lengths, self.pointers, self.seqs = (lookup(values) for values in
@@ -520,26 +565,3 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
     return count_field(manifest, key, path / RECORD)
-
-
-def _head(file: Path | Location, size: int) -> bytes:
-    """The first ``size`` bytes of ``file`` (fewer if it is shorter; on object storage one
-    ranged GET); a FormatError when it cannot be read."""
-    if isinstance(file, Location):
-        if not file.is_file():
-            raise FormatError(f"{file}: missing (the shard is incomplete)")
-        return file.read_range(0, min(size, file.size()))
-    try:
-        with open(file, "rb") as f:
-            return f.read(size)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
-
-
-def _unpack(file: Path | Location, header: Any) -> tuple[Any, ...]:
-    """The header fields of ``file``; a FormatError when the file is missing or too short."""
-    raw = _head(file, header.SIZE)
-    if len(raw) < header.SIZE:
-        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {header.SIZE}-byte header "
-                          "(truncated)")
-    return header.STRUCT.unpack(raw)

@@ -57,6 +57,7 @@ class LegacyFacts(FormatFacts):
     SUFFIX = SUFFIX
     READ_BY = ("Megatron-Bridge",)
     IN_RAM = True
+    KEEPS_RECORD = False  # a pickled list of dicts: never packlab's to replace
     detect = staticmethod(detect)
 
 

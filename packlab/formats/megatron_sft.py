@@ -25,7 +25,14 @@ The record, for example::
     {"format": "megatron_sft", "packlab_version": "0.9.0", "pack_size": 4096,
      "num_bins": 3, "num_tokens": 12011, "num_seqs": 17, "metadata": {},
      "bin_checksum": "xxh3_64", "bridge_commit": "c91ec672d971adb9b155e31e2e224c036f34994e",
-     "pair": {"bin": {"bytes": 48164, "sha256": "..."}, "idx": {"bytes": 102, "sha256": "..."}}}
+     "pair": {"bin": {"bytes": 48164, "sha256": "..."}, "idx": {"bytes": 102, "sha256": "..."}},
+     "fingerprints": {"bin": "5d1e...", "idx": "a07c..."}}
+
+**The files know their shard.** The pair stays Bridge's bytes, so the sidecar records its
+sizes (checked at open) and fingerprints (:mod:`packlab.formats.fingerprints`: the ``.idx``
+whole, the ``.bin``'s first and last 4 KiB, checked on the first read): a ``.bin``, ``.idx``
+or sidecar exchanged with another shard's is refused before a bin is served (a sidecar written
+before fingerprints: sizes only).
 
 For the same bins, ``.sft.bin`` and ``.sft.idx`` are what Bridge's
 ``write_packed_indexed_dataset`` writes (``tests/test_format_megatron_sft.py``: megatron-core's
@@ -67,6 +74,7 @@ from packlab.formats.base import (
     count_field,
     starts_with,
 )
+from packlab.formats.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.items import ItemIndex, ItemLayout, ItemTable
 from packlab.formats.scratch import ScratchArray
 from packlab.formats.table import Column, Maps, TableReads, lookup, refuse_unverifiable
@@ -188,13 +196,15 @@ class Writer(SftFacts, ShardWriter):
         self._lengths.append(np.array([words.shape[0]]))
 
     def _close(self, record: dict[str, Any]) -> dict[str, Any]:
-        idx, _, _ = self._names()
+        idx, data, _ = self._names()
         self._lengths.finish()
         pair = {"bin": self._bin.close(),
                 "idx": mmidx.write_index(self.tmp_path / idx, self._lengths, self.bins_written,
                                          WORDS)}
         self._lengths.discard()
-        record.update(bin_checksum=CHECKSUM, bridge_commit=BRIDGE_COMMIT, pair=pair)
+        record.update(bin_checksum=CHECKSUM, bridge_commit=BRIDGE_COMMIT, pair=pair,
+                      fingerprints={"bin": fingerprint(self.tmp_path / data, whole=False),
+                                    "idx": fingerprint(self.tmp_path / idx, whole=True)})
         raw = json.dumps(record, indent=2).encode()
         sidecar = self._sidecar
         sidecar.write(raw)
@@ -317,6 +327,11 @@ class Reader(SftFacts, TableReads, ShardReader):
         return table
 
     @property
+    def own_record(self) -> bool:
+        """A pair with packlab's sidecar; one Bridge wrote has none (not packlab's to replace)."""
+        return self.record is not None
+
+    @property
     def metadata(self) -> dict[str, Any]:
         found = (self.record or {}).get("metadata")
         return found if isinstance(found, dict) else {}
@@ -370,6 +385,12 @@ class Reader(SftFacts, TableReads, ShardReader):
 
     def _layout(self, maps: Maps) -> ItemLayout:
         n, idx = self.num_bins, self._idx
+        if self.record is not None:  # the pair is the one its sidecar was written with
+            files = {"idx": (idx, True)}  # on object storage each read is one ranged GET:
+            if not isinstance(self.bin, Location):  # there the per-bin checksums stand
+                files["bin"] = (self.bin, False)
+            check_fingerprints(self.record.get("fingerprints"), files,
+                               f"its sidecar {sibling(self.path, SIDECAR).name}")
         index = _Index(maps.values(idx, "<i4", mmidx.HEADER_SIZE, n),
                        maps.values(idx, "<i8", mmidx.pointers_at(n), n), str(self.path))
         checksum = None

@@ -33,7 +33,6 @@ bin's checksum and mask as it is read.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import math
 import os
@@ -41,11 +40,17 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.lib import format as npy_format
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, fsync_file, parse_json, verify_files
+from packlab.files import (
+    HashedFile,
+    fsync_directory,
+    fsync_file,
+    parse_json,
+    short_hash,
+    verify_files,
+)
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -54,6 +59,7 @@ from packlab.formats.base import (
     count_field,
     read_shard_record,
 )
+from packlab.formats.npy_identity import check_identity, npy_header
 from packlab.formats.table import (
     BinIndex,
     BinTable,
@@ -89,6 +95,39 @@ _INT32_MAX = 2**31 - 1
 _VALIDATE_CHUNK_BYTES = 32 << 20  # validate() holds this much of the padded arrays at a time
 
 
+MAX_PADDED_ROW = 64 << 20  # bytes of one padded bin (what the writer holds, a reader maps)
+PADDED_NOTICE = 1 << 30  # a plan that pads to more than this says so before it starts
+
+
+def padded_plan(pack_size: int, num_bins: int, num_tokens: int, where: object) -> list[str]:
+    """A padded plan's bounds: one padded bin at most :data:`MAX_PADDED_ROW` bytes (refused
+    above, naming the bytes); more than :data:`PADDED_NOTICE` bytes that are mostly padding
+    said before the work starts."""
+    per_position = sum(DTYPES[name].itemsize for name in ("input_ids", "loss_mask"))
+    row = pack_size * per_position
+    total = row * num_bins
+    if row > MAX_PADDED_ROW:
+        raise PacklabError(f"{where}: memmap_v1 pads every bin to pack_size {pack_size:,}: one "
+                           f"bin would be {human_bytes(row)}, {num_bins:,} bins "
+                           f"{human_bytes(total)} for {human_bytes(num_tokens * per_position)} "
+                           f"of tokens (at most {human_bytes(MAX_PADDED_ROW)} a bin: choose a "
+                           "smaller pack size, or a format that does not pad)")
+    filled = num_tokens / (pack_size * num_bins) if num_bins else 1.0
+    if total > PADDED_NOTICE and filled < 0.5:
+        return [f"memmap_v1 pads every bin to pack_size {pack_size:,}: {num_bins:,} bins will "
+                f"write {human_bytes(total)}, {filled:.0%} of it tokens"]
+    return []
+
+
+def human_bytes(n: float) -> str:
+    """``5.0 GB``: bytes for a person (powers of 1000)."""
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
 def detect(location: Location) -> bool:
     """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
     try:
@@ -110,13 +149,12 @@ class MemmapFacts(FormatFacts):
     PADDED = True
     detect = staticmethod(detect)
 
-
-def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
-    """The ``.npy`` v1.0 header for an array; its length does not depend on the first axis."""
-    buffer = io.BytesIO()
-    npy_format.write_array_header_1_0(
-        buffer, {"descr": npy_format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
-    return buffer.getvalue()
+    @classmethod
+    def plan_limits(cls, *, pack_size: int, num_bins: int, num_tokens: int,
+                    where: object) -> list[str]:
+        notes = super().plan_limits(pack_size=pack_size, num_bins=num_bins,
+                                    num_tokens=num_tokens, where=where)
+        return notes + padded_plan(pack_size, num_bins, num_tokens, where)
 
 
 def sha256_small_buffer(path: Path, chunk: int = 1 << 20) -> str:
@@ -134,12 +172,13 @@ class NpyStream:
     """A ``.npy`` file written row by row, hashed on the way; the row count fixed at close."""
 
     def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...],
-                 rows: int | None) -> None:
+                 rows: int | None, identity: str | None = None) -> None:
         self.path = path
         self.dtype = dtype
         self.row_shape = row_shape
+        self.identity = identity
         self.row_size = int(np.prod(row_shape, dtype=np.int64))
-        self.header = npy_header(dtype, (rows or 0, *row_shape))
+        self.header = npy_header(dtype, (rows or 0, *row_shape), identity)
         # the padded rows through large aligned writes (huge page-cache folios: faster mapped
         # reads); the per-bin sidecars, a few bytes a bin, through a plain buffered file, so
         # no buffer grows with the bins until the shard is closed
@@ -155,7 +194,8 @@ class NpyStream:
     def close(self) -> dict[str, Any]:
         """Finish the file; the manifest entry (bytes, sha256)."""
         entry = self.file.close()
-        header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape))
+        header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape),
+                            self.identity)
         if header == self.header:
             return entry
         if len(header) != len(self.header):  # cannot happen below 10**21 rows; never guess
@@ -176,16 +216,22 @@ class Writer(MemmapFacts, ShardWriter):
         self.tmp_path.mkdir()
         n, p = self.expected_bins, self.pack_size
         row = (p,)
+        # what this shard is, known before its first byte: its metadata (where the pipeline
+        # records its place in its dataset) and pack size, so the same job writes the same bytes
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": p})
+
+        def stream(name: str, dtype: np.dtype, shape: tuple[int, ...],
+                   rows: int | None) -> NpyStream:
+            return NpyStream(self.tmp_path / name, dtype, shape, rows, self.identity)
+
         self._streams = {
-            "input_ids": NpyStream(self.tmp_path / FILES["input_ids"], DTYPES["input_ids"], row, n),
-            "loss_mask": NpyStream(self.tmp_path / FILES["loss_mask"], DTYPES["loss_mask"], row, n),
-            "packed_len": NpyStream(self.tmp_path / FILES["packed_len"], DTYPES["packed_len"],
-                                    (), n),
-            "seq_offsets": NpyStream(self.tmp_path / FILES["seq_offsets"], DTYPES["seq_offsets"],
-                                     (), None if n is None else n + 1),
-            "seq_starts": NpyStream(self.tmp_path / FILES["seq_starts"], DTYPES["seq_starts"],
-                                    (), None),
-            "checksums": NpyStream(self.tmp_path / CHECKSUMS, CHECKSUM_DTYPE, (), n),
+            "input_ids": stream(FILES["input_ids"], DTYPES["input_ids"], row, n),
+            "loss_mask": stream(FILES["loss_mask"], DTYPES["loss_mask"], row, n),
+            "packed_len": stream(FILES["packed_len"], DTYPES["packed_len"], (), n),
+            "seq_offsets": stream(FILES["seq_offsets"], DTYPES["seq_offsets"], (),
+                                  None if n is None else n + 1),
+            "seq_starts": stream(FILES["seq_starts"], DTYPES["seq_starts"], (), None),
+            "checksums": stream(CHECKSUMS, CHECKSUM_DTYPE, (), n),
         }
         self._checksum = np.zeros(1, dtype=CHECKSUM_DTYPE)
         self._ids_row = np.zeros(p, dtype=DTYPES["input_ids"])
@@ -240,6 +286,7 @@ class Writer(MemmapFacts, ShardWriter):
             "index_dtype": DTYPES["packed_len"].str,
             "bins_written": self.bins_written,
             "bin_checksum": CHECKSUM,
+            "identity": self.identity,
             "files": files,
         }
         manifest_path = self.tmp_path / RECORD
@@ -332,9 +379,12 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         file = self.path / CHECKSUMS
         with open(file, "rb") as fp:
             header = read_npy_header(fp, source=str(file))
+            fp.seek(0)
+            raw = fp.read(header.data_offset)
         if header.dtype != CHECKSUM_DTYPE or header.shape != (self.num_bins,):
             raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                               f"expected {CHECKSUM_DTYPE.str}[{self.num_bins}]")
+        self._check_identity(file, raw)
         return int(header.data_offset)
 
     def _corrupt(self, index: int, what: str) -> FormatError:
@@ -369,6 +419,8 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             file = self.path / FILES[name]
             with open(file, "rb") as fp:
                 header = read_npy_header(fp, source=str(file))
+                fp.seek(0)
+                raw = fp.read(header.data_offset)  # the header again, from the same buffer
             size = header.data_offset + math.prod(shape) * DTYPES[name].itemsize
             if header.dtype != DTYPES[name] or header.shape != shape or header.fortran_order:
                 raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
@@ -376,8 +428,14 @@ class Reader(MemmapFacts, TableReads, ShardReader):
             if file.stat().st_size != size:
                 raise FormatError(f"{file}: {file.stat().st_size} bytes, header and manifest "
                                   f"need {size}")
+            self._check_identity(file, raw)
             data_at[name] = header.data_offset
         return data_at
+
+    def _check_identity(self, file: Path, header: bytes) -> None:
+        """The file's header names this shard (the header its reader reads anyway: no extra
+        read); a shard written before identities were recorded has none to check."""
+        check_identity(file, header, self.record.get("identity"))
 
     def _check_padding(self, maps: Maps, layout: Layout, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""

@@ -61,7 +61,7 @@ import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import file_entry, sha256_file, verify_files
+from packlab.files import file_entry, sha256_file, short_hash, verify_files
 from packlab.formats.base import (
     SHARD_RECORD,
     FormatFacts,
@@ -71,6 +71,7 @@ from packlab.formats.base import (
     index_list,
     read_shard_record,
 )
+from packlab.formats.npy_identity import check_identity, npy_header
 from packlab.formats.spool_gather import (
     SUMS,
     Gather,
@@ -201,6 +202,8 @@ class Writer(PackedIndexFacts, ShardWriter):
 
     def _open(self) -> None:
         self.tmp_path.mkdir()
+        # what this shard is, before its first byte (every .npy header carries it)
+        self.identity = short_hash({"metadata": self.metadata, "pack_size": self.pack_size})
 
     def _write(self, packed: PackedBin) -> None:
         bin_id = self.first_bin + self.bins_written
@@ -242,13 +245,14 @@ class Writer(PackedIndexFacts, ShardWriter):
     def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
         part = self.assignment.select(self.first_bin, self.first_bin + self.bins_written)
         files = {
-            OFFSETS: _save_npy(self.tmp_path / OFFSETS, part.bin_offsets),
-            INDICES: _save_npy(self.tmp_path / INDICES, part.seq_indices),
+            OFFSETS: _save_npy(self.tmp_path / OFFSETS, part.bin_offsets, self.identity),
+            INDICES: _save_npy(self.tmp_path / INDICES, part.seq_indices, self.identity),
         }
         if self.checksums:
             files[SUMS] = _save_npy(self.tmp_path / SUMS, sequence_checksums(
-                self.spool, part.seq_indices, part.pack_size), dtype="<u8")
+                self.spool, part.seq_indices, part.pack_size), self.identity, dtype="<u8")
             manifest["seq_checksum"] = CHECKSUM
+        manifest["identity"] = self.identity
         spool_abs = self.spool.path.resolve()
         manifest.update(
             layout=LAYOUT,
@@ -297,6 +301,7 @@ class Reader(PackedIndexFacts, ShardReader):
         self.record = read_manifest(self.path)
         self.verify = bool(verify)
         self.has_checksums = self.record.get("seq_checksum") == CHECKSUM
+        self.identity = self.record.get("identity")  # every .npy header names it
         if self.verify and not self.has_checksums:
             raise FormatError(f"{self.path}: records no sequence checksums (written with "
                               "checksums=False, or before packlab stored them): verify=True "
@@ -363,8 +368,8 @@ class Reader(PackedIndexFacts, ShardReader):
 
     def _open_index(self) -> BinMaterializer:
         if self._materializer is None:
-            offsets = _load_npy(self.path / OFFSETS, self.num_bins + 1)
-            indices = _load_npy(self.path / INDICES, self.num_seqs)
+            offsets = _load_npy(self.path / OFFSETS, self.num_bins + 1, identity=self.identity)
+            indices = _load_npy(self.path / INDICES, self.num_seqs, identity=self.identity)
             self._spool = SpoolReader(self.spool_path)
             _check_index(self.path, offsets, indices, self._spool.num_sequences)
             self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
@@ -385,7 +390,8 @@ class Reader(PackedIndexFacts, ShardReader):
         is (16 bytes per sequence; 24 with ``verify``): built once per process, on the first
         read."""
         if self._gather is None:
-            sums = _load_npy(self.path / SUMS, self.num_seqs, "<u8") if self.verify else None
+            sums = _load_npy(self.path / SUMS, self.num_seqs, "<u8", self.identity) \
+                if self.verify else None
             self._gather = build_gather(self.path, self._open_index(), sums)
         return self._gather
 
@@ -454,7 +460,7 @@ class Reader(PackedIndexFacts, ShardReader):
     def _check_sequences(self) -> None:
         """Every indexed sequence of the spool against the checksum the shard recorded."""
         assert self._spool is not None
-        recorded = _load_npy(self.path / SUMS, self.num_seqs, "<u8")
+        recorded = _load_npy(self.path / SUMS, self.num_seqs, "<u8", self.identity)
         part = self.assignment
         found = sequence_checksums(self._spool, part.seq_indices, part.pack_size)
         wrong = recorded != found
@@ -513,27 +519,36 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
     check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)
 
 
-def _save_npy(path: Path, values: np.ndarray, dtype: str = "<i8") -> dict[str, Any]:
-    """``np.save`` an index array (8 bytes per sequence: small) and return its manifest entry."""
+def _save_npy(path: Path, values: np.ndarray, identity: str, dtype: str = "<i8"
+              ) -> dict[str, Any]:
+    """An index array (8 bytes per sequence: small) as a ``.npy`` whose header names the shard
+    (:mod:`packlab.formats.npy_identity`); its manifest entry."""
+    array = np.ascontiguousarray(values, dtype=dtype)
     with open(path, "wb") as f:
-        np.save(f, np.ascontiguousarray(values, dtype=dtype), allow_pickle=False)
+        f.write(npy_header(array.dtype, array.shape, identity))
+        f.write(memoryview(array).cast("B"))
         f.flush()
         os.fsync(f.fileno())
     return file_entry(path)
 
 
-def _load_npy(path: Path, count: int, dtype: str = "<i8") -> np.ndarray:
+def _load_npy(path: Path, count: int, dtype: str = "<i8", identity: object = None
+              ) -> np.ndarray:
     """The ``count`` values of a 1-D ``dtype`` .npy, memory-mapped, never unpickled; its header
     parsed by :func:`~packlab.safe_pickle.read_npy_header` (not numpy's parser, whose tokenizer
     fails on damaged bytes) and checked against the manifest's count and the file's size first,
-    so any damage is a FormatError naming the file."""
+    so any damage is a FormatError naming the file; a header that names another shard than
+    ``identity`` (the manifest's) is refused (files exchanged between shards)."""
     want = np.dtype(dtype)
     try:
         with open(path, "rb") as fp:
             header = read_npy_header(fp, source=str(path))
             size = os.fstat(fp.fileno()).st_size
+            fp.seek(0)
+            raw = fp.read(header.data_offset)
     except OSError as exc:
         raise FormatError(f"{path}: cannot read: {exc.strerror}") from None
+    check_identity(path, raw, identity)
     if header.dtype != want or header.shape != (count,) or header.fortran_order:
         raise FormatError(f"{path}: header says {header.dtype.str}{list(header.shape)}, the "
                           f"manifest needs {want.str}[{count}]")

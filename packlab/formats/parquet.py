@@ -226,6 +226,10 @@ class Reader(ParquetFacts, ShardReader):
     """
 
     @property
+    def own_record(self) -> bool:
+        return self.packlab is not None
+
+    @property
     def metadata(self) -> dict[str, Any]:
         found = (self.packlab or {}).get("metadata")
         return found if isinstance(found, dict) else {}

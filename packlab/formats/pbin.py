@@ -272,6 +272,10 @@ class Reader(PbinFacts, TableReads, ShardReader):
     """
 
     @property
+    def own_record(self) -> bool:
+        return self.footer is not None
+
+    @property
     def metadata(self) -> dict[str, Any]:
         found = (self.footer or {}).get("metadata")
         return found if isinstance(found, dict) else {}
@@ -289,10 +293,11 @@ class Reader(PbinFacts, TableReads, ShardReader):
         self._docs: _Documents | None = None
         if self.footer is None:
             if not lossy:
+                self.file.index()  # a cut trailer or index is damage: said as such
                 raise FormatError(
-                    f"{self.path}: a plain Modalities pbin (token documents only, no loss mask "
-                    "or bins); open it with lossy=True to read each document as one bin learning "
-                    "every next token, or read its documents with packlab.formats.pbin.PbinFile")
+                    f"{self.path}: a Modalities pbin without packlab's trailer (token "
+                    "documents only: no loss masks, no packed bins), so not a shard to train "
+                    "from (packlab pack --format pbin writes one)")
             lengths = self.file.index()[:, 1] // self.file.token_width
             self.num_bins = int(lengths.shape[0])
             self.num_tokens = int(lengths.sum())

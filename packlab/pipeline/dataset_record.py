@@ -18,7 +18,7 @@ or tampered one without hashing anything:
 A literal dataset record (``state`` complete)::
 
     {"version": "packlab_dataset_v1", "state": "complete", "format": "parquet",
-     "pack_size": 4096, "packlab_version": "0.1.0",
+     "pack_size": 4096, "packlab_version": "0.1.0", "command": "pack",
      "job": {"spool": {"path": "/data/chat", "manifest_sha256": "9f2c...",
                        "num_sequences": 20000, "num_tokens": 10234112},
              "assignment_sha256": "41d0...", "bins_per_shard": 2048,
@@ -42,12 +42,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from packlab.errors import FormatError, PacklabError
+from packlab.errors import FormatError, PacklabError, PacklabWarning
 from packlab.files import json_default, parse_versioned_json, short_hash, staged
 from packlab.pipeline.receipts import shard_bytes
 from packlab.storage import Location, as_location
@@ -56,6 +57,7 @@ from packlab.version import __version__
 DATASET_RECORD = "dataset.json"
 VERSION = "packlab_dataset_v1"
 STATES = ("writing", "complete")
+COMMANDS = ("pack", "convert")  # what writes a dataset record (older records name none: pack)
 _IDENTITY = ("num_tokens", "bytes", "sha256", "sha256_of")
 
 
@@ -64,11 +66,14 @@ def dataset_record_path(directory: str | os.PathLike[str]) -> Path:
 
 
 def new_dataset_record(*, format: str, pack_size: int, job: dict[str, Any],
-                 shards: Sequence[tuple[str, tuple[int, int]]]) -> dict[str, Any]:
-    """The manifest a job writes before its first shard: names and bin ranges, no checksums."""
+                       shards: Sequence[tuple[str, tuple[int, int]]],
+                       command: str = "pack") -> dict[str, Any]:
+    """The manifest a job writes before its first shard: names and bin ranges, no checksums;
+    ``command`` is the ``packlab`` command that writes it (the one to rerun to finish it)."""
     return {
         "version": VERSION, "state": "writing", "format": format, "pack_size": int(pack_size),
-        "packlab_version": __version__, "job": job, "job_hash": short_hash(job),
+        "packlab_version": __version__, "command": command, "job": job,
+        "job_hash": short_hash(job),
         "num_shards": len(shards), "num_bins": int(shards[-1][1][1]) if shards else 0,
         "num_tokens": None,
         "shards": [{"name": name, "bins": [int(a), int(b)], "num_bins": int(b - a),
@@ -165,25 +170,28 @@ def require_complete(directory: Any, manifest: dict[str, Any]) -> None:
         return
     names = {p.name for p in directory.iterdir()}
     present = sum(1 for s in manifest["shards"] if s["name"] in names)
+    command = manifest.get("command") if manifest.get("command") in COMMANDS else "pack"
     raise FormatError(f"{directory}: incomplete output ({present} of {len(manifest['shards'])} "
                       "shards written; the job that writes it was interrupted or is running: "
-                      "run the same `packlab pack` again to finish it)")
+                      f"run the same `packlab {command}` again to finish it)")
 
 
 def listed_shards(directory: Any, manifest: dict[str, Any], is_shard_like: Any,
                   size_of: Any = shard_bytes) -> list[tuple[Any, dict[str, Any]]]:
-    """The shards the manifest lists, in order, each present with its recorded size; an extra
-    shard-like entry (``is_shard_like(path)``) is refused. Cheap: names and sizes only.
-    ``directory`` is a local folder or a prefix on object storage (``size_of`` then says how
-    big a shard there is)."""
+    """The shards the manifest lists, in order, each present with its recorded size. Entries
+    it does not list (a folder or file a person put there, ``is_shard_like(path)``) are
+    ignored, said in one warning: they are not the dataset's, and the dataset is whole without
+    them. Cheap: names and sizes only. ``directory`` is a local folder or a prefix on object
+    storage (``size_of`` then says how big a shard there is)."""
     require_complete(directory, manifest)
     listed = {s["name"] for s in manifest["shards"]}
     children = {p.name: p for p in directory.iterdir()}
     extra = sorted(name for name, p in children.items()
                    if name not in listed and is_shard_like(p))
     if extra:
-        raise FormatError(f"{directory / extra[0]}: a shard {DATASET_RECORD} does not list "
-                          "(copied in from elsewhere? remove it, or rewrite the output)")
+        more = f" and {len(extra) - 1} more" if len(extra) > 1 else ""
+        warnings.warn(f"{directory}: {extra[0]}{more} not listed in its {DATASET_RECORD}: not "
+                      "part of the dataset, ignored", PacklabWarning, stacklevel=2)
     out = []
     for entry in manifest["shards"]:
         path = directory / entry["name"]

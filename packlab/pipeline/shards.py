@@ -6,6 +6,12 @@ path (memory-mapped), materializes its bins one at a time and streams them into 
 a worker's memory is bounded by one shard's writer, never by the dataset. Its receipt
 (:mod:`packlab.pipeline.receipts`) is written after the shard is published.
 
+The chain of custody: the spool's lengths and offsets are checked against its record before
+anything is planned on disk, and each job checks the ranges of sequences its bins read against
+the spool's range checksums before it writes (:meth:`SpoolReader.verify_sequences`), so a
+corrupted spool is refused, naming the file and sequences, never packed into shards whose
+fresh checksums would vouch for it.
+
 Output is deterministic: the same spool, assignment and options give the same bytes whatever
 the number of workers or the executor (:mod:`packlab.executors`).
 
@@ -108,6 +114,7 @@ def write_shard(
     began = time.perf_counter()
     stop = start + part.num_bins
     reader = SpoolReader(spool)
+    reader.verify_sequences(part.seq_indices)  # what this shard reads, before it is written
     out = Path(path)
     options = dict(format_options)
     by_reference = get_format(format).Writer.NEEDS_SPOOL
@@ -212,6 +219,9 @@ def plan_shards(
                            f"({', '.join(EXISTING)}), not overwrite=")
     path = spool_path(spool)
     get_format(format)
+    checked = SpoolReader(path)  # before any work: the lengths the plan was made from, and
+    checked.verify_index()  # every range of sequences the plan reads
+    checked.verify_sequences(assignment.seq_indices)
     out = Path(out_dir)
     if out.is_dir():  # a job writing here now is the one thing to say (not "already holds")
         with writing_lock(out):

@@ -80,6 +80,8 @@ def execute(con: Any, sql: str, params: Any = None) -> Result:
         cursor = con.execute(sql, params) if params is not None else con.execute(sql)
     except duckdb.Error as exc:
         raise PacklabError(short_line(exc)) from None
+    if cursor is None:  # "", ";", "-- a comment": DuckDB runs nothing and returns nothing
+        raise PacklabError(f"no SQL statement to run in {sql!r:.80} (empty, or only a comment)")
     description = cursor.description or []
     return Result([d[0] for d in description], cursor)
 

@@ -10,6 +10,16 @@ suffix; a layout's link names keep their dataset prefix), a receipt beside each,
 ``dataset.json`` written first (``"writing"``) and finished last, so an interrupted
 conversion is refused by readers, and the folder is recognised (and replaceable with
 ``--overwrite``) later. Each converted shard records its place (``bins``) in its metadata.
+
+**Chain of custody.** Every source bin is checked as it is read: against its per-bin checksum
+where the source format records one (``verify=True``; Parquet's page CRCs), so a corrupted
+source is refused naming its file and bin, never laundered into fresh checksums. The output's
+``dataset.json`` records its source (each shard's name, format and checksum, and the source
+dataset record's SHA-256) and ``validate`` checks the shards against it.
+
+**Resumed.** Interrupted, the same command finishes the job: ``dataset.json`` names the job (the
+source's identity, the format and its options); shards whose receipts vouch for them are kept,
+the rest written. Another job's output in DST is refused unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -20,17 +30,24 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import PacklabError
-from packlab.files import remove
+from packlab.files import remove, sha256_file
 from packlab.formats import delete_shard, get_format, shard_size
 from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.dataset_record import (
+    DATASET_RECORD,
     completed,
     new_dataset_record,
     read_dataset_record,
     write_dataset_record,
     writing_lock,
 )
-from packlab.pipeline.receipts import finish_receipt, receipt_path, shard_bytes
+from packlab.pipeline.receipts import (
+    finish_receipt,
+    receipt_path,
+    reusable_receipt,
+    shard_bytes,
+)
+from packlab.pipeline.shards import sweep_own_temporaries
 from packlab.progress import progress_bar
 from packlab.sources import open_shard, open_writer
 from packlab.sources.outputs import output
@@ -48,7 +65,8 @@ def convert(src: Any, dst: str, *, format: str, split: str | None = None,
     if str(dst).rstrip("/") == source.given.rstrip("/"):
         raise PacklabError(f"{dst}: DST is SRC (convert writes a new output)")
     kind = "shard" if source.kind == "shard" else "dataset"
-    with output(str(dst), kind=kind, overwrite=overwrite, format=format) as local:
+    with output(str(dst), kind=kind, overwrite=overwrite, format=format,
+                resume=kind == "dataset") as local:
         rows = convert_source(source, local, format=format, overwrite=overwrite,
                               **format_options)
     for row in rows:
@@ -72,16 +90,27 @@ def convert_source(source: Source, dst: Path, *, format: str, overwrite: bool,
         if source.kind == "shard":
             return [_convert_one(source.shards[0], dst, format, overwrite, bar, None,
                                  format_options)]
-        return _convert_many(source, dst, format, bar, format_options)
+        return _convert_many(source, dst, format, bar, format_options, overwrite)
 
 
 def _bins(shard: Shard) -> int:
     return 0 if shard.bins is None else shard.bins[1] - shard.bins[0]
 
 
+def open_verified(shard: Shard) -> Any:
+    """A reader of ``shard`` that checks every bin it serves against the shard's per-bin
+    checksums, where the format records them (a format without leaves its invariants, which
+    every reader checks, as the check)."""
+    reader = open_shard(shard.path, format=shard.format)
+    if not getattr(reader, "has_checksums", False) or getattr(reader, "verify", True):
+        return reader
+    reader.close()
+    return open_shard(shard.path, format=shard.format, verify=True)
+
+
 def _convert_one(shard: Shard, dst: Path, format: str, overwrite: bool, bar: Any,
                  bins: tuple[int, int] | None, format_options: dict[str, Any]) -> dict[str, Any]:
-    with open_shard(shard.path, format=shard.format) as reader:
+    with open_verified(shard) as reader:
         before = shard_size(shard.path)
         row = convert_reader(reader, dst, format=format, before=before, overwrite=overwrite,
                              metadata={"bins": list(bins)} if bins is not None else None,
@@ -91,7 +120,7 @@ def _convert_one(shard: Shard, dst: Path, format: str, overwrite: bool, bar: Any
 
 
 def _convert_many(source: Source, dst: Path, format: str, bar: Any,
-                  format_options: dict[str, Any]) -> list[dict[str, Any]]:
+                  format_options: dict[str, Any], overwrite: bool = False) -> list[dict[str, Any]]:
     """Every shard into ``dst``, with receipts and ``dataset.json`` (see the module doc); what
     ``dst`` held was checked replaceable by the caller (:mod:`packlab.sources.outputs`)."""
     names = [converted_name(Path(s.name.replace("/", LINK_SEPARATOR)), s.format, format)
@@ -114,19 +143,34 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
         bar.total = at
     job = {"converted_from": [{"name": s.name, "format": s.format, "sha256": s.sha256}
                               for s in source.shards],
+           "source_record_sha256": source_record_sha256(source),
            "format": format, "format_options": format_options}
     with open_shard(source.shards[0].path, format=source.shards[0].format) as first:
         pack_size = int(first.pack_size)
     manifest = new_dataset_record(format=format, pack_size=pack_size, job=job,
-                            shards=list(zip(names, ranges, strict=True)))
+                                  shards=list(zip(names, ranges, strict=True)),
+                                  command="convert")
     rows, receipts = [], []
     dst.mkdir(parents=True, exist_ok=True)
     with writing_lock(dst):
-        old = _old_names(dst)
+        sweep_own_temporaries(dst)  # a killed run's: nobody else writes here now
+        before = _record_before(dst)
+        same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
+        if before is not None and not same_job and not overwrite:
+            raise PacklabError(f"{dst}: already holds another output ({DATASET_RECORD}); pass "
+                               "overwrite=True to replace it")
+        old = {s["name"] for s in before["shards"]} if before else set()
         write_dataset_record(dst, manifest)
         for shard, name, place in zip(source.shards, names, ranges, strict=True):
             began = time.perf_counter()
             target = dst / name
+            kept = reusable_receipt(target, format=format, bins=place,
+                                    pack_size=manifest["pack_size"]) if same_job else None
+            if kept is not None:  # the same job, interrupted: this shard is done
+                bar.update(place[1] - place[0])
+                receipts.append(kept)
+                rows.append(_kept_row(shard, target, format, kept))
+                continue
             remove(receipt_path(target))
             row = _convert_one(shard, target, format, True, bar, place, format_options)
             receipts.append(finish_receipt(target, format=format, bins=place,
@@ -140,13 +184,31 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
     return rows
 
 
-def _old_names(dst: Path) -> set[str]:
-    """Shards an earlier output in ``dst`` listed (to remove those this one does not)."""
+def _record_before(dst: Path) -> dict[str, Any] | None:
+    """The dataset record an earlier job left in ``dst`` (a damaged one counts as none: the
+    caller checked the folder is packlab's to replace)."""
     try:
-        manifest = read_dataset_record(dst)
+        return read_dataset_record(dst)
     except PacklabError:
-        return set()
-    return {s["name"] for s in manifest["shards"]} if manifest else set()
+        return None
+
+
+def _kept_row(shard: Shard, target: Path, format: str, receipt: dict[str, Any]) -> dict[str, Any]:
+    """The summary row of a shard an interrupted run of the same job had finished."""
+    return {"source": str(shard.path), "source_format": shard.format,
+            "destination": str(target), "format": format,
+            "num_bins": int(receipt["num_bins"]), "num_tokens": int(receipt["num_tokens"]),
+            "bytes_before": int(shard_size(shard.path)),
+            "bytes_after": int(receipt["bytes"]), "seconds": 0.0}
+
+
+def source_record_sha256(source: Source) -> str | None:
+    """The SHA-256 of the source's dataset record, when the source is one local dataset
+    folder that has one: the source's identity, as ``dataset.json`` records it."""
+    if source.remote or source.kind != "directory":
+        return None
+    record = Path(source.given) / DATASET_RECORD
+    return sha256_file(record) if record.is_file() else None
 
 
 def converted_name(source: Path, source_format: str, target_format: str) -> str:

@@ -1,4 +1,10 @@
-"""Where a command writes, and what it may replace.
+"""Where a command writes, and what it may replace: the one output discipline of every
+command that writes (pack, convert, tokenize, synth, corpus, raw-index, pbin, and the next one).
+
+A new command adopts it in one block::
+
+    with output(args.out, kind="dataset", overwrite=args.overwrite) as local:
+        ...write ``local`` (a local path even when OUT is a URI)...
 
 **Local or remote.** Every command that writes takes a local path or a URI. A URI never becomes
 a local folder (``s3://lab/x`` is not ``./s3:/lab/x``): the work is written into a local
@@ -6,27 +12,43 @@ staging folder (``$PACKLAB_STAGING_DIR``, default ``~/.cache/packlab/staging/<ha
 URI>``) and uploaded when it is whole, as :mod:`packlab.cloud` does for the Python API: a
 spool or a directory shard manifest last, a file through a temporary key, a pack output with
 its ``dataset.json`` put as ``"writing"`` first and finished last, a layout with its
-``blend.json`` likewise. The staging folder of a ``pack`` outlives an interruption, so the
-same command finishes the job (and the upload) instead of starting again.
+``blend.json`` likewise. The staging folder of a resumable job outlives an interruption, so
+the same command finishes the job (and the upload) instead of starting again.
 
-**What ``--overwrite`` may replace**: only what packlab recognises as its own output of the
-same kind, by its manifest; anything else is refused, overwrite or not:
+**Kinds, each recognised by its own record.** ``--overwrite`` replaces only packlab's own
+output of the same kind at that path; anything else is refused, overwrite or not:
 
-=========  ====================================================================================
-kind       recognised by
-=========  ====================================================================================
-spool      ``manifest.json`` of version ``spool_v1`` (synth, tokenize); refused while a
-           ``packed_index`` output still reads it (:mod:`packlab.pipeline.references`)
-dataset    ``dataset.json`` (pack, convert into a folder), or a folder of nothing but pipeline
-           shards and their receipts (written before dataset records existed)
-layout     ``blend.json`` or a ``runs/`` folder (pack with ``--split`` or several spools)
-shard      a shard of the same format (convert into one shard)
-file       the check the command gives (a JSONL, an index, a ``.pbin``)
-=========  ====================================================================================
+===========  ==================================================================================
+kind         recognised by
+===========  ==================================================================================
+spool        ``manifest.json`` of version ``spool_v1`` (synth, tokenize); refused while a
+             ``packed_index`` output still reads it (:mod:`packlab.pipeline.references`)
+dataset      ``dataset.json`` (pack, convert into a folder), or a folder of nothing but pipeline
+             shards and their receipts (written before dataset records existed)
+layout       ``blend.json`` or a ``runs/`` folder (pack with ``--split`` or several spools)
+file         a file whose writer keeps its own record beside it (export: a Megatron prefix's
+             ``.spool.json``), recognised by the caller's ``recognise(path)``, named by ``what``
+shard        a shard of the same format carrying packlab's own record (convert into one shard);
+             a one-file shard's companions (a pair's ``.bin``, a sidecar) go with it, and one
+             found without its shard is refused
+jsonl, ...   a one-file output's record beside it, naming it with its size and checksum
+             (corpus, raw-index, pbin: :mod:`packlab.sources.file_records`)
+===========  ==================================================================================
 
-An empty folder may always be written into. Without ``--overwrite`` an existing output is
-refused, except where the command resumes its own job (``pack``: the pipeline then checks it is
-the very same job; for a URI, against the ``dataset.json`` on the store).
+Never inside another output: a path under a pack output, a layout, a spool or a directory shard
+is refused, whatever the flag (a file written there would be a stray in someone else's record).
+A path the command line cannot name in UTF-8 is refused up front (records and SQL name paths
+in UTF-8). An empty folder may always be written into; what a killed run left (hidden
+temporaries whose writer no longer runs) is swept first.
+
+**Staged, published atomically, resumed.** A spool and every shard are built under a temporary
+name and renamed into place by their writers; a one-file output is built under a temporary
+name here, and its record is written first (``"writing"``) and finished last; a folder of
+shards (pack, convert) carries ``dataset.json``, written first and finished last. Without
+``--overwrite`` an existing output is refused, except the job's own unfinished one: the same
+command (``resume=True``: pack and convert, whose pipelines check it is the very same job; a
+one-file output whose record says ``"writing"``) finishes it. A run that fails (or is refused)
+leaves what was there as it was.
 """
 
 from __future__ import annotations
@@ -49,19 +71,39 @@ from packlab.cloud.transfer import (
 )
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json, remove, short_hash
+from packlab.files import (
+    TMP_MARKER,
+    check_path_name,
+    is_temporary,
+    left_by_a_dead_writer,
+    parse_json,
+    publish,
+    remove,
+    short_hash,
+    temporary_sibling,
+)
 from packlab.formats import detect_format, get_format
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
+from packlab.sources.file_records import (
+    FILE_KINDS,
+    identity,
+    new_file_record,
+    read_file_record,
+    recognised,
+    record_path,
+    write_file_record,
+)
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
 from packlab.spool_prefix import prefix_files, prefix_of
 from packlab.storage import Location, is_remote, resolve
 
-KINDS = ("spool", "dataset", "layout", "shard", "file")
+FOLDER_KINDS = ("spool", "dataset", "layout")
+KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS, "file")
 _FOLDERS = {"spool": "a spool", "dataset": "a pack output", "layout": "an output layout"}
 REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: remove it yourself "
            "or choose another path")
@@ -79,21 +121,33 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
     """Refuse to write ``target`` when that could lose something (see the module docstring);
     every message names the path and the flag that would change the answer."""
     if kind not in KINDS:
-        raise PacklabError(f"output kind must be one of {KINDS}, got {kind!r}")
+        raise PacklabError(f"output kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    check_path_name(target)
     if is_remote(target):
         _check_remote(resolve(target), kind, overwrite, resume, format)
         return
     path = Path(target)
+    enclosing = enclosing_output(path)
+    if enclosing is not None:
+        where, what = enclosing
+        raise PacklabError(f"{path}: inside {where}, {what}: packlab writes nothing inside "
+                           "another output (choose a path outside it)")
+    if kind == "shard":
+        _check_companions(path, format)
     if not (path.exists() or path.is_symlink()):
         return
-    if kind in ("spool", "dataset", "layout") and not path.is_dir():
+    if kind in FOLDER_KINDS and not path.is_dir():
         raise PacklabError(f"{path}: exists and is not a folder ({_FOLDERS[kind]} is one): "
                            "choose another path")
-    if path.is_dir() and not any(path.iterdir()):
+    if path.is_dir() and not path.is_symlink() and not any(path.iterdir()):
         return  # an empty folder: nothing to lose
-    own = _recognised(path, kind, format, recognise)
-    if not own:
-        raise PacklabError(f"{path}: exists and is not {_kind_name(kind, format, what)}; "
+    if not (_recognised(path, kind, format) if kind != "file" else
+            path.is_file() and (recognise is None or recognise(path))):
+        if kind == "shard" and not _keeps_record(format):
+            raise PacklabError(f"{path}: already exists, and a {format} shard keeps no record "
+                               "that says packlab wrote it: remove it yourself or choose "
+                               "another path")
+        raise PacklabError(f"{path}: exists and is not {what or _kind_name(kind, format)}; "
                            f"{REFUSAL}")
     if kind == "spool" and overwrite:
         users = spool_users(path)
@@ -101,20 +155,66 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
             raise PacklabError(f"{path}: {len(users)} packed_index output(s) still read this "
                                f"spool ({users[0]}); replacing it would break them (remove or "
                                "repack them first)")
+    if kind in FILE_KINDS and _unfinished_file(path):
+        return  # the same command, interrupted: it finishes the job
     if not overwrite and not resume:
         raise PacklabError(f"{path}: already exists (pass --overwrite to replace it)")
 
 
-def _kind_name(kind: str, format: str | None, what: str) -> str:
-    if what:
-        return what
+def _check_companions(path: Path, format: str | None) -> None:
+    """A one-file shard's other files (a Megatron pair's ``.bin``, packlab's sidecar) are
+    written with it: where the shard is not there, one of them that is would be a person's
+    file (or what is left of another shard), refused."""
+    if format is None or path.exists():
+        return  # an existing shard is judged whole, by its record
+    for companion in get_format(format).Reader.companions(path):
+        if companion.exists() or companion.is_symlink():
+            raise PacklabError(f"{companion}: exists, and writing the {format} shard {path.name} "
+                               f"would replace it; {REFUSAL}")
+
+
+def enclosing_output(path: Path) -> tuple[Path, str] | None:
+    """The packlab output that ``path`` would be inside (a pack output, a layout, a spool, a
+    directory shard), and what it is; None when no folder above ``path`` is one."""
+    for folder in Path(os.path.abspath(path)).parents:
+        what = folder_kind(folder)
+        if what is not None:
+            return folder, what
+    return None
+
+
+def folder_kind(folder: Path) -> str | None:
+    """What packlab output ``folder`` is, by its record, in words; None for any other folder."""
+    if (folder / DATASET_RECORD).is_file():
+        return "a packlab output (dataset.json)"
+    if (folder / BLEND_FILE).is_file():
+        return "an output layout (blend.json)"
+    record = folder / DIRECTORY_RECORD
+    if not record.is_file():
+        return None
+    try:
+        raw = record.read_bytes()
+    except OSError:
+        return None
+    if is_spool_record(raw):
+        return "a spool"
+    try:
+        return f"a {detect_format(folder)} shard"
+    except FormatError:
+        return None
+
+
+def _kind_name(kind: str, format: str | None) -> str:
+    if kind in FILE_KINDS:
+        return f"{FILE_KINDS[kind][0]} packlab wrote (no record of it beside it, or its bytes " \
+               "changed since)"
     return {"spool": "a spool (spool_v1)", "dataset": "a packlab output (it has no "
             "dataset.json)", "layout": "a packlab output layout (it has no blend.json or runs/)",
-            "shard": f"a {format} shard", "file": "a file of that kind"}[kind]
+            "shard": f"a {format} shard packlab wrote",
+            "file": "a file of that kind packlab wrote"}[kind]
 
 
-def _recognised(path: Path, kind: str, format: str | None,
-                recognise: Callable[[Path], bool] | None) -> bool:
+def _recognised(path: Path, kind: str, format: str | None) -> bool:
     if kind == "spool":
         return (path / DIRECTORY_RECORD).is_file() and is_spool_record((path / DIRECTORY_RECORD).read_bytes())
     if kind == "dataset":
@@ -122,11 +222,35 @@ def _recognised(path: Path, kind: str, format: str | None,
     if kind == "layout":
         return is_layout(path) or (path / RUNS_DIR).is_dir()
     if kind == "shard":
-        try:
-            return detect_format(path) == format
-        except FormatError:
+        return own_shard(path, format)
+    return recognised(path, kind)
+
+
+def own_shard(path: Any, format: str | None) -> bool:
+    """A shard of ``format`` that carries packlab's own record (a directory shard's manifest, a
+    one-file shard's packlab footer, metadata or trailer): a Parquet file from elsewhere is
+    not packlab's to replace."""
+    try:
+        if format is None or detect_format(path) != format:
             return False
-    return path.is_file() and (recognise is None or recognise(path))
+        with get_format(format).Reader(path) as reader:
+            return bool(reader.own_record)
+    except Exception:  # noqa: BLE001 - whatever a damaged or foreign file raises: not ours
+        return False
+
+
+def _keeps_record(format: str | None) -> bool:
+    """Whether shards of ``format`` carry a record of their writer (the legacy pickle has no
+    room for one)."""
+    return format is None or get_format(format).Reader.KEEPS_RECORD
+
+
+def _unfinished_file(path: Path) -> bool:
+    try:
+        record = read_file_record(path)
+    except FormatError:
+        return False
+    return record is not None and record["state"] == "writing"
 
 
 def _only_pipeline_shards(path: Path) -> bool:
@@ -140,10 +264,19 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
                   format: str | None) -> None:
     if not location.exists():
         return
+    unfinished = False
     if location.is_file():
-        suffix = _suffix(format)
-        own = kind in ("shard", "file") and (kind == "file" or
-                                             bool(suffix) and location.name.endswith(suffix))
+        if kind == "shard":
+            suffix = _suffix(format)
+            own = bool(suffix) and location.name.endswith(suffix)
+        elif kind == "file":
+            own = True  # its own record, beside it, is the writer's to check
+        elif kind in FILE_KINDS:
+            own = recognised(location, kind)
+            record = read_file_record(location) if own else None
+            unfinished = record is not None and record["state"] == "writing"
+        else:
+            own = False
     elif kind == "spool":
         own = (location / DIRECTORY_RECORD).is_file() and is_spool_record(
             (location / DIRECTORY_RECORD).read_bytes())
@@ -156,9 +289,9 @@ def _check_remote(location: Location, kind: str, overwrite: bool, resume: bool,
     else:
         own = False
     if not own:
-        raise PacklabError(f"{location}: exists and is not {_kind_name(kind, format, '')}; "
+        raise PacklabError(f"{location}: exists and is not {_kind_name(kind, format)}; "
                            f"{REFUSAL}")
-    if not overwrite and not resume:
+    if not overwrite and not resume and not unfinished:
         raise PacklabError(f"{location}: already exists (pass --overwrite to replace it)")
 
 
@@ -171,13 +304,28 @@ def _suffix(format: str | None) -> str | None:
 def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
            format: str | None = None, recognise: Callable[[Path], bool] | None = None,
            what: str = "") -> Iterator[Path]:
-    """``with output(OUT, kind=...) as local:`` write ``local``; for a URI it is a staging
-    folder's entry, uploaded when the block ends normally (see the module docstring). The
-    checks of :func:`check_output` run first, before any work."""
+    """``with output(OUT, kind=...) as local:`` write ``local`` (see the module docstring).
+    The checks of :func:`check_output` run first, before any work. For a folder kind or a
+    shard ``local`` is where the command's writer builds (and publishes) its output; for a
+    one-file kind it is a temporary name this block publishes with the file's record; for a
+    URI it is a staging folder's entry, uploaded when the block ends normally."""
+    if not is_remote(target):
+        sweep_leftovers(Path(target))
     check_output(target, kind=kind, overwrite=overwrite, resume=resume, format=format,
                  recognise=recognise, what=what)
     if not is_remote(target):
-        yield Path(target)
+        if kind in FILE_KINDS:
+            with _file_output(Path(target), kind) as local:
+                yield local
+            return
+        path = Path(target)
+        new = not path.exists() or (path.is_dir() and not any(path.iterdir()))
+        try:
+            yield path
+        except PacklabError:
+            if new and kind in FOLDER_KINDS:  # refused (bad input found on the way): what
+                remove(path)  # this run began is gone; an interrupted run keeps it to finish
+            raise
         return
     location = resolve(target)
     staging = staging_root() / short_hash(location.uri)
@@ -189,7 +337,10 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
         _stage_manifest(location, local)
     try:
         yield local
-        upload(local, location, kind)
+        if kind in FILE_KINDS:
+            _upload_file(local, location, kind)
+        else:
+            upload(local, location, kind)
     except BaseException as exc:
         if not resume:  # a resumable job keeps its staged work for the same command
             remove(staging)
@@ -197,6 +348,75 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
             raise type(exc)(str(exc).replace(str(local), location.uri)) from None
         raise
     remove(staging)
+
+
+def sweep_leftovers(path: Path) -> list[Path]:
+    """Remove what a killed run of a command writing ``path`` left: its hidden temporaries
+    beside it (the output's, its record's: ``.NAME.tmp-PID-...``), and in a folder that holds
+    nothing else, the temporaries inside it, each only when its writer no longer runs (as
+    ``packlab gc`` decides). So the same command finishes, and nothing of a run is left."""
+    gone: list[Path] = []
+    if not path.parent.is_dir():
+        return gone
+    prefixes = (f".{path.name}{TMP_MARKER}", f".{record_path(path).name}{TMP_MARKER}",
+                f".{path.stem}.")  # and its companions' (a prefix's .bin beside its .idx)
+    beside = [p for p in path.parent.iterdir()
+              if p.name.startswith(prefixes) and is_temporary(p)]
+    inside = list(path.iterdir()) if path.is_dir() and not path.is_symlink() else []
+    if not all(is_temporary(p) for p in inside):
+        inside = []  # a folder with content: its own writer sweeps it, under its lock
+    for leftover in (*beside, *inside):
+        if left_by_a_dead_writer(leftover):
+            remove(leftover)
+            gone.append(leftover)
+    return gone
+
+
+@contextmanager
+def _file_output(final: Path, kind: str) -> Iterator[Path]:
+    """A one-file output built under a temporary name beside ``final``: its record says
+    ``"writing"`` first (what it replaces, then what comes), the file is renamed into place,
+    the record finished last. Any failure puts back the record that was there (the old file
+    never moved)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    where = record_path(final)
+    before = where.read_bytes() if where.is_file() else None
+    previous = identity(final) if final.is_file() else None
+    write_file_record(final, new_file_record(final, kind=kind, state="writing",
+                                             previous=previous, next=None))
+    hidden = temporary_sibling(final)
+    tmp = hidden.with_name(hidden.name + final.suffix)  # writers that read the suffix see it
+    try:
+        yield tmp
+        if not tmp.is_file():
+            raise PacklabError(f"{final}: the command wrote nothing (a bug)")
+        made = identity(tmp)
+        write_file_record(final, new_file_record(final, kind=kind, state="writing",
+                                                 previous=previous, next=made))
+        publish(tmp, final, overwrite=True)
+        write_file_record(final, new_file_record(final, kind=kind, state="complete", **made))
+    except BaseException as exc:
+        remove(tmp)
+        if not (final.is_file() and identity(final) != previous):  # else the new file is in
+            if before is None:  # place, and its "writing" record recognises it
+                remove(where)
+            else:
+                where.write_bytes(before)
+        if isinstance(exc, PacklabError):  # about the temporary: said of the user's path
+            raise type(exc)(str(exc).replace(str(tmp), str(final))) from None
+        raise
+
+
+def _upload_file(local: Path, location: Location, kind: str) -> None:
+    """A one-file output sent to the store: its record put as ``"writing"`` first, the file
+    through a temporary key, the record finished last."""
+    from packlab.storage import upload_file
+
+    made = identity(local)
+    write_file_record(location, new_file_record(location, kind=kind, state="writing",
+                                                previous=None, next=made))
+    upload_file(local, location, overwrite=True)
+    write_file_record(location, new_file_record(location, kind=kind, state="complete", **made))
 
 
 def _stage_manifest(location: Location, local: Path) -> None:

@@ -23,8 +23,9 @@ from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import download_shard
 from packlab.dataset import check_place
 from packlab.errors import FormatError, PacklabError, one_line
+from packlab.files import sha256_file
 from packlab.formats import get_format
-from packlab.pipeline.dataset_record import DATASET_RECORD
+from packlab.pipeline.dataset_record import DATASET_RECORD, read_dataset_record
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
     check_receipt,
@@ -32,8 +33,10 @@ from packlab.pipeline.receipts import (
     shard_checksum,
 )
 from packlab.progress import progress_bar
+from packlab.sources.file_records import describe_file, file_output
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source, resolve_source
+from packlab.spool import SPOOL_RECORD
 from packlab.storage import Location
 
 
@@ -52,6 +55,9 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
     if source.kind == "directory" and not source.remote:
         directory = Path(source.given)
         check_orphan_receipts(directory, {Path(s.path).name for s in source.shards})
+        # after the shards' own checks (which name a damaged spool's fault): a spool that
+        # passes them all may still be another one than the output was packed from
+        check_source_identity(directory, source)
     out: dict[str, Any] = {"path": source.given, "kind": source.kind, **totals(rows),
                            "manifest": any(s.sha256 is not None for s in source.shards)}
     if source.splits:
@@ -64,6 +70,9 @@ def validate_path(path: Any, *, split: str | None = None,
     """``packlab validate PATH [--split]``: a spool, or any dataset path or URI, resolved and
     validated. Returns ``kind`` (``spool``, or the dataset's), counts and, for a dataset, one
     row per shard; raises on the first problem, naming it."""
+    if split is None and file_output(path, check=False) is not None:
+        # a one-file output packlab wrote: its record, its bytes, its contents
+        return {**describe_file(path, check=True), "kind": "file"}
     spool = spool_at(str(path)) if split is None else None
     if spool is not None:
         spool.verify()
@@ -165,6 +174,28 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
     summary["format"] = format
     summary["receipt"] = receipt is not None
     return summary
+
+
+def check_source_identity(directory: Path, source: Source) -> None:
+    """The chain of custody: a folder whose shards read their spool at read time
+    (``packed_index``) must find the spool its ``dataset.json`` says it was packed from (the
+    SHA-256 of that spool's record), not another one put in its place."""
+    record = read_dataset_record(directory)
+    spool = ((record or {}).get("job") or {}).get("spool")
+    if not isinstance(spool, dict) or not isinstance(spool.get("manifest_sha256"), str):
+        return
+    for shard in source.shards:
+        reader = get_format(shard.format).Reader
+        if not reader.NEEDS_SPOOL:
+            continue
+        relative = reader.spool_reference(Path(shard.path))["relative"]
+        found = Path(os.path.normpath(Path(shard.path).absolute() / relative))
+        if not (found / SPOOL_RECORD).is_file():
+            continue  # the shard's own check names a missing spool
+        if sha256_file(found / SPOOL_RECORD) != spool["manifest_sha256"]:
+            raise FormatError(f"{found}: not the spool {directory} was packed from (its record "
+                              f"differs from the one {DATASET_RECORD} names): the spool was "
+                              "replaced; put the original back, or pack this spool again")
 
 
 def check_orphan_receipts(directory: Path, names: set[str]) -> None:
