@@ -14,7 +14,7 @@ from conftest import random_job, write_random_spool
 from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, PacklabError, PacklabWarning
-from packlab.formats import format_names
+from packlab.formats import format_names, get_format
 from packlab.layout import build_layout
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
@@ -113,10 +113,13 @@ def test_a_missing_or_extra_shard_is_refused(job, tmp_path, name) -> None:
             assert call() == job[1].num_bins
 
 
-def _swap(a: Path, b: Path) -> None:
-    """Exchange two shards and their receipts (what the fuzzing found validate accepted)."""
+def _swap(a: Path, b: Path, name: str | None = None) -> None:
+    """Exchange two shards, their companion files (a Megatron pair's .bin and packlab's
+    sidecar) and their receipts (what the fuzzing found validate accepted)."""
     tmp = a.with_name("swap-tmp")
-    for x, y in ((a, b), (receipt_path(a), receipt_path(b))):
+    companions = get_format(name).Reader.companions if name else (lambda entry: [])
+    for x, y in ((a, b), *zip(companions(a), companions(b), strict=True),
+                 (receipt_path(a), receipt_path(b))):
         x.rename(tmp)
         y.rename(x)
         tmp.rename(y)
@@ -128,16 +131,19 @@ def test_swapped_or_duplicated_shards_are_refused(job, tmp_path, name) -> None:
     write(job, out, name)
     entries = read_dataset_record(out)["shards"]
     first, second = out / entries[0]["name"], out / entries[1]["name"]
-    _swap(first, second)
+    _swap(first, second, name)
     for call in (lambda: open_dataset(out), lambda: validate_path(out)):
         with pytest.raises(FormatError, match=f"{first.name}: .*(swapped|replaced|bytes)"):
             call()
-    _swap(first, second)
+    _swap(first, second, name)
     digests = [bin_digest(*open_dataset(out).read_bin(i)) for i in range(8)]
     assert len(set(digests)) == 8
     # a shard copied over another, its receipt adjusted to vouch for the copy
     shutil.rmtree(second) if second.is_dir() else second.unlink()
     (shutil.copytree if first.is_dir() else shutil.copy)(first, second)
+    facts = get_format(name).Reader
+    for a, b in zip(facts.companions(first), facts.companions(second), strict=True):
+        shutil.copy(a, b)
     receipt = json.loads(receipt_path(first).read_text())
     receipt_path(second).write_text(json.dumps({**receipt, "shard": second.name}))
     for call in (lambda: open_dataset(out), lambda: validate_path(out)):
@@ -213,7 +219,7 @@ def test_a_layouts_split_refuses_a_missing_swapped_or_duplicated_shard(spools, t
     shutil.move(second, tmp_path / "gone")
     refused_everywhere(out, f"{second.name}.*(broken link|missing)")
     out, first, second = damaged()
-    _swap(first, second)
+    _swap(first, second, name)
     refused_everywhere(out, f"{first.name}: .*(swapped|another shard in its place)")
     out, first, second = damaged()
     (shutil.rmtree if second.is_dir() else Path.unlink)(second)
