@@ -38,8 +38,9 @@ def check_path_name(path: str | os.PathLike[str]) -> None:
     try:
         os.fsdecode(path).encode("utf-8")
     except UnicodeError:
-        raise PacklabError(f"{os.fsencode(path)!r:.200}: the path is not valid UTF-8 (rename "
-                           "it, or choose another path)") from None
+        shown = os.fsencode(path).decode("utf-8", "backslashreplace")  # as `ls -b` shows it
+        raise PacklabError(f"{shown:.200}: the path is not valid UTF-8 (rename it, or choose "
+                           "another path)") from None
 
 
 def temporary_sibling(final: Path) -> Path:

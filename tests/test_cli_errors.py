@@ -273,9 +273,9 @@ CASES = [
      ["{new}", "pads every bin", "5.0 GB"]),
     # its own files, odd names, empty queries
     (["validate", "{truncated}"], ["{truncated}", "stray bytes"]),
-    (["synth", "{nonutf8}", "-n", "5"], ["not valid UTF-8"]),
-    (["pack", "{spool}", "{nonutf8}", *P], ["not valid UTF-8"]),
-    (["query", "SELECT 1", "--data", "{nonutf8}"], ["not valid UTF-8"]),
+    (["synth", "{nonutf8}", "-n", "5"], ["bad\\xffname: the path is not valid UTF-8"]),
+    (["pack", "{spool}", "{nonutf8}", *P], ["bad\\xffname: the path is not valid UTF-8"]),
+    (["query", "SELECT 1", "--data", "{nonutf8}"], ["bad\\xffname: the path is not valid UTF-8"]),
     (["query", "", "--data", "{out}"], ["no SQL statement"]),
     (["query", ";", "--data", "{out}"], ["no SQL statement"]),
     (["query", "-- hi", "--data", "{out}"], ["no SQL statement"]),

@@ -108,7 +108,7 @@ def padded_plan(pack_size: int, num_bins: int, num_tokens: int, where: object) -
     total = row * num_bins
     if row > MAX_PADDED_ROW:
         raise PacklabError(f"{where}: memmap_v1 pads every bin to pack_size {pack_size:,}: one "
-                           f"bin would be {human_bytes(row)}, {num_bins:,} bins "
+                           f"bin would be {human_bytes(row)}, {num_bins:,} bin{'s' * (num_bins != 1)} "
                            f"{human_bytes(total)} for {human_bytes(num_tokens * per_position)} "
                            f"of tokens (at most {human_bytes(MAX_PADDED_ROW)} a bin: choose a "
                            "smaller pack size, or a format that does not pad)")
