@@ -144,6 +144,14 @@ def test_a_prefix_on_object_storage_and_packed_index_to_it(tmp_path: Path, spool
         code, _, err = run_cli(capsys, "export", source, out, *flags)
         assert code == 0, err
         same_masks_and_tokens(SpoolReader(out), spool)
+    # a prefix on the store packed as it is: fetched once, checked against its record
+    code, _, err = run_cli(capsys, "pack", uri, tmp_path / "from_store", "--format", "binidx",
+                           "--pack-size", 512)
+    assert code == 0, err
+    assert run_cli(capsys, "pack", spool.path, tmp_path / "from_spool", "--format", "binidx",
+                   "--pack-size", 512)[0] == 0
+    assert bin_digests(open_dataset(tmp_path / "from_store")) == bin_digests(
+        open_dataset(tmp_path / "from_spool"))
     # bare, as Megatron's own tools leave it (no record, no sidecar): masks from the markers
     fs = server.filesystem()
     fs.delete_file(f"{BUCKET}/prefixes/conv.spool.json")

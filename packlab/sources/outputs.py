@@ -480,11 +480,15 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 # -- reading inputs that live on object storage ------------------------------------------------
 def local_input(path: str, *, what: str = "spool") -> Path:
-    """A local path for an input that may be a URI: a spool (or a file) on object storage is
-    downloaded once into the verified cache; a local path is returned as it is."""
+    """A local path for an input that may be a URI: a spool, a Megatron prefix (or a file) on
+    object storage is downloaded once into the verified cache; a local path is returned as it
+    is."""
     if not is_remote(path):
         return Path(path)
     location = resolve(path)
+    prefix = _prefix_at(path) if what == "spool" else None
+    if prefix is not None:  # a Megatron .bin/.idx prefix reads as a spool
+        return prefix
     if what == "spool" and not (location / DIRECTORY_RECORD).is_file():
         if not location.exists():
             raise FormatError(f"{location}: no such spool")
