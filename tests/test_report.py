@@ -81,6 +81,25 @@ def test_each_use_case_is_computed_from_the_numbers() -> None:
     assert _chosen(fast_legacy)["local training"] == chosen["local training"]  # loads it all
 
 
+def test_sizes_equal_as_printed_tie_and_the_lower_load_peak_wins() -> None:
+    """Two tied formats read by as many systems, 5.009 and 5.011 bytes per token (5.01 both,
+    as printed): the one that opens with less memory is chosen, not the one a thousandth of a
+    byte smaller (the recorded run chose arrow_ipc, 206 MB to open, on such a thousandth)."""
+    lazy = [f for f in format_names() if f not in formats_where("IN_RAM")]
+    readers = {f: len(get_format(f).Reader.READ_BY) for f in lazy}
+    a, b = next([f for f in lazy if readers[f] == n] for n in sorted(set(readers.values()))
+                if list(readers.values()).count(n) > 1)[:2]
+    overrides: dict[str, Any] = {f"05_random_access__{f}_warm_p50_us": 10.0 if f in (a, b)
+                                 else 50.0 for f in lazy}
+    overrides[f"04_peak_memory__{a}_load_peak_rss_growth_bytes_1000"] = 2e8
+    overrides[f"04_peak_memory__{b}_load_peak_rss_growth_bytes_1000"] = 3e6
+    run = _run(**overrides)
+    run["03_write_formats"]["numbers"]["bytes_per_token"].update({a: 5.009, b: 5.011})
+    assert _chosen(run)["local training"] == b
+    run["03_write_formats"]["numbers"]["bytes_per_token"][b] = 5.02  # smaller as printed wins
+    assert _chosen(run)["local training"] == a
+
+
 def test_a_rerun_in_miniature_moves_the_cold_tie_break_not_the_stable_one() -> None:
     """Two lazy formats tie on warm reads; their cold p50s cross from one fifth of the run to
     the next (as two runs of one commit did: 92 against 106 µs). The rule's answer holds in

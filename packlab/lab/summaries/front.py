@@ -109,11 +109,13 @@ def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[
             NOT_MEASURED, "also": list(also)}
 
 
-def _stable_key(row: Mapping[str, Any]) -> tuple[int, float, str]:
+def _stable_key(row: Mapping[str, Any]) -> tuple[int, float, float, str]:
     """What breaks a speed tie: what does not move between runs (more systems reading the
-    files, then fewer bytes per token)."""
-    size = row["bytes_per_token"]
-    return -len(row["read_by"]), size if size is not None else float("inf"), row["format"]
+    files, then fewer bytes per token as printed, then less memory to load it: sizes that
+    agree to the printed digit are one size, and a load's peak is the format's own)."""
+    size, load = row["bytes_per_token"], row["load_peak_bytes"]
+    return (-len(row["read_by"]), round(size, 2) if size is not None else float("inf"),
+            load if load is not None else float("inf"), row["format"])
 
 
 def _fastest_tied(rows: Sequence[Mapping[str, Any]], warm: str, cold: str | None = None,
@@ -148,7 +150,7 @@ def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
             f"every bin at open); formats within {TIE:.2f}x of it tie, and a tie goes to what "
             "does not move between runs: the format more systems read, then the fewest bytes "
-            "per token")
+            "per token, then the lowest load peak")
     fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
            and r["cold_p50_us"] is not None]
     if not fit:
