@@ -125,6 +125,19 @@ def test_a_system_that_cannot_run_is_skipped_with_its_reason(reference: Referenc
     assert [r["name"] for r in out["rows"]] == ["raw_csr", "memcpy", "python_floor"]
 
 
+def test_a_packlab_format_that_cannot_run_is_an_error_not_a_skip(
+        reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another library may be missing here; packlab's own formats must be measured (notebook
+    11 once skipped megatron_sft: its pair's companions read as three shards)."""
+    def broken(self, directory: Path):
+        raise PacklabError(f"{directory}: expected one packlab shard, found 3")
+
+    monkeypatch.setattr(type(get_peer("packlab_binidx")), "open", broken)
+    with pytest.raises(PacklabError, match="packlab binidx could not be measured: "
+                       ".*expected one packlab shard, found 3"):
+        side_by_side(reference, tmp_path, names=["packlab_binidx"], samples=20)
+
+
 def test_a_missing_environment_skips_its_peers_with_the_reason(
         reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(mds_env.ENVIRONMENTS, "mds", ".venv-nowhere")

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from packlab.errors import PacklabError
 from packlab.lab.measure.peers.base import Reference
 from packlab.lab.measure.peers.mds_env import run_elsewhere
 from packlab.lab.measure.peers.packlab_peer import PacklabFormat
@@ -84,6 +85,11 @@ def side_by_side(
         result["skipped"] += [s for s in there["skipped"] if s["name"] != RawCsr.NAME]
         result.setdefault("environments", {})[environment] = {
             **there.get("versions", {}), "peak_rss_growth_bytes": there.get("peak_rss_growth_bytes")}
+    packlab_names = {p.NAME for p in peers if p.KIND == PacklabFormat.KIND}
+    ours = [s for s in result["skipped"] if s["name"] in packlab_names]
+    if ours:  # another library may be missing here; packlab's own formats must run
+        raise PacklabError(f"{ours[0]['system']} could not be measured: "
+                           f"{ours[0]['reason']}")
     result.update(seed=seed, num_bins=len(reference), num_tokens=reference.num_tokens,
                   pack_size=reference.pack_size)
     return result

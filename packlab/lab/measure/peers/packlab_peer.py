@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.lab.measure.peers.base import Opened, Peer, Reference
 from packlab.lab.measure.reading import data_files
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_dataset
-
-RECEIPT = ".receipt.json"  # beside each shard (packlab.pipeline.receipts)
 
 
 class PacklabFormat(Peer):
@@ -32,11 +31,12 @@ class PacklabFormat(Peer):
         self.format = format
 
     def shard(self, directory: Path) -> Path:
-        found = sorted(p for p in directory.iterdir()
-                       if p.name.startswith("shard_") and not p.name.endswith(RECEIPT))
+        """The one shard the pipeline wrote (found as every reader finds shards: a Megatron
+        pair's ``.bin`` and packlab's sidecar are its companions, not shards)."""
+        found = find_shards(directory)
         if len(found) != 1:
             raise PacklabError(f"{directory}: expected one packlab shard, found {len(found)}")
-        return found[0]
+        return Path(found[0][0])
 
     def write(self, reference: Reference, directory: Path) -> None:
         if reference.spool is None or reference.assignment is None:
