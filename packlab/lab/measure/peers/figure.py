@@ -22,10 +22,19 @@ OFFSETS = [(6, 4), (6, -12), (-6, 4), (-6, -12), (0, 10), (0, -18), (10, 14), (1
 FAR = [(dx, sign * dy) for dy in range(16, 241, 12) for sign in (1, -1)
        for dx in (24, -24, 70, -70)]
 MARKER_PX = 4.0
+PAD_PX = (6.0, 3.0)  # the space kept around a label, horizontally and vertically
 #: systems this close share a label: p50s within this factor, bytes per token within SAME_BYTES
 SAME_P50 = 1.08
 SAME_BYTES = 0.05
 LEADER = {"arrowstyle": "-", "color": "0.55", "lw": 0.5, "shrinkA": 0, "shrinkB": 3}
+
+
+def _padded(box: Any) -> Any:
+    """A label's box with a margin: two labels that merely touch read as one string."""
+    from matplotlib.transforms import Bbox
+
+    return Bbox.from_extents(box.x0 - PAD_PX[0], box.y0 - PAD_PX[1], box.x1 + PAD_PX[0],
+                             box.y1 + PAD_PX[1])
 
 
 def _overlaps(box: Any, others: Sequence[Any]) -> bool:
@@ -46,9 +55,12 @@ def place_labels(ax: Any, xs: Sequence[float], ys: Sequence[float], labels: Sequ
     """Annotate ``(xs[k], ys[k])`` with ``labels[k]`` on ``ax``, inside the axes, no two labels
     overlapping and no label over a point (nor over the unlabelled points ``avoid``); returns
     the annotations (in input order). Set the
-    axes' limits and layout first (the boxes are measured in display coordinates)."""
+    axes' limits and legend first: the figure is laid out here (``tight_layout``), since the
+    boxes are measured in display coordinates and a layout after them would move the points
+    under labels that stay put."""
     from matplotlib.transforms import Bbox
 
+    ax.figure.tight_layout()
     renderer = ax.figure.canvas.get_renderer()
     points = ax.transData.transform(list(zip(xs, ys, strict=True)))
     others = ax.transData.transform(list(avoid)) if len(avoid) else []
@@ -64,7 +76,7 @@ def place_labels(ax: Any, xs: Sequence[float], ys: Sequence[float], labels: Sequ
                     fontsize=fontsize, ha="left" if dx >= 0 else "right",
                     va="bottom" if dy >= 0 else "top",
                     arrowprops=LEADER)
-                box = text_box(text, renderer).expanded(1.02, 1.08)
+                box = _padded(text_box(text, renderer))
                 inside = ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1)
                 if inside and not _overlaps(box, blocked):
                     blocked.append(box)
