@@ -197,7 +197,8 @@ def test_bench_throughput_reads_the_first_bins_in_training_order_and_its_bar_mov
     code, drawn = on_a_terminal(["bench", "throughput", str(out), "--workers", "0", "1"], env)
     seen = [(float(done), float(total)) for done, total in frames(drawn)]
     assert code == 0 and {total for _, total in seen} == {3.0}, drawn  # scan + two epochs
-    assert {1.0, 2.0} <= {done for done, _ in seen}, seen  # drawn after each step
+    # seen between its ends (a step quicker than the bar's refresh interval may go undrawn)
+    assert any(0 < done < 3 for done, _ in seen), seen
 
 
 def test_a_shard_job_reports_its_bins_as_it_goes(tmp_path) -> None:

@@ -242,10 +242,17 @@ def test_ctrl_c_while_compiling_is_raised_once_the_compile_ends(
     from numba.core.dispatcher import Dispatcher
 
     original = Dispatcher.compile
+    compiled: list[object] = []
 
     def interrupted(self: Dispatcher, signature: object) -> object:
+        compiled.append(signature)
         os.kill(os.getpid(), signal.SIGINT)  # delivered at the compiler's next Python line
         return original(self, signature)
+
+    # Ctrl-C as a fresh `packlab` process has it, whatever the tests before left in this
+    # worker (a late pool's signal mask, a handler): the test is about numba, not about them
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     bin_of = np.array([0, 1, 0, 2], dtype=np.int64)
     lengths = np.array([5, 6, 7, 8], dtype=np.int64)
@@ -254,11 +261,14 @@ def test_ctrl_c_while_compiling_is_raised_once_the_compile_ends(
     try:
         with pytest.raises(KeyboardInterrupt):
             packers.bin_totals(bin_of, lengths)
+        assert compiled, "numba compiled nothing: the interruption was never tried"
         assert packers._compiled(packers._add_per_bin).dispatcher.overloads  # it finished
         monkeypatch.setattr(Dispatcher, "compile", original)
         counts, loads = packers.bin_totals(bin_of, lengths)
     finally:
         packers._compiled.cache_clear()
+        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert counts.tolist() == [2, 1, 1] and loads.tolist() == [12, 6, 8]
 
 
