@@ -24,7 +24,7 @@ from packlab.errors import PacklabError
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
 SEED = 20261121
-TIMES = 10
+TIMES = 6  # interruptions: both formats, SIGINT and SIGKILL each, mid-write
 ROOT = Path(__file__).resolve().parents[1]
 FLAT = ["--pack-size", "256", "--bins-per-shard", "12", "--workers", "2"]
 
