@@ -231,14 +231,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
     checked as they are decoded).
     """
 
-    @property
-    def own_record(self) -> bool:
-        return self.packlab is not None
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        found = (self.packlab or {}).get("metadata")
-        return found if isinstance(found, dict) else {}
+    RECORD_ATTRIBUTE = "packlab"  # packlab's record, None in a file another program wrote
 
     def __init__(
         self,

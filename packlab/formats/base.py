@@ -408,18 +408,27 @@ class ShardReader(FormatFacts, ABC):
     def __len__(self) -> int:
         return self.num_bins
 
+    #: the attribute holding a one-file shard's packlab record as its reader found it (its
+    #: footer, metadata, trailer or sidecar; None in a file another program wrote)
+    RECORD_ATTRIBUTE: ClassVar[str | None] = None
+
     @property
     def own_record(self) -> bool:
         """Whether the shard carries packlab's own record (a directory shard's manifest, which
         its reader requires; a one-file shard's packlab footer, metadata or trailer): what
         ``--overwrite`` may replace. A file another program wrote has none."""
-        return self.KEEPS_RECORD
+        if self.RECORD_ATTRIBUTE is None:
+            return self.KEEPS_RECORD
+        return getattr(self, self.RECORD_ATTRIBUTE) is not None
 
     @property
     def metadata(self) -> dict[str, Any]:
         """What the writer was given as ``metadata=`` and recorded with the shard (the pipeline
         records ``bins``: the shard's place in its dataset); empty when the format has none."""
-        return {}
+        if self.RECORD_ATTRIBUTE is None:
+            return {}
+        found = (getattr(self, self.RECORD_ATTRIBUTE) or {}).get("metadata")
+        return found if isinstance(found, dict) else {}
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle paths and metadata only; handles and maps are reopened in the new process."""

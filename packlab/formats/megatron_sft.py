@@ -326,15 +326,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         assert table is not None
         return table
 
-    @property
-    def own_record(self) -> bool:
-        """A pair with packlab's sidecar; one Bridge wrote has none (not packlab's to replace)."""
-        return self.record is not None
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        found = (self.record or {}).get("metadata")
-        return found if isinstance(found, dict) else {}
+    RECORD_ATTRIBUTE = "record"  # packlab's record, None in a file another program wrote
 
     def _handles(self) -> tuple[str, ...]:
         return ("_table",)

@@ -225,14 +225,7 @@ class Reader(ParquetFacts, ShardReader):
     ``one_row_group_cache`` (the Megatron-Bridge baseline instead, see below).
     """
 
-    @property
-    def own_record(self) -> bool:
-        return self.packlab is not None
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        found = (self.packlab or {}).get("metadata")
-        return found if isinstance(found, dict) else {}
+    RECORD_ATTRIBUTE = "packlab"  # packlab's record, None in a file another program wrote
 
     COPY_BINS: ClassVar[bool] = True
 

@@ -271,14 +271,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
     learning every next token (see the module docstring); ``pack_size`` defaults to the longest.
     """
 
-    @property
-    def own_record(self) -> bool:
-        return self.footer is not None
-
-    @property
-    def metadata(self) -> dict[str, Any]:
-        found = (self.footer or {}).get("metadata")
-        return found if isinstance(found, dict) else {}
+    RECORD_ATTRIBUTE = "footer"  # packlab's record, None in a file another program wrote
 
     def __init__(self, path: str | os.PathLike[str], *, lossy: bool = False,
                  pack_size: int | None = None, verify: bool = False) -> None:
