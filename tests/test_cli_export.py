@@ -16,6 +16,8 @@ from packlab import open_dataset
 from packlab.chat_masks import ChatMarkers, MarkerTokens
 from packlab.cloud.transfer import upload_shard
 from packlab.dataset import bin_digests
+from packlab.errors import FormatError
+from packlab.sources import open_shard
 from packlab.sources.export import export
 from packlab.spool import SpoolReader
 from packlab.tokenize import marker_encoder, tokenize_chat_jsonl
@@ -178,21 +180,57 @@ def chatml_markers() -> MarkerTokens:
     return ChatMarkers(train_on_end_of_turn=True).tokenized(marker_encoder("cl100k_base"))
 
 
-def test_packed_index_refuses_a_uint16_prefix_on_one_line(tmp_path: Path, capsys) -> None:
-    """packed_index gathers int32 tokens; a prefix of a small vocabulary (uint16, as
-    megatron-core stores it) is packed into a format that copies its tokens instead."""
+def test_packed_index_over_a_uint16_prefix(tmp_path: Path, capsys) -> None:
+    """A prefix of a small vocabulary (uint16 tokens, as megatron-core stores them below 65,500
+    ids) packs into packed_index as its int32 spool does: the same bins, the same per-sequence
+    checksums (hashed as int32), validated; a token changed in place is found by a verified
+    read (naming shard and bin) and by validate (naming the prefix's file)."""
     small = write_random_spool(tmp_path / "small", num_sequences=50, vocab_size=30_000)
     export(small.path, str(tmp_path / "u16"))
-    code, _, err = run_cli(capsys, "pack", tmp_path / "u16", tmp_path / "index", "--format",
-                           "packed_index", "--pack-size", 4096)
+    assert SpoolReader(tmp_path / "u16").columns["tokens"].dtype == np.dtype("<u2")
+    index, over_spool = tmp_path / "index", tmp_path / "over_spool"
+    for source, out in ((tmp_path / "u16", index), (small.path, over_spool)):
+        code, _, err = run_cli(capsys, "pack", source, out, "--format", "packed_index",
+                               "--pack-size", 4096)
+        assert code == 0, err
+    assert run_cli(capsys, "validate", index)[0] == 0
+    expected = bin_digests(open_dataset(_packed(small.path, tmp_path / "copied", capsys)))
+    assert bin_digests(open_dataset(index)) == expected
+    assert bin_digests(open_dataset(index, verify=True)) == expected
+    sums = sorted(index.glob("shard_*/seq_checksums.npy"))
+    assert sums and all(np.array_equal(np.load(a), np.load(over_spool / a.relative_to(index)))
+                        for a in sums)
+    shard = sorted(index.glob("shard_*"))[0]
+    reader = open_shard(shard, verify=True)
+    seq = int(reader.assignment.bin_indices(1)[0])
+    position = 2 * (int(small.offsets[seq]) + 1)
+    with open(tmp_path / "u16.bin", "r+b") as f:  # the second token of bin 1's first sequence
+        f.seek(position)
+        token = int.from_bytes(f.read(2), "little")
+        f.seek(position)
+        f.write(((token + 1) % 30_000).to_bytes(2, "little"))
+    with pytest.raises(FormatError, match=f"{shard.name}: bin 1: its sequence 0 differs"):
+        open_shard(shard, verify=True).read_bin(1)
+    code, _, err = run_cli(capsys, "validate", index)
+    assert code != 0
+    one_error_line(err, "u16.bin", "checksum mismatch", prefix="packlab validate: error:")
+
+
+def test_packed_index_refuses_an_int64_prefix_on_one_line(tmp_path: Path, capsys) -> None:
+    """A prefix megatron-core wrote with int64 tokens reads as a spool, but packed_index gathers
+    int32 or uint16 ones: refused before a shard is started, naming the file and its dtype."""
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    builder = IndexedDatasetBuilder(str(tmp_path / "wide.bin"), dtype=np.int64)
+    for n in (5, 9, 3):
+        builder.add_document(torch.arange(n, dtype=torch.int64), [n])
+    builder.finalize(str(tmp_path / "wide.idx"))
+    code, _, err = run_cli(capsys, "pack", tmp_path / "wide", tmp_path / "index", "--format",
+                           "packed_index", "--pack-size", 16)
     assert code == 2
-    one_error_line(err, "u16.bin", "uint16 tokens", prefix="packlab pack: error:")
-    assert not (tmp_path / "index" / "shard_000000").exists()
-    code, _, err = run_cli(capsys, "pack", tmp_path / "u16", tmp_path / "copied", "--format",
-                           "binidx", "--pack-size", 4096)
-    assert code == 0, err
-    assert bin_digests(open_dataset(tmp_path / "copied")) == \
-        bin_digests(open_dataset(_packed(small.path, tmp_path / "from_spool", capsys)))
+    one_error_line(err, "wide.bin", "int64 tokens", prefix="packlab pack: error:")
+    assert not list((tmp_path / "index").glob("shard_*"))
 
 
 def _packed(spool: Path, out: Path, capsys) -> Path:
