@@ -40,10 +40,9 @@ def tree(directory: Path) -> dict[str, bytes]:
 def assert_ray_listens_on_loopback_only(session: object) -> None:
     """Every socket that Ray's processes (GCS, raylet, its agents and workers: this process's
     descendants, with a task run so workers exist) listen on is bound to a loopback address:
-    no wildcard (0.0.0.0, ::) and no address of the machine's interfaces. Meaningful in any
-    network namespace: a wildcard shows as one wherever it is bound; outside a loopback-only
-    namespace (``make test`` runs this file outside it) the machine's own address would show
-    too."""
+    no wildcard (0.0.0.0, ::) and no address of the machine's interfaces. A wildcard shows as
+    one wherever it is bound; an interface's address shows as itself: on the machine, or in
+    ``make test``'s network namespace, its veth address 10.254.0.1."""
     import psutil
 
     assert session.get(session.remote(lambda: 1).remote()) == 1
