@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import pytest
-import ray
 from chat_tokenizers import chat_setup, options
 from conftest import write_random_spool
 
@@ -100,6 +99,8 @@ def test_ray_writes_what_the_process_pool_writes_byte_for_byte(tmp_path: Path) -
         with pytest.raises(PacklabError, match=f"{bad}: line {len(chats['records']) + 1}: "
                                                "malformed JSON"):
             tokenize_chat_jsonl(bad, tmp_path / "ray-bad", workers=2, executor="ray")
+    import ray  # here, not at collection: only the worker that runs this test pays for it
+
     assert not ray.is_initialized()  # the session this test started is shut down
     for name in formats:
         pool, remote = tree(tmp_path / "pool" / name), tree(tmp_path / "ray" / name)
