@@ -60,10 +60,12 @@ def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # the command runs at a lower priority than this watcher: on a loaded machine (two test
     # workers, the command's own pool) a starved watcher saw the count only once the whole
-    # output was written, and the signal came after the exit every time
+    # output was written, and the signal came after the exit every time. A process group of
+    # its own (for the signal), not a session: a new session is a new scheduler autogroup
+    # (Linux), where a nice value weighs only against the group's own processes
     process = subprocess.Popen([sys.executable, "-m", "packlab.cli", *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               start_new_session=True, preexec_fn=lambda: os.nice(10))
+                               process_group=0, preexec_fn=lambda: os.nice(10))
     while process.poll() is None and entries(out) < at:
         time.sleep(0.001)
     try:

@@ -29,13 +29,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def start_pack(spool: Path, out: Path, *extra: str) -> subprocess.Popen:
-    """``packlab pack`` in a process group of its own (so its pool workers can be signalled)."""
+    """``packlab pack`` in a process group of its own (so its pool workers can be signalled),
+    at a lower priority than the test watching it (in this session: a new session is a new
+    scheduler autogroup, where the nice value would weigh against nothing)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(
         [sys.executable, "-m", "packlab.cli", "pack", str(spool), str(out), "--format",
          "memmap_v1", "--pack-size", "512", "--bins-per-shard", "4", *extra],
-        env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env=env, process_group=0, preexec_fn=lambda: os.nice(10), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
 
 
 def wait_for(process: subprocess.Popen, ready, what: str, timeout: float = 120) -> None:

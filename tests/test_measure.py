@@ -77,8 +77,10 @@ def test_rss_sees_a_memmap_read_that_tracemalloc_misses(tmp_path: Path) -> None:
     data = tmp_path / "data.bin"
     data.write_bytes(np.random.default_rng(0).integers(0, 255, 64 * MB, dtype=np.uint8).tobytes())
     job = profile("packlab.lab.measure.jobs:read_memmap", data)["phases"]["job"]
-    assert job["peak_rss_growth_bytes"] >= 0.9 * 64 * MB
-    assert job["peak_file_growth_bytes"] >= 0.9 * 64 * MB  # file-backed, not anonymous
+    # 3/4: the kernel counts RSS in per-CPU batches and may drop a clean page of the file under
+    # pressure (two test workers: 56 of 64 MB seen once); what tracemalloc sees is below 1 MB
+    assert job["peak_rss_growth_bytes"] >= 0.75 * 64 * MB
+    assert job["peak_file_growth_bytes"] >= 0.75 * 64 * MB  # file-backed, not anonymous
     assert job["peak_anon_growth_bytes"] < 8 * MB
     assert job["python_heap_peak_bytes"] < 1 * MB
 
