@@ -131,9 +131,10 @@ def test_pack_interrupted_at_random_points_resumes_to_the_same_bytes(tmp_path, c
         out = tmp_path / f"run{attempts}"
         argv = command(spool, out, name, FLAT)
         at = rng.randint(1, max(1, int(0.9 * most[name])))
+        began = time.monotonic()
         status = interrupted(argv, out, at, sig)
         if status == 0:  # finished before the signal: not an interruption
-            missed.append((name, at, status))
+            missed.append((name, at, status, entries(out), round(time.monotonic() - began, 2)))
             continue
         # 130: it reported the interruption; -SIGINT: the signal came as it was exiting
         assert status in (130, -signal.SIGINT, -signal.SIGKILL), status

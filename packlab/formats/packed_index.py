@@ -16,8 +16,9 @@ A shard is a directory, published atomically::
     bin_offsets.npy   int64[num_bins + 1]   bin b holds seq_indices[bin_offsets[b]:bin_offsets[b+1]]
     seq_indices.npy   int64[num_assigned]   spool sequence indices, in layout order
     seq_checksums.npy uint64[num_assigned]  each of those sequences' xxh3_64 as the bin uses it:
-                                            its kept tokens' bytes (int32) seeding its masks'
-                                            (uint8), read from the spool at pack time
+                                            its kept tokens' bytes as int32 (whatever the
+                                            spool stores: a Megatron prefix's may be uint16)
+                                            seeding its masks' (uint8), read at pack time
     manifest.json     written last: pack_size, overlong policy, counts, the files' sha256,
                       "seq_checksum": "xxh3_64", and
 
