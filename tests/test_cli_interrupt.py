@@ -53,6 +53,15 @@ def entries(out: Path) -> int:
     return sum(len(dirs) + len(files) for _, dirs, files in os.walk(out))
 
 
+def as_a_terminal_job() -> None:
+    """In the command's process before it starts: a lower priority than its watcher, and
+    Ctrl-C's SIGINT handled as a terminal's job has it. Started in the background by a shell
+    without job control (``make test &``, nohup, some CI runners) the tests inherit SIGINT
+    ignored, and Python keeps an ignored SIGINT ignored: the command would finish every time."""
+    os.nice(10)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
     """Run ``packlab ARGV`` in a process group of its own; ``sig`` to the group once OUT holds
     ``at`` entries (progress, not time: a loaded machine only slows both); its exit status
@@ -65,7 +74,7 @@ def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
     # (Linux), where a nice value weighs only against the group's own processes
     process = subprocess.Popen([sys.executable, "-m", "packlab.cli", *argv], env=env,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               process_group=0, preexec_fn=lambda: os.nice(10))
+                               process_group=0, preexec_fn=as_a_terminal_job)
     while process.poll() is None and entries(out) < at:
         time.sleep(0.001)
     try:
