@@ -14,7 +14,7 @@ from packlab.formats import format_names
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
-PER_FORMAT = 40  # mutations per format in CI (each in a forked child); a long run: --fuzz-scale
+PER_FORMAT = 30  # per format in CI, each in a forked child (3 a class); long runs: --fuzz-scale
 
 
 def report(run) -> str:
