@@ -1,5 +1,5 @@
 """Rank-sharded loading across real processes: torch.distributed (gloo, 127.0.0.1, a free
-port), ranks spawned by torch.multiprocessing, two DataLoader workers inside every rank.
+port), ranks started by torch.multiprocessing, two DataLoader workers inside every rank.
 
 Each module fixture below is one real run (world sizes 1, 2, 3, 4); the tests read what the
 ranks gathered. Every run is bounded by a deadline and its process group destroyed.
@@ -7,6 +7,7 @@ ranks gathered. Every run is bounded by a deadline and its process group destroy
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -124,9 +125,16 @@ def world2(data):
 
 
 def rank_processes() -> list[psutil.Process]:
-    """Spawned children still alive (multiprocessing's resource tracker is not one)."""
-    return [c for c in psutil.Process().children(recursive=True)
-            if "spawn_main" in " ".join(c.cmdline())]
+    """Ranks still alive, and their DataLoader workers: the descendants of the forkserver the
+    ranks are forked from (the server itself stays for this process's next run, as
+    multiprocessing's resource tracker does; neither is a rank)."""
+    servers = []
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if "multiprocessing.forkserver" in " ".join(child.cmdline()):
+                servers.append(child)
+    assert len(servers) <= 1, servers
+    return [p for server in servers for p in server.children(recursive=True)]
 
 
 def served(results: list[dict], k: int = 0) -> list[np.ndarray]:
@@ -221,11 +229,19 @@ def test_seed_design_in_real_ranks_duplicates_and_loses_as_predicted(data, world
 def test_a_stuck_run_is_terminated_at_its_deadline(tmp_path: Path) -> None:
     """No producer at all: the rank would wait (its own timeout is long); the launcher's
     deadline ends it, kills the process and says so."""
+    seen: list[psutil.Process] = []
+
+    def watch(stop: threading.Event) -> None:  # the check below sees a rank while it runs
+        while not stop.is_set() and not seen:
+            seen.extend(rank_processes())
+            time.sleep(0.05)
+
     began = time.monotonic()
     with pytest.raises(PacklabError, match="did not finish within 3 s"):
         launch(consume, 1, phase(tmp_path / "nothing", timeout=600.0), tmp_path / "run",
-               timeout=3.0)
+               timeout=3.0, background=watch)
     assert time.monotonic() - began < 30
+    assert seen
     assert rank_processes() == []
 
 
