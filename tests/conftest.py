@@ -211,6 +211,17 @@ def _send_outcome(conn: Any, fn: Callable[..., Any], args: tuple) -> None:
     conn.close()
 
 
+def as_a_terminal_job() -> None:
+    """``preexec_fn`` of a command a test watches and signals (with ``process_group=0``, not a
+    session of its own: a new session is a new scheduler autogroup, where the nice value would
+    weigh against nothing): a lower priority than its watcher, and Ctrl-C's SIGINT handled as a
+    terminal's job has it. Started in the background by a shell without job control (``make
+    test &``, nohup, some CI runners) the tests inherit SIGINT ignored, and Python keeps an
+    ignored SIGINT ignored: the command would finish every time."""
+    os.nice(10)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Child:
     """``fn(*args)`` in a forked child (it inherits open readers as a DataLoader worker does)."""
 

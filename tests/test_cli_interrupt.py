@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_random_spool
+from conftest import as_a_terminal_job, write_random_spool
 
 from packlab import open_dataset
 from packlab.cli import main
@@ -51,15 +51,6 @@ def command(spool: Path, out: Path, format: str, extra: list[str]) -> list[str]:
 def entries(out: Path) -> int:
     """How many files and folders OUT holds now (a writer renames as we walk: tolerated)."""
     return sum(len(dirs) + len(files) for _, dirs, files in os.walk(out))
-
-
-def as_a_terminal_job() -> None:
-    """In the command's process before it starts: a lower priority than its watcher, and
-    Ctrl-C's SIGINT handled as a terminal's job has it. Started in the background by a shell
-    without job control (``make test &``, nohup, some CI runners) the tests inherit SIGINT
-    ignored, and Python keeps an ignored SIGINT ignored: the command would finish every time."""
-    os.nice(10)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:

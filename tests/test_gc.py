@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import one_error_line, run_cli, write_random_spool
+from conftest import as_a_terminal_job, one_error_line, run_cli, write_random_spool
 
 from packlab.files import is_temporary, process_running, temporary_owner, temporary_sibling
 from packlab.pipeline.dataset_record import read_dataset_record, writing_lock
@@ -30,14 +30,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def start_pack(spool: Path, out: Path, *extra: str) -> subprocess.Popen:
     """``packlab pack`` in a process group of its own (so its pool workers can be signalled),
-    at a lower priority than the test watching it (in this session: a new session is a new
-    scheduler autogroup, where the nice value would weigh against nothing)."""
+    at a lower priority than the test watching it."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
         str(ROOT), os.environ.get("PYTHONPATH")]))}
     return subprocess.Popen(
         [sys.executable, "-m", "packlab.cli", "pack", str(spool), str(out), "--format",
          "memmap_v1", "--pack-size", "512", "--bins-per-shard", "4", *extra],
-        env=env, process_group=0, preexec_fn=lambda: os.nice(10), stdout=subprocess.DEVNULL,
+        env=env, process_group=0, preexec_fn=as_a_terminal_job, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE)
 
 

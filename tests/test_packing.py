@@ -327,7 +327,7 @@ def full_scale() -> dict[str, dict]:
     script = textwrap.dedent(
         f"""
         import json
-        from packlab.lab.measure.memory import reset_peak
+        from packlab.lab.measure.memory import read_status, reset_peak
         from packlab.packing import pack
         from packlab.synth import synth_lengths
         lengths = synth_lengths(13_000_000, "chat", 0)
@@ -335,9 +335,7 @@ def full_scale() -> dict[str, dict]:
         for algorithm in {list(FULL_SCALE)!r}:
             assert reset_peak()
             _, report = pack(lengths, 4096, algorithm=algorithm)
-            hwm = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status")
-                       if line.startswith("VmHWM:"))
-            out[algorithm] = {{"hwm": hwm, "bins": report.num_bins,
+            out[algorithm] = {{"hwm": read_status()["VmHWM"], "bins": report.num_bins,
                               "over": report.bins_over_lower_bound,
                               "sequences": report.num_sequences}}
         print(json.dumps(out))
