@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from xxhash import xxh3_64
 
 from packlab.errors import FormatError, PacklabError, one_line
 
@@ -279,6 +280,28 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def xxh3_of_range(path: Path, start: int, stop: int, chunk: int = 1 << 20) -> int:
+    """xxh3_64 of bytes ``[start, stop)`` of a file, read (not mapped: nothing stays in the
+    process's resident set) through one reused buffer; a short file is a FormatError."""
+    digest = xxh3_64()
+    buffer = bytearray(min(chunk, max(0, stop - start)))
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        at = start
+        while at < stop:
+            want = min(len(buffer), stop - at)
+            got = os.preadv(fd, [view[:want]], at)
+            if got <= 0:
+                raise FormatError(f"{path}: {at} bytes, shorter than its record says "
+                                  "(truncated)")
+            digest.update(view[:got])
+            at += got
+    finally:
+        os.close(fd)
+    return digest.intdigest()
 
 
 def file_entry(path: Path) -> dict[str, Any]:

@@ -1,40 +1,34 @@
-"""Read-only memory maps that fetch from the device only the bytes a reader returns.
+"""How packlab reads local files: a bin by ``pread`` into arrays of its own, with read advice;
+a whole file, in order, through a memory map.
 
-One module for every memory-mapped reader (``memmap_v1``, ``binidx``, ``pbin``, ``arrow_ipc``),
-because two kernel defaults make a naive map slow when the page cache is cold:
+**Random reads (a bin) are ``pread`` s**, never page faults on a map. On this kernel (6.18,
+ext4 with large folios in the page cache, ``read_ahead_kb`` 8 MB) touching one byte of a mapped
+file maps its whole folio, up to 2 MB, into the process: random reads of 20 KB bins through a
+map left a process holding 90 KB of ``RssFile`` per read (1.9 GB after 20,000 reads of a 2.1 GB
+shard; 215 GB in one process of ``packed_index`` over a 14 GB spool, counted once per shard),
+and each such fault cost about 100 us of CPU, where a ``pread`` of the bin's bytes costs a few
+(notebook 12 measures both at the RFC's scale). So :class:`ReadFile` opens a file once per
+process (:func:`opened`, shared by every reader of it: all the shards of a ``packed_index``
+over one spool read it through one descriptor) and :class:`FileColumn` reads ``column[a:b]``
+into a fresh array: a process holds what it read and nothing else, whatever the file's size.
 
-- a page fault on a map with the default advice reads the device's read-around window
-  (``read_ahead_kb``: 8 MB on the machine notebook 05 measured), so one cold 20 KB bin pulled
-  about 1,100 pages and cost 100-250x a ``pread`` of its bytes;
-- advised ``MADV_RANDOM`` a fault reads just its page, but a bin spanning five pages then
-  costs five device round trips, one after the other.
+**Cold reads** cost one round trip: a reader announces the byte ranges of the bin it is about
+to read (``POSIX_FADV_WILLNEED`` over each starts all their reads at once; the descriptor is
+advised ``POSIX_FADV_RANDOM`` so the kernel reads no read-around window), then reads them.
+Advice costs a system call, so a reader asks for it only when it pays (:class:`ReadAdvice`):
+after a cold read (and when it opens) it advises every read for 64 reads; then it checks one
+read in 16 only, without waiting, whether the bin's first page is cached (``preadv2`` with
+``RWF_NOWAIT``), so 15 warm reads in 16 cost no system call, and a cold one puts it back to
+advising every read. A wrong guess costs time, never data.
 
-So :class:`MappedFile` maps a whole file advised ``MADV_RANDOM``, and a reader announces the
-byte ranges of the bin it is about to return: ``WILLNEED`` advice over a range starts all its
-reads at once, so a cold bin costs about one round trip, like a ``pread`` of the same bytes
-(notebook 05's probe: 336 us against 307 us for the ``pread``).
+**Sequential passes** (``iter_bins``, ``validate``) switch a file to the kernel's sequential
+readahead while they last (:func:`sequential`, :func:`scan`). Passes that want numpy over a
+whole file (a spool's checks, its statistics) map it (:class:`MappedFile`, :func:`mapped`: one
+map per file per process) and go through it in pieces (:func:`in_pieces`), which keeps what the
+maps hold under :data:`RESIDENT`'s budget: past it, every map's pages are released from the
+process's page tables (``MADV_DONTNEED``; they stay in the page cache, views stay valid).
 
-Advice costs a system call (under a microsecond over cached pages, a tenth of a warm read),
-so a reader asks for it only when it pays (:class:`ReadAdvice`): after a cold read (and when
-it opens) it advises every read, all of a bin's ranges at once, for 64 reads; then it checks
-one read in 16 only, without waiting, whether the bin's first page is cached
-(``preadv2(RWF_NOWAIT)``), so 15 warm reads in 16 cost no system call, and a cold one puts it
-back to advising every read. A wrong guess costs time, never data: a page nobody advised is
-read by its own fault.
-
-Sequential passes (``iter_bins``, ``validate``) switch their maps to the kernel's sequential
-readahead while they last (:func:`sequential`, :func:`scan`): a ``MADV_RANDOM`` map has none.
-
-What it costs instead: a reader keeps its per-bin index (offsets, lengths, and every bin's
-sequence starts: :mod:`packlab.formats.bintable`) in RAM, loaded with :func:`load_array` on
-first read, so a cold read never waits for an index page before it knows where the bin is, and
-waits for two ranges (tokens, mask), not three; and one descriptor per mapped file besides the
-one Python's ``mmap`` holds (closed with the reader). A forked child (a DataLoader worker)
-maps its own: :func:`forget_after_fork`.
-
-Arrays are numpy views of the map; each holds the ``mmap`` through its ``base``, so arrays a
-reader returned stay valid after it is closed or collected (the mapping goes with the last
-view). Nothing here closes a map explicitly.
+A forked child (a DataLoader worker) opens its own files: :func:`forget_after_fork`.
 """
 
 from __future__ import annotations
@@ -60,21 +54,116 @@ ADVISE_CHUNK = 128 << 10  # the smallest common read_ahead_kb: what one advice c
 _fadvise = os.posix_fadvise
 _preadv = os.preadv
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+RESIDENT_BYTES = 128 << 20  # file-backed pages a process's maps may hold before they are released
+PAGE = mmap.PAGESIZE
 T = TypeVar("T")
 
-# Bumped in every forked child: a reader (or dataset) remembers the value it opened its maps
+# Bumped in every forked child: a reader (or dataset) remembers the value it opened its files
 # under and compares, so a DataLoader worker reopens its own without a getpid() system call
 # per read (see also :func:`forget_after_fork`).
 FORKS = [0]
 
 
+class ReadFile:
+    """One local file opened for ``pread`` and read advice (advised ``POSIX_FADV_RANDOM``:
+    a cold read starts its own pages, not a read-around window). Closed when collected."""
+
+    __slots__ = ("path", "fd", "size", "_closer", "__weakref__")
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = path
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
+        self._closer = weakref.finalize(self, os.close, fd)
+        self.fd = fd
+        self.size = os.fstat(fd).st_size
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+
+    def column(self, dtype: Any, offset: int, count: int) -> FileColumn:
+        """``count`` values of ``dtype`` from byte ``offset``, read as they are sliced; a file
+        too short for them is a :class:`FormatError` naming it."""
+        dtype = np.dtype(dtype)
+        if offset < 0 or count < 0 or offset + count * dtype.itemsize > self.size:
+            raise FormatError(f"{self.path}: {self.size} bytes, too short for {count} values of "
+                              f"{dtype} at byte {offset} (truncated or corrupted)")
+        return FileColumn(self, dtype, offset, count)
+
+    def sequential(self, on: bool) -> None:
+        """The kernel's sequential readahead (a pass in file order) or none (random reads)."""
+        _fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL if on else os.POSIX_FADV_RANDOM)
+
+
+class FileColumn:
+    """A column of values in a local file: ``column[a:b]`` (and ``column[i]``, ``column[array
+    of positions]``) reads them into an array of its own, one ``pread``."""
+
+    __slots__ = ("file", "fd", "dtype", "offset", "count", "width")
+
+    def __init__(self, file: ReadFile, dtype: np.dtype, offset: int, count: int) -> None:
+        self.file, self.fd = file, file.fd
+        self.dtype, self.offset, self.count, self.width = dtype, offset, count, dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.count
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.count,)
+
+    def __getitem__(self, key: Any) -> Any:
+        if type(key) is slice:
+            start = 0 if key.start is None else key.start
+            stop = self.count if key.stop is None or key.stop > self.count else key.stop
+            return self.read(start, stop - start)
+        if isinstance(key, np.ndarray):  # positions (runs that are not one after the other)
+            if key.size == 0:
+                return np.empty(0, dtype=self.dtype)
+            lo = int(key.min())
+            return self.read(lo, int(key.max()) + 1 - lo)[key - lo]
+        if not 0 <= key < self.count:
+            raise IndexError(f"{self.file.path}: value {key} outside [0, {self.count})")
+        return self.read(int(key), 1)[0]
+
+    def read(self, start: int, count: int) -> np.ndarray:
+        """Values ``start..start+count-1`` (callers keep them inside the column)."""
+        out = np.empty(max(count, 0), dtype=self.dtype)
+        if count > 0 and _preadv(self.fd, [out], self.offset + self.width * start) != out.nbytes:
+            raise FormatError(f"{self.file.path}: shorter than its index says (truncated)")
+        return out
+
+    def byte_range(self, first: int, count: int) -> tuple[int, int]:
+        """Where values ``first..first+count-1`` are in the file: ``(offset, nbytes)``."""
+        return self.offset + first * self.width, count * self.width
+
+
+_OPENED: weakref.WeakValueDictionary[tuple[int, ...], ReadFile] = weakref.WeakValueDictionary()
+
+
+def opened(path: str | os.PathLike[str]) -> ReadFile:
+    """This process's :class:`ReadFile` of ``path``, shared by every reader that asks while one
+    holds it: the same file (device, inode, size, modification time) is opened once, a file
+    replaced since is opened anew."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    file = _OPENED.get(key)
+    if file is None:
+        file = _OPENED[key] = ReadFile(path)
+    return file
+
+
 class MappedFile:
-    """One file mapped read-only (advised ``MADV_RANDOM`` unless ``random=False``), with a
-    descriptor for read advice (``posix_fadvise``: a quarter cheaper than ``madvise``) of its
-    own, advised ``POSIX_FADV_RANDOM``.
+    """One file mapped read-only, for passes over it in file order (numpy over whole runs of
+    it; never a bin's random read, see the module), advised ``MADV_RANDOM`` unless
+    ``random=False``, with a descriptor for read advice of its own.
 
     ``view`` gives numpy views of the map. The descriptor is closed with :meth:`close` or when
-    this object is collected; views keep the map (not this object) alive.
+    this object is collected; views keep the map (not this object) alive. Its pages count in
+    :data:`RESIDENT`.
     """
 
     __slots__ = ("path", "map", "fd", "size", "_closer", "__weakref__")
@@ -97,6 +186,7 @@ class MappedFile:
                 os.posix_fadvise(advice_fd, 0, 0, os.POSIX_FADV_RANDOM)
                 os.close(fd)
                 fd = advice_fd
+            RESIDENT.maps.add(self.map)
         except OSError as exc:
             os.close(fd)
             raise FormatError(f"{path}: cannot map: {exc.strerror}") from None
@@ -128,6 +218,32 @@ class MappedFile:
     def close(self) -> None:
         """Close the descriptor (views and the map stay valid)."""
         self._closer()
+
+    def release(self) -> None:
+        """Drop the pages this process touched through the map from its resident set (they
+        stay in the page cache; views stay valid, their next access faults them back)."""
+        self.map.madvise(mmap.MADV_DONTNEED)
+
+    def sequential(self, on: bool) -> None:
+        """The kernel's sequential readahead over the map (a pass in file order), or random."""
+        self.map.madvise(mmap.MADV_SEQUENTIAL if on else RANDOM)
+
+
+def lookup(values: np.ndarray) -> memoryview:
+    """Per-bin values as a ``memoryview``: indexing it gives a Python int, the cheapest lookup
+    there is (a numpy scalar costs several times more). ``values`` may be a view of a mapped
+    file (little-endian, as every file packlab reads), aligned or not (``data.idx``'s
+    pointers are not: numpy then exports a format ``memoryview`` cannot index, so the bytes
+    are cast)."""
+    values = np.ascontiguousarray(values)
+    return memoryview(values.view(np.uint8)).cast(values.dtype.char)
+
+
+def compact(values: np.ndarray) -> np.ndarray:
+    """``values`` (int64) as uint32 where they fit."""
+    if values.size == 0 or (int(values.min()) >= 0 and int(values.max()) < 1 << 32):
+        return values.astype(np.uint32)
+    return values
 
 
 def load_array(path: str | os.PathLike[str], dtype: Any, offset: int, count: int) -> np.ndarray:
@@ -223,6 +339,78 @@ class NoAdvice:
         self.due = 1 << 62
 
 
+# -- one map per file per process, and the pages all maps hold --------------------------------
+_SHARED: weakref.WeakValueDictionary[tuple[int, ...], MappedFile] = weakref.WeakValueDictionary()
+
+
+def mapped(path: str | os.PathLike[str]) -> MappedFile:
+    """This process's map of the file at ``path`` (advised random), shared by every reader
+    that asks while one holds it: the same file (device, inode, size, modification time) is
+    mapped once, a file replaced since is mapped anew. Its descriptor closes when the last
+    reader lets it go; nobody closes it by hand."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    file = _SHARED.get(key)
+    if file is None:
+        file = _SHARED[key] = MappedFile(path)
+    return file
+
+
+def file_resident_bytes() -> int:
+    """This process's file-backed (and shared-memory) resident bytes, from ``/proc/self/statm``."""
+    with open("/proc/self/statm", "rb", buffering=0) as f:
+        return int(f.read().split()[2]) * PAGE
+
+
+class Resident:
+    """The file-backed pages this process's maps hold, kept under ``budget`` bytes beyond what
+    the process held otherwise (its libraries, say): see the module docstring.
+
+    ``check()`` looks (a few microseconds: call it between pieces of a pass, not per value);
+    ``release()`` drops every live map's pages from this process's page tables; ``releases``
+    counts them.
+    """
+
+    __slots__ = ("maps", "budget", "floor", "releases")
+
+    def __init__(self, budget: int = RESIDENT_BYTES) -> None:
+        self.maps: weakref.WeakSet[mmap.mmap] = weakref.WeakSet()
+        self.budget = budget
+        self.floor: int | None = None  # file-backed bytes after the last release (or first look)
+        self.releases = 0
+
+    def check(self) -> None:
+        now = file_resident_bytes()
+        if self.floor is None:
+            self.floor = now
+        elif now - self.floor > self.budget:
+            self.release()
+
+    def release(self) -> None:
+        for m in list(self.maps):
+            try:
+                m.madvise(mmap.MADV_DONTNEED)
+            except (ValueError, OSError):  # closed since
+                self.maps.discard(m)
+        self.releases += 1
+        self.floor = file_resident_bytes()
+
+
+RESIDENT = Resident()
+
+
+def in_pieces(values: np.ndarray, piece_bytes: int = SCAN_BYTES) -> Iterator[np.ndarray]:
+    """``values`` (a view of a map) in consecutive pieces of about ``piece_bytes``, the budget
+    looked at between them: a pass over a whole mapped file holds at most the budget of it."""
+    step = max(1, piece_bytes // max(1, values.itemsize))
+    for lo in range(0, values.shape[0], step):
+        yield values[lo:lo + step]
+        RESIDENT.check()
+
+
 # -- forked children -----------------------------------------------------------------------------
 _FORGET: weakref.WeakSet[Any] = weakref.WeakSet()
 
@@ -236,6 +424,9 @@ def forget_after_fork(owner: Any) -> None:
 
 def _after_fork_in_child() -> None:
     FORKS[0] += 1
+    _SHARED.clear()  # the child opens and maps its own files (below); its resident set is its own
+    _OPENED.clear()
+    RESIDENT.floor = None
     for owner in list(_FORGET):
         owner.forget_maps()
 
@@ -244,21 +435,22 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @contextmanager
-def sequential(*maps: mmap.mmap) -> Iterator[None]:
-    """A pass in file order over ``maps``: the kernel's sequential readahead (``MADV_SEQUENTIAL``)
-    while it lasts, ``MADV_RANDOM`` again after. Measured on a cold 90 MB shard: 2.5-3.1e8
+def sequential(*files: MappedFile | ReadFile) -> Iterator[None]:
+    """A pass in file order over ``files``: the kernel's sequential readahead while it lasts,
+    random advice again after. Measured on a cold 90 MB shard through maps: 2.5-3.1e8
     tokens/s, against 1.8e8 advising 4 MB windows ahead ourselves."""
-    for m in maps:
-        m.madvise(mmap.MADV_SEQUENTIAL)
+    for f in files:
+        f.sequential(True)
     try:
         yield
     finally:
-        for m in maps:
-            m.madvise(RANDOM)
+        for f in files:
+            f.sequential(False)
 
 
-def scan(read: Callable[[int], T], count: int, maps: tuple[mmap.mmap, ...]) -> Iterator[T]:
-    """``read(i)`` for ``i`` in ``0..count``, under :func:`sequential` advice over ``maps``."""
-    with sequential(*maps):
+def scan(read: Callable[[int], T], count: int, files: tuple[MappedFile | ReadFile, ...]
+         ) -> Iterator[T]:
+    """``read(i)`` for ``i`` in ``0..count``, under :func:`sequential` advice over ``files``."""
+    with sequential(*files):
         for i in range(count):
             yield read(i)

@@ -175,6 +175,7 @@ def pack(
     rng = np.random.default_rng(seed)
     bin_of = ALGORITHMS[algorithm](kept_len, pack_size, rng)
     assignment = assignment_from_bins(bin_of, kept_index, pack_size, overlong, kept_len)
+    del bin_of
     seconds = time.perf_counter() - began
     total = int(kept_len.sum())
     num_bins = assignment.num_bins
@@ -233,7 +234,9 @@ def assignment_from_bins(
     ``kept_len``, also proves no bin holds more than ``pack_size`` tokens: an algorithm bug
     must never reach a writer.
     """
-    bin_of = np.asarray(bin_of, dtype=np.int64)
+    bin_of = np.asarray(bin_of)
+    if bin_of.dtype.kind not in "iu":
+        raise PacklabError("packing returned bin numbers that are not integers (algorithm bug)")
     if bin_of.ndim != 1 or (kept_len is not None and bin_of.shape != kept_len.shape):
         raise PacklabError("packing returned a bin per sequence of the wrong shape (algorithm bug)")
     if bin_of.size and int(bin_of.min()) < 0:

@@ -62,6 +62,7 @@ from packlab.files import (
     read_versioned_json,
     sha256_file,
 )
+from packlab.mapping import in_pieces, mapped
 from packlab.spool_custody import RANGED, SpoolCustody
 from packlab.spool_custody import is_count as _is_count
 from packlab.spool_prefix import (
@@ -370,8 +371,7 @@ class SpoolReader(SpoolCustody):
         if self._maps is None:
             counts = {"tokens": self.num_tokens, "masks": self.num_tokens,
                       "offsets": self.num_sequences, "lengths": self.num_sequences}
-            maps = {name: np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset,
-                                    shape=(counts[name],)) for name, c in self.columns.items()}
+            maps = {name: _mapped(c, counts[name]) for name, c in self.columns.items()}
             if self._pointer_width > 1:  # byte pointers: token offsets, as offsets.bin holds
                 maps["offsets"] = (maps["offsets"] // self._pointer_width).astype(np.uint64)
             self._maps = maps
@@ -472,14 +472,24 @@ class SpoolReader(SpoolCustody):
                               f"{int(lengths.sum())}, manifest says {self.num_tokens} tokens")
         if self.kind == PREFIX_VERSION:
             check_documents(self.path, self.num_sequences)
-        if self.num_tokens and self.has_masks and int(self.masks.max()) > 1:
+        if self.num_tokens and self.has_masks and max(
+                int(piece.max()) for piece in in_pieces(self.masks)) > 1:
             raise FormatError(f"{self.columns['masks'].path}: mask values must be 0 or 1")
         if self.num_tokens:
-            lo, hi = int(self.tokens.min()), int(self.tokens.max())
+            lo = min(int(piece.min()) for piece in in_pieces(self.tokens))
+            hi = max(int(piece.max()) for piece in in_pieces(self.tokens))
             limit = self.vocab_size if self.vocab_size is not None else 2**31
             if lo < 0 or hi >= limit:
                 raise FormatError(f"{self.columns['tokens'].path}: token ids {lo}..{hi} "
                                   f"outside [0, {limit})")
+
+
+def _mapped(column: Column, count: int) -> np.ndarray:
+    """A spool column's ``count`` values, a read-only view of the process's one map of its
+    file (:func:`packlab.mapping.mapped`)."""
+    if count == 0:
+        return np.empty(0, dtype=column.dtype)
+    return mapped(column.path).view(column.dtype, column.offset, count)
 
 
 def is_spool_record(raw: bytes) -> bool:

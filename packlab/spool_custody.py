@@ -13,10 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from xxhash import xxh3_64_intdigest
 
 from packlab.errors import FormatError
-from packlab.files import sha256_file
+from packlab.files import sha256_file, xxh3_of_range
 
 _VERIFIED: dict[tuple[str, str], set[int]] = {}  # per process: (spool, record) -> ranges checked
 RANGED = ("tokens", "masks")  # the files checked range by range (the others are small)
@@ -99,8 +98,10 @@ class SpoolCustody:
             start = int(offsets[lo])
             stop = int(offsets[hi]) if hi < self.num_sequences else self.num_tokens
             for name in RANGED:
-                view = self._map()[name].view(np.ndarray)[start:stop]
-                if xxh3_64_intdigest(memoryview(view).cast("B")) != int(sums[name][r]):
+                column = self.columns[name]
+                width = column.dtype.itemsize
+                if xxh3_of_range(column.path, column.offset + width * start,
+                                 column.offset + width * stop) != int(sums[name][r]):
                     raise FormatError(f"{self.path / FILES[name]}: sequences {lo}..{hi - 1}: "
                                       "checksum mismatch (corrupted spool; nothing was "
                                       "written from it)")

@@ -336,12 +336,9 @@ class Location:
         yield from (i for i in infos if i.type == pafs.FileType.File)
 
     # -- bytes ------------------------------------------------------------------------------
-    def open_input(self, *, memory_map: bool = False) -> pa.NativeFile:
-        """A random-access file (ranged reads on object storage; ``memory_map``: a local file
-        mapped, not read)."""
+    def open_input(self) -> pa.NativeFile:
+        """A random-access file (ranged reads on object storage)."""
         try:
-            if memory_map and self.is_local:
-                return pa.memory_map(self.path)
             return self.filesystem.open_input_file(self.path)
         except FileNotFoundError:
             raise FormatError(f"{self}: no such file or directory") from None

@@ -89,7 +89,7 @@ def test_a_scan_reads_ahead_while_it_lasts_then_maps_are_random_again(tmp_path: 
     view = mapped.view("|u1", 0, 8 << 20)
     assert drop_until_cold([path]) == 0
     seen = []
-    for i in scan(lambda i: int(view[i * PAGE]), 4, (mapped.map,)):
+    for i in scan(lambda i: int(view[i * PAGE]), 4, (mapped,)):
         seen.append(i)
     assert seen == view[: 4 * PAGE : PAGE].tolist()
     assert resident_pages(path)[0] > 8  # sequential readahead, not one page per fault
@@ -97,11 +97,35 @@ def test_a_scan_reads_ahead_while_it_lasts_then_maps_are_random_again(tmp_path: 
     assert drop_until_cold([path]) == 0
     int(view[4 << 20])  # random again: one page
     assert resident_pages(path)[0] <= 2
-    with pytest.raises(RuntimeError), mapping.sequential(mapped.map):
+    with pytest.raises(RuntimeError), mapping.sequential(mapped):
         raise RuntimeError("advice is restored on the way out")
     assert drop_until_cold([path]) == 0
     int(view[6 << 20])
     assert resident_pages(path)[0] <= 2
+
+
+def test_a_file_read_by_pread_reads_ahead_in_a_scan_and_holds_nothing_after(
+        tmp_path: Path) -> None:
+    path = tmp_path / "big.bin"
+    data = np.random.default_rng(3).integers(0, 255, 8 << 20, dtype=np.uint8)
+    path.write_bytes(data.tobytes())
+    column = mapping.opened(path).column("|u1", 0, 8 << 20)
+    assert mapping.opened(path) is column.file  # one per file per process
+    assert drop_until_cold([path]) == 0
+    with mapping.sequential(column.file):
+        first = [column[i * PAGE:i * PAGE + 16] for i in range(4)]
+    assert all(np.array_equal(f, data[i * PAGE:i * PAGE + 16]) for i, f in enumerate(first))
+    assert resident_pages(path)[0] > 8  # sequential readahead
+    time.sleep(0.3)
+    assert drop_until_cold([path]) == 0
+    before = mapping.file_resident_bytes()
+    assert int(column[6 << 20]) == int(data[6 << 20])  # random again: its page only
+    assert resident_pages(path)[0] <= 2
+    assert mapping.file_resident_bytes() - before < 64 << 10  # read, not mapped
+    picked = column[np.array([5, 1, 4096 * 3])]
+    assert picked.tolist() == data[[5, 1, 4096 * 3]].tolist()
+    with pytest.raises(FormatError, match="big.bin: .* too short for"):
+        column.file.column("|u1", 1, 8 << 20)
 
 
 def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(

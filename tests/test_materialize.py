@@ -165,14 +165,16 @@ def test_assignments_that_do_not_fit_the_spool_are_refused(tmp_path: Path) -> No
         BinMaterializer(spool, BinAssignment(np.array([0, 1]), np.array([2]), 8))
     with pytest.raises(PacklabError, match=r"names sequence -1"):
         BinMaterializer(spool, BinAssignment(np.array([0, 1]), np.array([-1]), 8))
+    # the whole assignment is checked when the materializer is made, before any bin is read
     too_full = BinAssignment(np.array([0, 2]), np.array([0, 1]), 5)  # 6 tokens in a 5-bin
     with pytest.raises(PacklabError, match=r"bin 0: sequences need more than pack_size 5"):
-        BinMaterializer(spool, too_full).materialize(0)
+        BinMaterializer(spool, too_full)
     empty_bin = BinAssignment(np.array([0, 2, 2]), np.array([0, 1]), 8)
     with pytest.raises(PacklabError, match=r"bin 1: the assignment gives it no sequence"):
-        BinMaterializer(spool, empty_bin).materialize(1)
+        BinMaterializer(spool, empty_bin)
+    two_bins = BinAssignment(np.array([0, 1, 2]), np.array([0, 1]), 8)
     with pytest.raises(IndexError, match=r"bin 3 out of range \[0, 2\)"):
-        BinMaterializer(spool, empty_bin).materialize(3)
+        BinMaterializer(spool, two_bins).materialize(3)
 
 
 def test_corrupted_offsets_are_a_format_error(tmp_path: Path) -> None:

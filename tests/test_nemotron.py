@@ -221,7 +221,7 @@ def test_commands_read_a_nemotron_output_directory(nemotron_output, tmp_path, ca
     rows = json.loads(text)["rows"]
     assert rows[0]["n"] == len(bins) and rows[0]["t"] == sum(b.packed_len for b in bins)
     code, _, err = run_cli(capsys, "convert", out, tmp_path / "c", "--format",
-                           formats_where("ZERO_COPY")[0])
+                           formats_where("RAW_RUNS")[0])
     assert code == 0, err
     converted = open_dataset(tmp_path / "c")
     assert all(bins_equal(converted.read_bin(b), bins[b]) for b in range(0, len(bins), 5))

@@ -1,8 +1,8 @@
 """The one read path (``packlab/formats/table.py`` and ``packlab/dataset.py``): every format
 whose bins are slices of its files reads through one table; ``dataset[i]``, a batch and a
-reader's ``read_bin`` agree bin for bin with the bytes the format's own index points at; views
-are read-only, of the mapped files, valid after close; the read advice is counted and asked
-for; every kind of index is answered or refused the same way."""
+reader's ``read_bin`` agree bin for bin with the bytes the format's own index points at; bins
+are arrays of their own, valid after close; the read advice is counted and asked for; every
+kind of index is answered or refused the same way."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from packlab.packing import pack
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader
 
-VIEWS = {"memmap_v1", "binidx", "arrow_ipc", "pbin"}  # formats whose bins are views of files
+VIEWS = {"memmap_v1", "binidx", "arrow_ipc", "pbin"}  # formats whose bins are runs of values
 ITEMS = {"megatron_sft"}  # formats whose bin is one item of a file, decoded
 
 
@@ -36,10 +36,10 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return shard_per_format(spool, assignment, root, format_names())
 
 
-def test_the_formats_whose_bins_are_views_are_the_zero_copy_ones(shards) -> None:
+def test_the_formats_whose_bins_are_runs_of_values_are_the_raw_runs_ones(shards) -> None:
     tables = {name: _table(shard) for name, shard in shards.items()}
     tabled = {name for name, table in tables.items() if isinstance(table, BinTable)}
-    assert tabled == VIEWS == {n for n in format_names() if get_format(n).Reader.ZERO_COPY}
+    assert tabled == VIEWS == {n for n in format_names() if get_format(n).Reader.RAW_RUNS}
     # a bin that is one item it decodes is read through the items' table
     assert {name for name, table in tables.items() if isinstance(table, ItemTable)} == ITEMS
 
@@ -94,15 +94,15 @@ def test_a_mask_indexed_apart_is_read_from_its_own_positions(shards: dict[str, P
 
 
 @pytest.mark.parametrize("name", sorted(VIEWS))
-def test_views_are_read_only_maps_that_outlive_the_reader(name: str, shards) -> None:
+def test_bins_are_arrays_of_their_own_that_outlive_the_reader(name: str, shards) -> None:
     dataset = open_dataset(shards[name])
-    item = dataset[1]
+    item, again = dataset[1], dataset[1]
     copy = {k: v.copy() for k, v in item.items()}
-    for key in ("input_ids", "loss_mask"):
-        assert not item[key].flags.writeable
-        assert np.shares_memory(item[key], dataset.readers()[0].table().tokens
-                                if key == "input_ids" else dataset.readers()[0].table().mask)
-    assert item["seq_boundaries"].flags.writeable  # a new array: starts, then packed_len
+    for key in item:
+        assert item[key].flags.writeable and not np.shares_memory(item[key], again[key])
+    item["input_ids"][0] += 1  # a write reaches no file and no other read
+    assert np.array_equal(dataset[1]["input_ids"], copy["input_ids"])
+    item["input_ids"][0] -= 1
     dataset.close()
     del dataset
     gc.collect()

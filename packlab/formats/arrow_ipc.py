@@ -102,7 +102,7 @@ class ArrowIpcFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     READ_BY = ("HF datasets",)
-    ZERO_COPY = True
+    RAW_RUNS = True
     BUFFERED_BINS = DEFAULT_BATCH_SIZE
     detect = staticmethod(detect)
 
@@ -411,13 +411,13 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
             return None
         reader = self._file()  # this process's map (reopened in a forked worker), shared
         assert self._source is not None
-        mapped = maps.files[self.path] = self._source
+        size = maps.file(self.path).size
         base = self._base
         batches = []
         for k in range(self.num_batches):
             batch, info = self._read_batch(k, reader)
             self._checked(k, batch, info)  # its place, counts (and CRC: verify_checksums)
-            spans = [list_buffers(batch.column(name), dtype, base.address, mapped.size)
+            spans = [list_buffers(batch.column(name), dtype, base.address, size)
                      for name, dtype in DTYPES.items()]
             if None in spans:
                 self._copied = True  # foreign types, nulls or offsets: decoded, not views
@@ -425,9 +425,10 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
             batches.append((int(self.batch_offsets[k]), batch.num_rows, spans))
         checksum = self._checksum if self.has_checksums else None
         p = self.path
-        return Layout(Column(p, np.dtype("<i4"), 0, mapped.size // 4),
-                      Column(p, np.dtype("|u1"), 0, mapped.size),
-                      Column(p, np.dtype("<i4"), 0, mapped.size // 4),
+        self._source.release()  # the batches' headers it read: bins are read by pread
+        return Layout(Column(p, np.dtype("<i4"), 0, size // 4),
+                      Column(p, np.dtype("|u1"), 0, size),
+                      Column(p, np.dtype("<i4"), 0, size // 4),
                       ListIndex(maps, p, batches, self.num_bins), self.pack_size, str(p), checksum)
 
     def _checksum(self, b: int) -> int:
@@ -476,7 +477,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
 
     def _untabled_iter(self) -> Iterator[PackedBin]:
         self._file()
-        with sequential(self._source.map):  # type: ignore[union-attr]
+        with sequential(self._source):  # type: ignore[arg-type]
             for k in range(self.num_batches):
                 cols = self._batch(k)
                 for j in range(cols.rows):
@@ -490,7 +491,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         source = str(self.path)
         first = tokens = seqs = 0
         self._file()
-        with sequential(self._source.map):  # type: ignore[union-attr]
+        with sequential(self._source):  # type: ignore[arg-type]
             for k in range(self.num_batches):
                 batch, info = self._read_batch(k)
                 cols = decode(batch, source=source, first_bin=first)

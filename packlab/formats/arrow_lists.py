@@ -25,7 +25,7 @@ import pyarrow as pa
 from packlab.bins import PackedBin, bin_checksum
 from packlab.errors import FormatError, PacklabError, one_line
 from packlab.files import parse_json
-from packlab.formats.table import BinIndex, Maps, Runs, lookup
+from packlab.formats.table import BinIndex, Maps, Runs
 from packlab.invariants import check_csr
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -373,55 +373,19 @@ class ListIndex(BinIndex):
     Bin ``b`` of batch ``k`` (row ``r``) is ``values[offsets[r]:offsets[r + 1]]`` of each
     column, where a batch's offsets and values buffers lie in the file. The offsets are read
     where they are, through one int32 view of the whole mapped file; per batch only six
-    positions are kept (a tuple of ints, about 300 bytes a batch of a thousand bins). Batches
-    of one size (packlab's) are found by a division, others by a bisection; a mask whose
-    offsets are its tokens' (packlab's) is located by theirs, without a lookup of its own."""
+    positions are kept (a tuple of ints, about 300 bytes a batch of a thousand bins)."""
 
-    __slots__ = ("num_bins", "firsts", "rows", "path", "whole", "_whole", "batches", "locate")
+    __slots__ = ("num_bins", "firsts", "path", "_whole", "batches")
 
     def __init__(self, maps: Maps, path: Path, batches: list[Any], num_bins: int) -> None:
-        mapped = maps.file(path)
+        file = maps.file(path)
         self.num_bins, self.path = num_bins, path
-        self._whole = mapped.view(np.dtype("<i4"), 0, mapped.size // 4)
-        self.whole = lookup(self._whole)
+        self._whole = file.column(np.dtype("<i4"), 0, file.size // 4)
         self.firsts = array("q", (first for first, _, _ in batches))
-        sizes = [rows for _, rows, _ in batches]
-        regular = len(set(sizes[:-1])) <= 1 and sizes[-1] <= sizes[0]
-        self.rows = sizes[0] if regular else 0  # 0: batches of several sizes
         # per batch: where each column's offsets start (an int32 index into the file) and
         # where its values start (an index into that column's view of the file)
         self.batches = [tuple(x for at, first, base in spans for x in (at // 4 + first, base))
                         for _, _, spans in batches]
-        same = all(np.array_equal(self._whole[ta:ta + rows + 1], self._whole[ma:ma + rows + 1])
-                   for (ta, _, ma, _, _, _), rows in zip(self.batches, sizes, strict=True))
-        self.locate = self._locate_with_tokens if same else self._locate_apart
-
-    def _batch(self, b: int) -> tuple[int, int]:
-        """The batch of bin ``b`` and its row there, in files of batches of several sizes."""
-        k = bisect_right(self.firsts, b) - 1
-        return k, b - self.firsts[k]
-
-    def _locate_with_tokens(self, b: int) -> tuple[int, int, int, int, int]:
-        """:meth:`BinIndex.locate`, the mask's offsets being the tokens'."""
-        rows = self.rows
-        k, r = (b // rows, b % rows) if rows else self._batch(b)
-        ta, tb, _, mb, sa, sb = self.batches[k]
-        whole = self.whole
-        t = ta + r
-        s = sa + r
-        t0 = whole[t]
-        return tb + t0, tb + whole[t + 1], mb + t0, sb + whole[s], sb + whole[s + 1]
-
-    def _locate_apart(self, b: int) -> tuple[int, int, int, int, int]:
-        """:meth:`BinIndex.locate`, the mask's offsets its own."""
-        rows = self.rows
-        k, r = (b // rows, b % rows) if rows else self._batch(b)
-        ta, tb, ma, mb, sa, sb = self.batches[k]
-        whole = self.whole
-        t = ta + r
-        s = sa + r
-        return (tb + whole[t], tb + whole[t + 1], mb + whole[ma + r], sb + whole[s],
-                sb + whole[s + 1])
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``, batch by batch; the mask of each as long as its tokens."""

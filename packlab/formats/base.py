@@ -75,7 +75,7 @@ class FormatFacts:
     #: the reader loads every bin when it opens (no cold read; memory grows with the shard)
     IN_RAM: ClassVar[bool] = False
     #: bins are views of memory-mapped files (no decode): the reads held to the memcpy floor
-    ZERO_COPY: ClassVar[bool] = False
+    RAW_RUNS: ClassVar[bool] = False
     #: every bin occupies ``pack_size`` positions on disk (padding is part of its size)
     PADDED: ClassVar[bool] = False
     #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can

@@ -99,7 +99,6 @@ from packlab.formats.table import (
     Maps,
     Runs,
     TableReads,
-    lookup,
     refuse_unverifiable,
 )
 from packlab.mapping import load_array
@@ -137,7 +136,7 @@ class BinidxFacts(FormatFacts):
     FILES = (DATA, INDEX, LOSS, SEQS, SUMS)
     DATA_FILES = (DATA, LOSS)
     READS_IN_PLACE = True
-    ZERO_COPY = True
+    RAW_RUNS = True
     detect = staticmethod(detect)
 
 
@@ -453,7 +452,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         checksum = None
         if self.has_checksums:
             self.check_checksums_header()
-            checksum = lookup(maps.values(file(SUMS), "<u8", self._sums_header(), n)).__getitem__
+            checksum = maps.lookups(file(SUMS), "<u8", self._sums_header(), n)
         seqs_at = self.header_size[SEQS]
         return Layout(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
                       Column(file(LOSS), np.dtype("|u1"), self.header_size[LOSS],
@@ -508,8 +507,8 @@ class _Index(BinIndex):
     """``data.idx``'s lengths and byte pointers, ``seq_starts.bin``'s offsets, mapped: bin
     ``b``'s tokens are values ``pointer[b] / width`` and on, ``length[b]`` of them."""
 
-    __slots__ = ("num_bins", "lengths", "pointers", "seqs", "shift", "_lengths", "_pointers",
-                 "_seqs", "width", "num_tokens", "num_seqs", "path")
+    __slots__ = ("num_bins", "_lengths", "_pointers", "_seqs", "width", "num_tokens",
+                 "num_seqs", "path")
 
     def __init__(self, maps: Maps, local: Path, n: int, width: int, num_tokens: int,
                  num_seqs: int, seqs_at: int, shown: Path | Location) -> None:
@@ -521,14 +520,6 @@ class _Index(BinIndex):
         seqs = (path / SEQS, "<i8", seqs_at, n + 1)
         self._lengths, self._pointers, self._seqs = (maps.values(*c)
                                                      for c in (lengths, pointers, seqs))
-        self.lengths, self.pointers, self.seqs = (lookup(values) for values in
-                                                  (self._lengths, self._pointers, self._seqs))
-        self.shift = width.bit_length() - 1
-
-    def locate(self, b: int) -> tuple[int, int, int, int, int]:
-        t0 = self.pointers[b] >> self.shift
-        seqs = self.seqs
-        return t0, t0 + self.lengths[b], t0, seqs[b], seqs[b + 1]
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``. The bins fill ``data.bin`` in order, from its start to its end,

@@ -38,6 +38,8 @@ from packlab.formats.table import (
     Column,
     Maps,
     check_checksums,
+    compact,
+    lookup,
     refuse_unverifiable,
 )
 from packlab.invariants import check_csr
@@ -53,12 +55,8 @@ class ItemIndex(ABC):
     num_bins: int
 
     @abstractmethod
-    def locate(self, b: int) -> tuple[int, int]:
-        """Bin ``b``'s item: its first value and its count of values (Python ints)."""
-
-    @abstractmethod
     def runs(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`locate` for bins ``lo..hi-1`` at once (int64 arrays)."""
+        """Bins ``lo..hi-1``'s items: their first values and their counts (int64 arrays)."""
 
     @abstractmethod
     def check(self, lo: int, hi: int, num_values: int) -> None:
@@ -91,8 +89,9 @@ class ItemLayout(NamedTuple):
 class ItemTable:
     """One process's reads of a shard laid out as :class:`ItemLayout` says (see the module)."""
 
-    __slots__ = ("items", "index", "locate", "decode", "summarize", "checksum", "num_bins",
-                 "pack_size", "source", "maps", "advice", "width", "offset", "ranged")
+    __slots__ = ("items", "index", "firsts", "counts", "locator_bytes", "decode", "summarize",
+                 "checksum", "num_bins", "pack_size", "source", "maps", "advice", "width",
+                 "offset", "ranged")
 
     def __init__(self, layout: ItemLayout, maps: Maps, *, verify: bool = False) -> None:
         refuse_unverifiable(layout.source, verify, layout.checksum is not None)
@@ -102,7 +101,6 @@ class ItemTable:
         self.offset = layout.items.offset
         self.advice = None if self.ranged else ReadAdvice(maps.file(layout.items.path).fd)
         self.index = layout.index
-        self.locate = layout.index.locate
         self.decode = layout.decode
         self.summarize = layout.summarize
         self.checksum = layout.checksum if verify else None
@@ -110,8 +108,24 @@ class ItemTable:
         self.pack_size = layout.pack_size
         self.source = layout.source
         self.maps = maps
-        for lo in range(0, self.num_bins, CHUNK):
-            layout.index.check(lo, min(lo + CHUNK, self.num_bins), len(self.items))
+        self.firsts, self.counts, self.locator_bytes = self._locator(len(self.items))
+
+    def _locator(self, num_values: int) -> tuple[memoryview, memoryview, int]:
+        """Every bin's item (first value, count) in RAM, its index checked on the way: a cold
+        read waits for its item's pages only (8 bytes a bin where the shard's values fit 32
+        bits, 12 or 16 where they do not)."""
+        n = self.num_bins
+        firsts, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        for lo in range(0, n, CHUNK):
+            hi = min(lo + CHUNK, n)
+            self.index.check(lo, hi, num_values)
+            firsts[lo:hi], counts[lo:hi] = self.index.runs(lo, hi)
+        firsts, counts = compact(firsts), compact(counts)
+        return lookup(firsts), lookup(counts), firsts.nbytes + counts.nbytes
+
+    def locate(self, b: int) -> tuple[int, int]:
+        """Bin ``b``'s item: its first value and its count of values (Python ints)."""
+        return self.firsts[b], self.counts[b]
 
     @classmethod
     def mapped(cls, layout: ItemLayout, maps: Maps, *, verify: bool = False) -> ItemTable:
@@ -151,7 +165,7 @@ class ItemTable:
     def _sequential(self) -> Any:
         if self.ranged:
             return scanning(self.maps.ranged.windows.values())
-        return sequential(*(f.map for f in self.maps.files.values()))
+        return sequential(*self.maps.files.values())
 
     def check(self, b: int, packed: PackedBin) -> None:
         assert self.checksum is not None

@@ -77,7 +77,7 @@ from packlab.formats.base import (
 from packlab.formats.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.items import ItemIndex, ItemLayout, ItemTable
 from packlab.formats.scratch import ScratchArray
-from packlab.formats.table import Column, Maps, TableReads, lookup, refuse_unverifiable
+from packlab.formats.table import Column, Maps, TableReads, refuse_unverifiable
 from packlab.storage import Location, as_location, cache_entry, cache_root, fetch_files
 
 FORMAT = "megatron_sft"
@@ -388,7 +388,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         checksum = None
         if self.has_checksums:
             assert self._side is not None
-            checksum = lookup(maps.values(self._side, "<u8", _Sidecar.HEAD.size, n)).__getitem__
+            checksum = maps.lookups(self._side, "<u8", _Sidecar.HEAD.size, n)
         return ItemLayout(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
                           self._decode, self._summarize,
                           self._pack_size or MAX_PACK_SIZE, str(self.bin), checksum)
@@ -418,7 +418,8 @@ class Reader(SftFacts, TableReads, ShardReader):
         if limit is not None and budget_used(length, n, self.convention) > limit:
             raise FormatError(f"{self.bin}: bin {b}: {length} tokens in {n} sequences, over "
                               f"pack_size {limit} ({self.convention} convention; corrupted)")
-        return PackedBin(words & MAX_ID, (words < 0).view(np.uint8), starts)
+        # the starts copied: a view would keep the whole item (4 bytes a token) alive
+        return PackedBin(words & MAX_ID, (words < 0).view(np.uint8), starts.copy())
 
     def _bad_item(self, b: int, magic: int, version: int, n: int, count: int) -> FormatError:
         if magic != ROW_MAGIC:
@@ -481,16 +482,12 @@ class _Index(ItemIndex):
     """The ``.idx``'s lengths and byte pointers, mapped: bin ``b`` is ``length[b]`` words from
     word ``pointer[b] / 4`` of the ``.bin``."""
 
-    __slots__ = ("num_bins", "_lengths", "_pointers", "lengths", "pointers", "source")
+    __slots__ = ("num_bins", "_lengths", "_pointers", "source")
 
     def __init__(self, lengths: np.ndarray, pointers: np.ndarray, source: str) -> None:
         self.num_bins = int(lengths.shape[0])
         self._lengths, self._pointers = lengths, pointers
-        self.lengths, self.pointers = lookup(lengths), lookup(pointers)
         self.source = source
-
-    def locate(self, b: int) -> tuple[int, int]:
-        return self.pointers[b] >> 2, self.lengths[b]
 
     def runs(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         return (self._pointers[lo:hi].astype(np.int64) >> 2,

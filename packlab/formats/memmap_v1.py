@@ -68,7 +68,6 @@ from packlab.formats.table import (
     Maps,
     Runs,
     TableReads,
-    lookup,
     refuse_unverifiable,
 )
 from packlab.mapping import sequential
@@ -145,7 +144,7 @@ class MemmapFacts(FormatFacts):
     RECORD = RECORD
     RECORD_FORMAT = RECORD_FORMAT
     FILES = (*FILES.values(), CHECKSUMS)
-    ZERO_COPY = True
+    RAW_RUNS = True
     PADDED = True
     detect = staticmethod(detect)
 
@@ -362,7 +361,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         p, n = self.path, self.num_bins
         checksum = None
         if self.has_checksums:
-            checksum = lookup(maps.values(p / CHECKSUMS, CHECKSUM_DTYPE, self._checksums_at(), n))
+            checksum = maps.lookups(p / CHECKSUMS, CHECKSUM_DTYPE, self._checksums_at(), n)
         size = n * self.pack_size
 
         def column(name: str, count: int, dtype: np.dtype | None = None) -> Column:
@@ -372,7 +371,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
                        self.pack_size, self.num_seqs, str(p))
         return Layout(column("input_ids", size), column("loss_mask", size),
                       column("seq_starts", self.num_seqs, np.dtype("<i4")), index,
-                      self.pack_size, str(p), None if checksum is None else checksum.__getitem__)
+                      self.pack_size, str(p), checksum)
 
     def _checksums_at(self) -> int:
         """Where ``checksums.npy``'s values start (its header checked against the shard)."""
@@ -442,7 +441,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         p = self.pack_size
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * p))
         ids, mask = maps.column(layout.tokens), maps.column(layout.mask)
-        with sequential(*(f.map for f in maps.files.values())):
+        with sequential(*maps.files.values()):
             for a in range(0, self.num_bins, step):
                 b = min(a + step, self.num_bins)
                 pad = np.arange(p) >= lengths[a:b, None]
@@ -459,19 +458,12 @@ class _Index(BinIndex):
     """``packed_len.npy`` and ``seq_offsets.npy``, mapped: bin ``b`` is row ``b`` of the
     padded arrays, ``packed_len[b]`` values of it."""
 
-    __slots__ = ("num_bins", "lengths", "seqs", "stride", "_lengths", "_seqs", "num_seqs",
-                 "source")
+    __slots__ = ("num_bins", "stride", "_lengths", "_seqs", "num_seqs", "source")
 
     def __init__(self, maps: Maps, lengths: Column, seqs: Column, stride: int, num_seqs: int,
                  source: str) -> None:
         self.num_bins, self.stride, self.num_seqs, self.source = lengths.count, stride, num_seqs, source
         self._lengths, self._seqs = maps.column(lengths), maps.column(seqs)
-        self.lengths, self.seqs = lookup(self._lengths), lookup(self._seqs)
-
-    def locate(self, b: int) -> tuple[int, int, int, int, int]:
-        t0 = b * self.stride
-        seqs = self.seqs
-        return t0, t0 + self.lengths[b], t0, seqs[b], seqs[b + 1]
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``: the starts must run from 0 to ``num_seqs`` in order."""

@@ -75,10 +75,7 @@ from packlab.formats.base import (
 from packlab.formats.npy_identity import check_identity, npy_header
 from packlab.formats.spool_gather import (
     SUMS,
-    Gather,
-    build_gather,
     changed_sequence,
-    gather_bin,
     gathered_files,
     sequence_checksums,
 )
@@ -198,7 +195,7 @@ class Writer(PackedIndexFacts, ShardWriter):
         if options.get("num_bins") is not None and options["num_bins"] > available:
             raise PacklabError(f"{where}: {options['num_bins']} bins announced, the assignment has "
                                f"{available} from bin {self.first_bin}")
-        self._materializer = BinMaterializer(self.spool, self.assignment)
+        self._materializer: BinMaterializer | None = None  # bins compared (write_bin) only
         super().__init__(path, **options)
 
     def _open(self) -> None:
@@ -214,6 +211,8 @@ class Writer(PackedIndexFacts, ShardWriter):
         same = (packed.input_ids.shape[0] == expected[0]
                 and np.array_equal(packed.seq_start_id, expected[1]))
         if same and self.verify:
+            if self._materializer is None:
+                self._materializer = BinMaterializer(self.spool, self.assignment)
             gathered = self._materializer.materialize(bin_id)
             same = (np.array_equal(packed.input_ids, gathered.input_ids)
                     and np.array_equal(packed.loss_mask, gathered.loss_mask))
@@ -318,7 +317,7 @@ class Reader(PackedIndexFacts, ShardReader):
         self._assignment: BinAssignment | None = None
         self._spool: SpoolReader | None = None
         self._materializer: BinMaterializer | None = None
-        self._gather: Gather | None = None
+        self._sequence_sums: memoryview | None = None
 
     @classmethod
     def spool_reference(cls, shard: Path) -> dict[str, str]:
@@ -326,7 +325,7 @@ class Reader(PackedIndexFacts, ShardReader):
         return {"relative": spool["relative"], "path": spool["path"]}
 
     def _handles(self) -> tuple[str, ...]:
-        return ("_assignment", "_spool", "_materializer", "_gather")
+        return ("_assignment", "_spool", "_materializer", "_sequence_sums")
 
     def _find_spool(self, override: Path | None) -> Path:
         recorded = self.record["spool"]
@@ -367,67 +366,68 @@ class Reader(PackedIndexFacts, ShardReader):
                 return f"{name} is missing or not {entry.get('bytes')} bytes"
         return None
 
-    def _open_index(self) -> BinMaterializer:
-        if self._materializer is None:
+    def _open_assignment(self) -> tuple[SpoolReader, BinAssignment]:
+        """The spool and the shard's assignment, its index checked against the spool's count."""
+        if self._assignment is None or self._spool is None:
             offsets = _load_npy(self.path / OFFSETS, self.num_bins + 1, identity=self.identity)
             indices = _load_npy(self.path / INDICES, self.num_seqs, identity=self.identity)
             self._spool = SpoolReader(self.spool_path)
             _check_index(self.path, offsets, indices, self._spool.num_sequences)
             self._assignment = BinAssignment(offsets, indices, self.pack_size, self.overlong)
+        return self._spool, self._assignment
+
+    def _open_index(self) -> BinMaterializer:
+        """What reads the bins: the assignment checked against the spool whole, in RAM."""
+        if self._materializer is None:
+            spool, assignment = self._open_assignment()
             try:
-                self._materializer = BinMaterializer(self._spool, self._assignment)
+                self._materializer = BinMaterializer(spool, assignment)
             except PacklabError as exc:
                 raise FormatError(f"{self.path}: does not fit its spool: {exc}") from None
         return self._materializer
 
     @property
     def assignment(self) -> BinAssignment:
-        self._open_index()
-        assert self._assignment is not None
-        return self._assignment
+        return self._open_assignment()[1]
 
-    def _gatherer(self) -> Gather:
-        """The spool mapped for random access and, in RAM, where every sequence of every bin
-        is (16 bytes per sequence; 24 with ``verify``): built once per process, on the first
-        read."""
-        if self._gather is None:
-            sums = _load_npy(self.path / SUMS, self.num_seqs, "<u8", self.identity) \
-                if self.verify else None
-            self._gather = build_gather(self.path, self._open_index(), sums)
-        return self._gather
+    def _sums(self) -> memoryview:
+        """The sequences' recorded checksums (``verify``), in RAM: 8 bytes a sequence."""
+        if self._sequence_sums is None:
+            self._sequence_sums = memoryview(np.ascontiguousarray(
+                _load_npy(self.path / SUMS, self.num_seqs, "<u8", self.identity)))
+        return self._sequence_sums
 
     def read_bin(self, index: int) -> PackedBin:
         """A freshly gathered bin (its own arrays: int32 tokens, uint8 loss mask, int32 starts);
         with ``verify``, each of its sequences checked against its checksum."""
-        g = self._gather if self._gather is not None else self._gatherer()
+        m = self._materializer if self._materializer is not None else self._open_index()
         if not 0 <= index < self.num_bins:
             index = self.check_index(index)
-        return gather_bin(g, index) if g.sums is None else self._verified(g, index)
+        packed = m.materialize(index, copy=True)
+        if self.verify:
+            self._verified(m, index, packed)
+        return packed
 
     def read_bins(self, indices: Any) -> list[PackedBin]:
-        g = self._gather if self._gather is not None else self._gatherer()
-        count = self.num_bins
-        gather = gather_bin if g.sums is None else self._verified
-        return [gather(g, i if 0 <= i < count else self.check_index(i))
-                for i in index_list(indices)]
+        return [self.read_bin(i) for i in index_list(indices)]
 
-    def _verified(self, g: Gather, b: int) -> PackedBin:
-        """Bin ``b``, each sequence's tokens and mask in the spool hashed against the shard's
-        record first (and the mask values checked: 0 or 1)."""
-        k = changed_sequence(g, b)
+    def _verified(self, m: BinMaterializer, b: int, packed: PackedBin) -> None:
+        """Bin ``b`` just gathered: each sequence's tokens and mask as read from the spool
+        hashed against the shard's record (and the mask values checked: 0 or 1)."""
+        first = int(self.assignment.bin_offsets[b])
+        k = changed_sequence(packed.input_ids, m.raw_mask, packed.seq_start_id, self._sums(),
+                             first)
         if k is not None:
             raise FormatError(f"{self.path}: bin {b}: its sequence {k} differs from the spool "
                               f"{self.spool_path} it was packed from (changed in place; "
                               "corrupted)")
-        packed = gather_bin(g, b)
         if packed.loss_mask.shape[0] and int(packed.loss_mask.max()) > 1:
             raise FormatError(f"{self.path}: bin {b}: loss_mask value "
                               f"{int(packed.loss_mask.max())} from the spool (must be 0 or 1)")
-        return packed
 
     def packed_lengths(self) -> np.ndarray:
-        materializer = self._open_index()
-        return self.assignment.bin_lengths(materializer.spool.lengths)
+        spool, assignment = self._open_assignment()
+        return assignment.bin_lengths(spool.lengths)
 
     def bytes_on_disk(self) -> int:
         """The index only; the spool it references is counted in ``info()["spool_bytes"]``."""
@@ -441,7 +441,7 @@ class Reader(PackedIndexFacts, ShardReader):
     def validate(self, *, spool_checksums: bool = True) -> dict[str, Any]:
         """Index checksums, the spool unchanged (re-hashed), every bin's structure and limits."""
         verify_files(self.path, self.record["files"], checksums=True)
-        self._open_index()
+        self._open_assignment()
         assert self._spool is not None
         if spool_checksums:
             if not _recorded_files(self._spool.record):  # none of its own: the pack-time ones

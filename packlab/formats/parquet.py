@@ -219,7 +219,7 @@ class Reader(ParquetFacts, ShardReader):
     Options: ``pack_size`` (for files without packlab metadata; otherwise must agree),
     ``convention`` (what that pack size counts, for files without packlab metadata:
     ``"megatron_bridge"`` for Megatron-Bridge's packer, see :data:`packlab.bins.CONVENTIONS`),
-    ``cache_row_groups`` (decoded row groups kept, default 4), ``memory_map``,
+    ``cache_row_groups`` (decoded row groups kept, default 4),
     ``verify_checksums`` (page CRCs on every read, default on), ``verify`` (page CRCs on,
     whatever ``verify_checksums`` says), ``use_threads``,
     ``one_row_group_cache`` (the Megatron-Bridge baseline instead, see below).
@@ -241,7 +241,6 @@ class Reader(ParquetFacts, ShardReader):
         pack_size: int | None = None,
         convention: str = "packlab",
         cache_row_groups: int = DEFAULT_CACHE_ROW_GROUPS,
-        memory_map: bool = True,
         verify_checksums: bool = True,
         use_threads: bool = False,
         one_row_group_cache: bool = False,
@@ -255,7 +254,6 @@ class Reader(ParquetFacts, ShardReader):
         self._input_pid = -1
         self.size = 0
         self.cache_row_groups = int(cache_row_groups)
-        self.memory_map = memory_map
         self.verify = bool(verify)
         self.verify_checksums = verify_checksums or self.verify
         self.use_threads = use_threads
@@ -319,10 +317,11 @@ class Reader(ParquetFacts, ShardReader):
         return meta
 
     def _open_input(self) -> pa.NativeFile:
-        """This process's random-access file (mapped where the Location allows it)."""
+        """This process's random-access file, read (not mapped: a row group's pages would stay
+        in the process's resident set, up to the whole file over an epoch)."""
         self._input_pid = os.getpid()
         try:
-            return self.location.open_input(memory_map=self.memory_map)
+            return self.location.open_input()
         except FormatError:
             if self.location.is_dir():
                 raise FormatError(f"{self.path}: is a directory, not a Parquet file") from None

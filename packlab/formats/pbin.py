@@ -80,7 +80,6 @@ from packlab.formats.table import (
     Layout,
     Maps,
     TableReads,
-    lookup,
     refuse_unverifiable,
 )
 from packlab.invariants import check_csr
@@ -107,7 +106,7 @@ class PbinFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     READ_BY = ("Modalities",)
-    ZERO_COPY = True
+    RAW_RUNS = True
     detect = staticmethod(detect)
 
 
@@ -349,7 +348,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
         at, n, p = self._at(), self.num_bins, self.path
         index = CsrIndex(maps.values(p, "<i8", at["token_offsets"], n + 1),
                          maps.values(p, "<i8", at["seq_offsets"], n + 1))
-        checksum = (lookup(maps.values(p, "<u8", at["checksums"], n)).__getitem__
+        checksum = (maps.lookups(p, "<u8", at["checksums"], n)
                     if self.has_checksums else None)
         return Layout(Column(p, self.token_dtype, HEADER_SIZE, self.num_tokens),
                       Column(p, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
@@ -379,7 +378,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
         return PackedBin(docs.tokens[start : start + n], loss, np.zeros(1, dtype=np.int32))
 
     def _untabled_iter(self) -> Iterator[PackedBin]:
-        return scan(self._untabled_bin, self.num_bins, (self._documents().file.map,))
+        return scan(self._untabled_bin, self.num_bins, (self._documents().file,))
 
     def _untabled_lengths(self) -> np.ndarray:
         return np.diff(self._documents().token_offsets)

@@ -1,85 +1,27 @@
-"""Bins gathered from a spool: the read path of ``packed_index``, and the per-sequence checksums
-it records.
+"""The per-sequence checksums of ``packed_index``: what a shard records of each sequence it
+gathers from its spool, and the check of a gathered bin against them.
 
-:func:`build_gather` maps the spool's tokens and masks for random access and computes, in RAM,
-where every sequence of every bin starts and how much of it the bin keeps (checked as the
-materializer checks); :func:`gather_bin` copies a bin out, its loss mask aligned per
-sub-sequence as it goes. :func:`sequence_checksums` hashes each indexed sequence as a bin uses
-it (its kept tokens' bytes as int32 seeding its mask's: a uint16 Megatron prefix and the int32
-spool it was exported from hash alike), reading the spool in file order through two reused
-buffers, so a writer's memory stays flat.
+:func:`sequence_checksums` hashes each indexed sequence as a bin uses it (its kept tokens'
+bytes as int32 seeding its mask's: a uint16 Megatron prefix and the int32 spool it was
+exported from hash alike), reading the spool in file order through two reused buffers, so a
+writer's memory stays flat; :func:`changed_sequence` checks a bin just gathered (by
+:class:`~packlab.materialize.BinMaterializer`) against them.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
-from packlab.bins import PackedBin
 from packlab.errors import FormatError
-from packlab.mapping import MappedFile, ReadAdvice, advise
-from packlab.materialize import BinMaterializer
 from packlab.spool import SpoolReader
 
 SUMS = "seq_checksums.npy"
 _new = tuple.__new__  # PackedBin without NamedTuple.__new__'s Python frame (hot path)
-
-
-class Gather(NamedTuple):
-    """What a read gathers from: the spool's data mapped, the bins' sequences in RAM."""
-
-    tokens: np.ndarray  # the spool's tokens (int32; a Megatron prefix's uint16 or int32), mapped
-    masks: np.ndarray  # its masks.bin (uint8, unshifted)
-    bin_of: memoryview  # int64[num_bins + 1]: bin b holds sequences bin_of[b]:bin_of[b + 1]
-    start_of: memoryview  # int64 per sequence (layout order): its first token in the spool
-    kept_of: memoryview  # int64 per sequence: its tokens in the bin (truncated to pack_size)
-    packed_of: memoryview  # int64[num_bins]: each bin's packed length
-    token_fd: int
-    mask_fd: int
-    advice: ReadAdvice  # when to advise a bin's sequences before a read
-    files: tuple[MappedFile, MappedFile]
-    mask_bytes: memoryview  # the mask map as bytes, for the checksums (verify)
-    sums: memoryview | None  # each sequence's recorded checksum (verify), else None
-
-
-def build_gather(source: Path, materializer: BinMaterializer,
-                 sums: np.ndarray | None = None) -> Gather:
-    """Gather tables from the assignment and the spool, checked as the materializer checks."""
-    spool, part = materializer.spool, materializer.assignment
-    offsets = np.array(part.bin_offsets, dtype=np.int64)
-    indices = np.asarray(part.seq_indices)
-    lengths = spool.lengths[indices].astype(np.int64)
-    long = lengths > part.pack_size
-    if part.overlong != "truncate" and long.any():
-        b = int(np.searchsorted(offsets, int(np.argmax(long)), side="right") - 1)
-        raise FormatError(f"{source}: bin {b}: a sequence longer than pack_size "
-                          f"{part.pack_size} and the policy is {part.overlong!r} (corrupted)")
-    kept = np.minimum(lengths, part.pack_size)
-    starts, outside = _spool_starts(spool, indices, kept)
-    ends = np.zeros(indices.shape[0] + 1, dtype=np.int64)
-    np.cumsum(kept, out=ends[1:])
-    packed = ends[offsets[1:]] - ends[offsets[:-1]]
-    bad = (np.diff(offsets) <= 0) | (packed > part.pack_size)
-    if bad.any() or outside.any():
-        b = int(np.argmax(bad)) if bad.any() else int(np.searchsorted(
-            offsets, int(np.argmax(outside)), side="right") - 1)
-        raise FormatError(f"{source}: bin {b} does not fit its spool {spool.path} "
-                          "(empty, over pack_size or past the spool's tokens; run validate)")
-    token_file, mask_file, dtype = gathered_files(spool)
-    files = (MappedFile(token_file), MappedFile(mask_file))
-    if sums is not None and sums.shape[0] != indices.shape[0]:
-        raise FormatError(f"{source / SUMS}: {sums.shape[0]} checksums for "
-                          f"{indices.shape[0]} sequences (corrupted)")
-    tokens = files[0].view(dtype.str, 0, spool.num_tokens)
-    masks = files[1].view("|u1", 0, spool.num_tokens)
-    return Gather(tokens, masks, memoryview(offsets), memoryview(starts), memoryview(kept),
-                   memoryview(packed), files[0].fd, files[1].fd, ReadAdvice(files[0].fd), files,
-                   memoryview(masks),
-                   None if sums is None else memoryview(np.ascontiguousarray(sums)))
 
 
 GATHERED_TOKENS = (np.dtype("<i4"), np.dtype("<u2"))  # a spool's; a Megatron prefix's either
@@ -100,45 +42,6 @@ def gathered_files(spool: SpoolReader) -> tuple[Path, Path, np.dtype]:
     return tokens.path, masks.path, tokens.dtype
 
 
-def _spool_starts(spool: SpoolReader, indices: np.ndarray, kept: np.ndarray
-                  ) -> tuple[np.ndarray, np.ndarray]:
-    """Where each indexed sequence starts in the spool (int64), and which of them do not fit
-    (empty, or its kept tokens past the spool's): the uint64 offsets read from disk are
-    compared before any conversion can wrap them."""
-    raw = spool.offsets[indices]
-    outside = (kept <= 0) | (raw > np.uint64(spool.num_tokens)) | (
-        raw.astype(np.int64) > spool.num_tokens - kept)
-    return raw.astype(np.int64), outside
-
-
-def gather_bin(g: Gather, b: int) -> PackedBin:
-    """Bin ``b`` copied out of the spool, its loss mask aligned per sub-sequence as it goes
-    (``loss[j] = mask[j + 1]`` inside a sequence, 0 at its last token)."""
-    tokens, masks, bin_of, start_of, kept_of, packed_of = g[:6]
-    lo = bin_of[b]
-    hi = bin_of[b + 1]
-    size = tokens.itemsize
-    if g.advice.first(size * start_of[lo], size * kept_of[lo]):  # cold: every sequence at once
-        for k in range(lo, hi):
-            advise(g.token_fd, size * start_of[k], size * kept_of[k])
-            advise(g.mask_fd, start_of[k], kept_of[k])
-    n = packed_of[b]
-    ids = np.empty(n, dtype=np.int32)
-    loss = np.empty(n, dtype=np.uint8)
-    starts = []
-    pos = 0
-    for k in range(lo, hi):
-        s = start_of[k]
-        c = kept_of[k]
-        end = pos + c
-        ids[pos:end] = tokens[s:s + c]
-        loss[pos:end - 1] = masks[s + 1:s + c]
-        loss[end - 1] = 0
-        starts.append(pos)
-        pos = end
-    return _new(PackedBin, (ids, loss, np.array(starts, dtype=np.int32)))
-
-
 def sequence_checksum(token_bytes: Any, mask_bytes: Any) -> int:
     """One sequence's checksum as a bin uses it: xxh3_64 of its mask bytes, seeded by the
     xxh3_64 of its kept tokens' bytes (int32, whatever dtype the spool stores)."""
@@ -150,16 +53,17 @@ def _as_int32(tokens: np.ndarray) -> np.ndarray:
     return tokens.astype("<i4", copy=False)
 
 
-def changed_sequence(g: Gather, b: int) -> int | None:
-    """The first sequence of bin ``b`` (counted in the bin) whose bytes in the spool no longer
-    match the checksum recorded at pack time, or None (needs ``g.sums``)."""
-    tokens, masks, sums = g.tokens, g.mask_bytes, g.sums
-    assert sums is not None
-    lo = g.bin_of[b]
-    for k in range(lo, g.bin_of[b + 1]):
-        s, c = g.start_of[k], g.kept_of[k]
-        if sequence_checksum(_as_int32(tokens[s:s + c]), masks[s:s + c]) != sums[k]:
-            return k - lo
+def changed_sequence(ids: np.ndarray, raw_mask: np.ndarray, starts: np.ndarray,
+                     sums: Any, first: int) -> int | None:
+    """The first sequence of a bin just materialized (``ids`` int32, its unshifted
+    ``raw_mask``, its ``starts``; its sequences' recorded checksums ``sums[first...]``) whose
+    bytes no longer match the checksum recorded at pack time (counted in the bin), or None."""
+    tokens, masks = memoryview(ids).cast("B"), memoryview(raw_mask)
+    bounds = [*starts.tolist(), ids.shape[0]]
+    for k in range(len(bounds) - 1):
+        a, e = bounds[k], bounds[k + 1]
+        if sequence_checksum(tokens[4 * a:4 * e], masks[a:e]) != sums[first + k]:
+            return k
     return None
 
 
@@ -175,7 +79,10 @@ def sequence_checksums(spool: SpoolReader, indices: np.ndarray, pack_size: int,
     """
     index = np.asarray(indices, dtype=np.int64)
     kept = np.minimum(np.asarray(spool.lengths[index], dtype=np.int64), pack_size)
-    first, outside = _spool_starts(spool, index, kept)
+    raw = spool.offsets[index]  # compared before any conversion can wrap them
+    outside = (kept <= 0) | (raw > np.uint64(spool.num_tokens)) | (
+        raw.astype(np.int64) > spool.num_tokens - kept)
+    first = raw.astype(np.int64)
     if outside.any():
         k = int(np.argmax(outside))
         raise FormatError(f"{spool.path}: sequence {int(index[k])}: empty, or its offset "

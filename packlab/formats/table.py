@@ -2,22 +2,24 @@
 are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
 whose bin is one item it decodes, through :mod:`packlab.formats.items`).
 
-Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped, the per-bin
-index stays *in* them (views of the mapped pages, shared by every process through the page
-cache), and a read is a few lookups in that index and three slices. A format says where its
-bins are with a :class:`Layout`:
+Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped and a read is a
+few lookups and three slices. A format says where its bins are with a :class:`Layout`:
 
 - three :class:`Column` s, the whole run of token ids, loss-mask bytes and sequence starts in
   its files (a file, a dtype, a byte offset, a count);
-- a :class:`BinIndex`: for bin ``b``, where its tokens begin and end, where its mask begins and
-  where its starts begin and end, as values of those columns (``locate``, one bin, Python ints
-  from ``memoryview`` s over the mapped index: tens of nanoseconds), and the same for a range
-  of bins as numpy arrays (``runs``, what the checks and the raw CSR floor read).
+- a :class:`BinIndex`: for a range of bins, where their tokens, masks and starts begin and how
+  long they are, as values of those columns (``runs``: numpy arrays read from the format's own
+  index, in place in its mapped files).
 
 :class:`BinTable` does the rest for every format, once per process on its first read:
 
-- **the structural invariants of every bin**, vectorized over the mapped index ``CHUNK`` bins
-  at a time (so the temporaries stay small whatever the shard's size): ``packed_len`` in
+- **where every bin is, in RAM** (:class:`Locator`: 16 bytes a bin where the shard's offsets
+  fit 32 bits, as packlab's shards do; 24 with a mask indexed apart): a cold read then waits
+  for its bin's pages only, never first for a page of the index (with the index read in place,
+  a cold read waited for two to three index pages, one after the other, before it knew where
+  its bin was: 2.0-2.5x a ``pread`` of the same bytes);
+- **the structural invariants of every bin**, vectorized over the format's index ``CHUNK``
+  bins at a time (so the temporaries stay small whatever the shard's size): ``packed_len`` in
   ``(0, pack_size]``, ``seq_start_id`` from 0, strictly increasing, below ``packed_len``,
   every run inside its column. A read then checks nothing and slices safely. The content
   invariants (mask values, 0 at the last token of every sub-sequence) are proven per bin read
@@ -30,8 +32,9 @@ bins are with a :class:`Layout`:
 - **cold reads**: the tokens and the mask of a bin are asked for together before they are
   touched (:class:`TableAdvice`, :mod:`packlab.mapping`).
 
-Memory: what a table holds in anonymous memory is a constant (the maps, a few objects);
-whatever the number of bins, its index is file-backed pages.
+Memory: what a table holds in anonymous memory is its :class:`Locator` (16 bytes a bin) and a
+constant; the pages its reads touch are file-backed and kept under the process's budget
+(:data:`packlab.mapping.RESIDENT`).
 
 On object storage the same table reads in place: a column whose path is a
 :class:`~packlab.storage.Location` is read by ranged requests, exactly a bin's runs per read
@@ -53,11 +56,15 @@ from packlab.formats.base import index_list
 from packlab.formats.ranged import RangedAdvice, RangedColumn, RangedFiles, scanning
 from packlab.invariants import check_csr
 from packlab.mapping import (
-    MappedFile,
+    FileColumn,
     NoAdvice,
     ReadAdvice,
+    ReadFile,
     advise,
+    compact,
     forget_after_fork,
+    lookup,
+    opened,
     scan,
     sequential,
 )
@@ -96,15 +103,50 @@ class BinIndex(ABC):
     num_bins: int
 
     @abstractmethod
-    def locate(self, b: int) -> tuple[int, int, int, int, int]:
-        """Bin ``b`` (``0 <= b < num_bins``) as ``(t0, t1, m0, s0, s1)``: its tokens are
-        values ``t0..t1`` of the tokens column, its mask ``t1 - t0`` values from ``m0``, its
-        starts values ``s0..s1``."""
-
-    @abstractmethod
     def runs(self, lo: int, hi: int) -> Runs:
-        """:meth:`locate` for bins ``lo..hi-1`` at once; a FormatError where the format's own
-        index disagrees with itself (a pointer that does not follow the lengths, say)."""
+        """Where bins ``lo..hi-1`` are; a FormatError where the format's own index disagrees
+        with itself (a pointer that does not follow the lengths, say)."""
+
+
+class Locator:
+    """Where every bin of a table is, in RAM, read once from its :class:`BinIndex`:
+    ``locate(b)`` is ``(t0, t1, m0, s0, s1)``, bin ``b``'s tokens values ``t0..t1`` of the
+    tokens column, its mask ``t1 - t0`` values from ``m0``, its starts values ``s0..s1``.
+
+    Four lookups in ``memoryview`` s (Python ints, tens of nanoseconds) of four uint32 arrays
+    where the shard's values fit (16 bytes a bin), int64 where they do not; a fifth array
+    only where some bin's mask is not at its tokens' positions (foreign Arrow files)."""
+
+    __slots__ = ("tokens", "lengths", "masks", "seqs", "counts", "nbytes")
+
+    def __init__(self, index: BinIndex, each: Callable[[int, Runs], None] | None = None) -> None:
+        """Read ``index`` ``CHUNK`` bins at a time, handing each chunk to ``each(lo, runs)``
+        first (the structural check)."""
+        n = index.num_bins
+        parts = [np.empty(n, dtype=np.int64) for _ in range(5)]
+        apart = False
+        for lo in range(0, n, CHUNK):
+            hi = min(lo + CHUNK, n)
+            runs = index.runs(lo, hi)
+            if each is not None:
+                each(lo, runs)
+            for part, values in zip(parts, (runs.token_start, runs.packed_len, runs.mask_start,
+                                            runs.seq_start, runs.num_seqs), strict=True):
+                part[lo:hi] = values
+            apart = apart or not np.array_equal(runs.mask_start, runs.token_start)
+        arrays = [compact(part) for part in parts]
+        self.tokens, self.lengths, self.masks, self.seqs, self.counts = (
+            lookup(a) for a in arrays)
+        if not apart:
+            self.masks = None  # the tokens' positions
+            arrays[2] = arrays[2][:0]
+        self.nbytes = sum(a.nbytes for a in arrays)
+
+    def locate(self, b: int) -> tuple[int, int, int, int, int]:
+        t0 = self.tokens[b]
+        s0 = self.seqs[b]
+        return (t0, t0 + self.lengths[b], t0 if self.masks is None else self.masks[b],
+                s0, s0 + self.counts[b])
 
 
 class Layout(NamedTuple):
@@ -127,25 +169,38 @@ class Layout(NamedTuple):
 
 
 class Maps:
-    """The files of one shard, each mapped once per process (:class:`MappedFile`); its data
-    files on object storage, each read by ranges through one window
-    (:class:`~packlab.formats.ranged.RangedFiles`)."""
+    """The files of one shard, each opened once per process (:func:`~packlab.mapping.opened`)
+    and read by ``pread`` (:class:`~packlab.mapping.FileColumn`); its data files on object
+    storage, each read by ranges through one window (:class:`~packlab.formats.ranged.RangedFiles`)."""
 
     def __init__(self) -> None:
-        self.files: dict[Path, MappedFile] = {}
+        self.files: dict[Path, ReadFile] = {}
         self.ranged = RangedFiles()
 
-    def file(self, path: Path) -> MappedFile:
+    def file(self, path: Path) -> ReadFile:
         if path not in self.files:
-            self.files[path] = MappedFile(path)
+            self.files[path] = opened(path)
         return self.files[path]
 
-    def values(self, path: Path, dtype: Any, offset: int, count: int) -> np.ndarray:
-        """``count`` values of ``dtype`` at byte ``offset`` of ``path``: a read-only view."""
-        return self.file(path).view(dtype, offset, count)
+    def values(self, path: Path, dtype: Any, offset: int, count: int) -> FileColumn:
+        """``count`` values of ``dtype`` at byte ``offset`` of ``path``, read as sliced."""
+        return self.file(path).column(dtype, offset, count)
+
+    def lookups(self, path: Path, dtype: Any, offset: int, count: int) -> Callable[[int], int]:
+        """``f(b)``: value ``b`` of ``count`` values of ``dtype`` at byte ``offset`` of ``path``,
+        all of them read into RAM on the first call (a shard's per-bin checksums, which
+        ``verify=True`` asks for on every read and ``validate`` in one pass)."""
+        column = self.values(path, dtype, offset, count)
+        loaded: list[memoryview] = []
+
+        def value(b: int) -> int:
+            if not loaded:
+                loaded.append(lookup(column[:]))
+            return loaded[0][b]
+        return value
 
     def column(self, column: Column) -> Any:
-        """The column's values: a view of its mapped file, or a :class:`RangedColumn`."""
+        """The column's values: a :class:`FileColumn` of its file, or a :class:`RangedColumn`."""
         if isinstance(column.path, Location):
             return RangedColumn(self.ranged.window(column.path), *column[1:])
         return self.values(*column)
@@ -158,16 +213,6 @@ class Maps:
         tokens, mask = self.file(layout.tokens.path), self.file(layout.mask.path)
         return TableAdvice(tokens.fd, np.dtype(layout.tokens.dtype).itemsize,
                            layout.tokens.offset, mask.fd, layout.mask.offset)
-
-
-def lookup(values: np.ndarray) -> memoryview:
-    """Per-bin values as a ``memoryview``: indexing it gives a Python int, the cheapest lookup
-    there is (a numpy scalar costs several times more). ``values`` may be a view of a mapped
-    file (little-endian, as every file packlab reads), aligned or not (``data.idx``'s
-    pointers are not: numpy then exports a format ``memoryview`` cannot index, so the bytes
-    are cast)."""
-    values = np.ascontiguousarray(values)
-    return memoryview(values.view(np.uint8)).cast(values.dtype.char)
 
 
 class TableAdvice(ReadAdvice):
@@ -213,15 +258,13 @@ class BinTable:
         (None: bins in RAM, never advised); ``checksum``: checked on every read when given."""
         self.tokens, self.mask, self.starts = tokens, mask, starts
         self.index = index
-        self.locate = index.locate
         self.num_bins = index.num_bins
         self.pack_size = pack_size
         self.source = source
         self.advice = advice if advice is not None else NoAdvice()
         self.checksum = checksum
         self.maps = maps or Maps()
-        if check:
-            check_structure(self)
+        self.locate = Locator(index, self._check_structure if check else None).locate
 
     @classmethod
     def mapped(cls, layout: Layout, maps: Maps, *, verify: bool = False,
@@ -235,7 +278,8 @@ class BinTable:
                    checksum=layout.checksum if verify else None, maps=maps, check=check)
 
     def bin(self, b: int) -> PackedBin:
-        """Bin ``b`` (in ``[0, num_bins)``: callers check) as three read-only views."""
+        """Bin ``b`` (in ``[0, num_bins)``: callers check): three arrays of its own (read by
+        ``pread`` from local files, fetched on object storage, views of bins in RAM)."""
         t0, t1, m0, s0, s1 = self.locate(b)
         advice = self.advice
         advice.due -= 1
@@ -249,22 +293,17 @@ class BinTable:
 
     def item(self, b: int) -> dict[str, np.ndarray]:
         """Bin ``b`` as the dict a Megatron-Bridge packed dataset returns (``dataset[i]``):
-        :meth:`bin`'s views, and its boundaries. Written out, not calling :meth:`bin`: this is
-        the path a training step waits on, and a call is a tenth of it."""
+        :meth:`bin`'s arrays, and its boundaries. Written out, not calling :meth:`bin`: this
+        is the path a training step waits on."""
         t0, t1, m0, s0, s1 = self.locate(b)
         advice = self.advice
         advice.due -= 1
         if advice.due < 0:
             advice.advise_bin(t0, m0, t1 - t0)
-        ids, mask = self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0]
+        ids, mask, starts = self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0], self.starts[s0:s1]
         if self.checksum is not None:
-            self.check(b, _new(PackedBin, (ids, mask, self.starts[s0:s1])))
-        bounds = self.starts[s0:s1 + 1].copy()  # the starts and one more value, replaced:
-        if len(bounds) > s1 - s0:  # half the cost of filling a new array (not past the end)
-            bounds[-1] = t1 - t0
-            return {"input_ids": ids, "loss_mask": mask, "seq_boundaries": bounds}
-        return {"input_ids": ids, "loss_mask": mask,
-                "seq_boundaries": boundaries(bounds, t1 - t0)}
+            self.check(b, _new(PackedBin, (ids, mask, starts)))
+        return {"input_ids": ids, "loss_mask": mask, "seq_boundaries": boundaries(starts, t1 - t0)}
 
     def view(self, b: int) -> PackedBin:
         """Bin ``b`` without read advice or checks (a sequential pass has the readahead)."""
@@ -302,10 +341,7 @@ class BinTable:
                 hi = min(lo + CONTENT_CHUNK, self.num_bins)
                 runs = index.runs(lo, hi)
                 _check_runs(self, runs, lo)
-                token_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
-                np.cumsum(runs.packed_len, out=token_offsets[1:])
-                seq_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
-                np.cumsum(runs.num_seqs, out=seq_offsets[1:])
+                token_offsets, seq_offsets = offsets_of(runs)
                 check_csr(token_offsets, seq_offsets,
                           gather(self.starts, runs.seq_start, runs.num_seqs),
                           gather(self.mask, runs.mask_start, runs.packed_len),
@@ -324,8 +360,21 @@ class BinTable:
         return np.concatenate([index.runs(lo, min(lo + CHUNK, self.num_bins)).packed_len
                                for lo in range(0, self.num_bins, CHUNK)])
 
-    def _maps(self) -> tuple[Any, ...]:
-        return tuple(f.map for f in self.maps.files.values())
+    def _check_structure(self, lo: int, runs: Runs) -> None:
+        """Bins ``lo...``: their structure (:func:`check_csr` without the mask) and runs
+        inside their columns; a FormatError names the bin."""
+        _check_runs(self, runs, lo, ("sequence starts",))
+        token_offsets, seq_offsets = offsets_of(runs)
+        try:
+            check_csr(token_offsets, seq_offsets,
+                      gather(self.starts, runs.seq_start, runs.num_seqs), None,
+                      pack_size=self.pack_size, source=self.source, first_bin=lo)
+        except InvariantError as exc:  # on disk: a damaged shard (validate names the invariant)
+            raise FormatError(f"{exc} (corrupted shard; run validate)") from None
+        _check_runs(self, runs, lo, ("tokens", "loss mask"))
+
+    def _maps(self) -> tuple[ReadFile, ...]:
+        return tuple(self.maps.files.values())
 
 
 def boundaries(starts: np.ndarray, packed_len: int) -> np.ndarray:
@@ -354,26 +403,14 @@ def refuse_unverifiable(source: object, verify: bool, has_checksums: bool) -> No
                           "checks its whole files")
 
 
-# -- the structural check ------------------------------------------------------------------------
-def check_structure(table: BinTable) -> None:
-    """Every bin's structure (:func:`check_csr` without the mask) and runs inside their
-    columns, ``CHUNK`` bins at a time over the index; a FormatError names the bin."""
-    index = table.index
-    for lo in range(0, index.num_bins, CHUNK):
-        hi = min(lo + CHUNK, index.num_bins)
-        runs = index.runs(lo, hi)
-        _check_runs(table, runs, lo, ("sequence starts",))
-        seq_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
-        np.cumsum(runs.num_seqs, out=seq_offsets[1:])
-        token_offsets = np.zeros(hi - lo + 1, dtype=np.int64)
-        np.cumsum(runs.packed_len, out=token_offsets[1:])
-        try:
-            check_csr(token_offsets, seq_offsets,
-                      gather(table.starts, runs.seq_start, runs.num_seqs), None,
-                      pack_size=table.pack_size, source=table.source, first_bin=lo)
-        except InvariantError as exc:  # on disk: a damaged shard (validate names the invariant)
-            raise FormatError(f"{exc} (corrupted shard; run validate)") from None
-        _check_runs(table, runs, lo, ("tokens", "loss mask"))
+# -- checks ------------------------------------------------------------------------------------------
+def offsets_of(runs: Runs) -> tuple[np.ndarray, np.ndarray]:
+    """The CSR token and sequence offsets (int64, from 0) of a chunk of bins' runs."""
+    token_offsets = np.zeros(runs.packed_len.shape[0] + 1, dtype=np.int64)
+    np.cumsum(runs.packed_len, out=token_offsets[1:])
+    seq_offsets = np.zeros(runs.num_seqs.shape[0] + 1, dtype=np.int64)
+    np.cumsum(runs.num_seqs, out=seq_offsets[1:])
+    return token_offsets, seq_offsets
 
 
 def gather(values: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -410,17 +447,11 @@ class CsrIndex(BinIndex):
     """Bins whose tokens (and mask: the same positions) and starts are delimited by two CSR
     offset arrays of ``num_bins + 1`` values: ``pbin``'s trailer (mapped), bins in RAM."""
 
-    __slots__ = ("num_bins", "tokens", "seqs", "token_offsets", "seq_offsets")
+    __slots__ = ("num_bins", "token_offsets", "seq_offsets")
 
     def __init__(self, token_offsets: np.ndarray, seq_offsets: np.ndarray) -> None:
         self.num_bins = len(token_offsets) - 1
         self.token_offsets, self.seq_offsets = token_offsets, seq_offsets
-        self.tokens, self.seqs = lookup(token_offsets), lookup(seq_offsets)
-
-    def locate(self, b: int) -> tuple[int, int, int, int, int]:
-        tokens, seqs = self.tokens, self.seqs
-        t0 = tokens[b]
-        return t0, tokens[b + 1], t0, seqs[b], seqs[b + 1]
 
     def runs(self, lo: int, hi: int) -> Runs:
         tok = self.token_offsets[lo:hi + 1].astype(np.int64)

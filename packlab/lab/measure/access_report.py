@@ -4,7 +4,7 @@ the numbers measured, the tables that show them, and the typed record it keeps.
 Every verdict is computed here from the rows of :mod:`~packlab.lab.measure.latency`,
 :mod:`~packlab.lab.measure.throughput`, :mod:`~packlab.lab.measure.rowgroups` and
 :func:`~packlab.lab.measure.floors.mmap_floors`, in the words of :mod:`~packlab.lab.measure.verdicts`;
-which formats a target names is read from the format facts (``ZERO_COPY``: the reads held to
+which formats a target names is read from the format facts (``RAW_RUNS``: the reads held to
 the Python floor; ``IN_RAM``: no cold read), never from their names.
 """
 
@@ -55,14 +55,14 @@ def target_findings(
     :func:`~packlab.lab.measure.latency.batched_access`; ``epochs``: ``{"today": ...,
     "packlab": ...}`` rows of :func:`~packlab.lab.measure.rowgroups.shuffled_epoch`. Floors and
     batching are judged for the formats whose bins are views of memory-mapped files
-    (``ZERO_COPY``: nothing to decode, so the targets hold them to the Python floor and to the
+    (``RAW_RUNS``: nothing to decode, so the targets hold them to the Python floor and to the
     raw CSR floor, numpy over the same files); cold reads for every format whose bins are not
     all in RAM after opening (``IN_RAM`` formats load everything: they have no cold read), and
     to ``split_cold_ratio`` for the zero-copy directory shards, whose bins lie in several files
     (issue 17: their ranges requested together).
     """
     in_ram = set(formats_where("IN_RAM"))
-    zero_copy = formats_where("ZERO_COPY")
+    zero_copy = formats_where("RAW_RUNS")
     out = []
     for fmt in zero_copy:
         if fmt in warm:
@@ -252,7 +252,7 @@ def integrity_findings(rows: Mapping[str, Mapping[str, Any]], rule: Mapping[str,
     (``verify_default``, ``check_bin_default``: what the readers do) are what the numbers
     choose."""
     budget = rule["budget"]
-    fast = [n for n in formats_where("ZERO_COPY") if n in rows]
+    fast = [n for n in formats_where("RAW_RUNS") if n in rows]
     out = []
     if rule["check_bin_added"] is not None:
         out.append(finding(

@@ -36,7 +36,7 @@ def reader_memory(directory: str | os.PathLike[str], sizes: Sequence[int], *,
     """``rows`` (one per format, bins and phase, as :func:`memory_sweep` gives them) and
     ``touched`` (per format: :func:`bins_touched_at_open` at the largest size), for every
     memory-mapped format (or ``formats``)."""
-    names = list(formats or formats_where("ZERO_COPY"))
+    names = list(formats or formats_where("RAW_RUNS"))
     rows = memory_sweep(directory, sizes, formats=names, pack_size=pack_size, via="dataset",
                         tracemalloc=False, seed=seed, keep_shards=True)
     largest = max(sizes)

@@ -15,7 +15,7 @@ def bullets(n: RandomAccess, p: Mapping[str, Any]) -> list[str]:
     formats = n.formats
     warm = {f: formats[f].warm for f in n.measured("warm")}
     cold = {f: formats[f].cold for f in n.measured("cold")}
-    zero_copy = [f for f in formats_where("ZERO_COPY") if f in warm]
+    zero_copy = [f for f in formats_where("RAW_RUNS") if f in warm]
     out = [
         f"**Warm**, one random bin of ≤{p['pack_size']} tokens, delivered: "
         + ", ".join(f"{f} {warm[f].p50_us:.1f} µs ("
