@@ -118,8 +118,8 @@ class Spy:
         self.due = due
         self.calls: list[tuple[Any, ...]] = []
 
-    def advise_bin(self, t0: int, m0: int, n: int) -> None:
-        self.calls.append((t0, m0, n))
+    def advise_bin(self, t0: int, m0: int, n: int, s0: int, s1: int) -> None:
+        self.calls.append((t0, m0, n, s0, s1))
         self.due = 2
 
 
@@ -132,7 +132,8 @@ def test_the_read_advice_is_counted_and_asked_for_the_bins_runs(name: str, shard
         table.item(b)
     due = [order[1], order[4], order[7]]  # reads 2, 5 and 8
     assert table.advice.calls == [(table.locate(b)[0], table.locate(b)[2],
-                                   table.locate(b)[1] - table.locate(b)[0]) for b in due]
+                                   table.locate(b)[1] - table.locate(b)[0],
+                                   *table.locate(b)[3:]) for b in due]
 
 
 def test_reads_leak_no_reference(shards: dict[str, Path]) -> None:

@@ -113,7 +113,7 @@ class RangedAdvice:
         self.due = 0
         self.credit = 0
 
-    def advise_bin(self, t0: int, m0: int, n: int) -> None:
+    def advise_bin(self, t0: int, m0: int, n: int, s0: int, s1: int) -> None:
         self.due = 0
         at, nbytes = self.tokens.byte_range(t0, n)
         mask_at, mask_bytes = self.mask.byte_range(m0, n)

@@ -211,35 +211,47 @@ class Maps:
         if isinstance(layout.tokens.path, Location) or isinstance(layout.mask.path, Location):
             return RangedAdvice(self.column(layout.tokens), self.column(layout.mask))
         tokens, mask = self.file(layout.tokens.path), self.file(layout.mask.path)
+        local = not isinstance(layout.starts.path, Location)  # else in a local cache: read
+        starts = self.file(layout.starts.path) if local else mask
         return TableAdvice(tokens.fd, np.dtype(layout.tokens.dtype).itemsize,
-                           layout.tokens.offset, mask.fd, layout.mask.offset)
+                           layout.tokens.offset, mask.fd, layout.mask.offset, starts.fd,
+                           layout.starts.offset if local else 0,
+                           np.dtype(layout.starts.dtype).itemsize if local else 0)
 
 
 class TableAdvice(ReadAdvice):
-    """Read advice for a table: where its tokens and mask are, in bytes."""
+    """Read advice for a table: where its tokens, mask and sequence starts are, in bytes."""
 
-    __slots__ = ("width", "ids_at", "mask_fd", "mask_at")
+    __slots__ = ("width", "ids_at", "mask_fd", "mask_at", "starts_fd", "starts_at",
+                 "starts_width")
 
-    def __init__(self, fd: int, width: int, ids_at: int, mask_fd: int, mask_at: int) -> None:
+    def __init__(self, fd: int, width: int, ids_at: int, mask_fd: int, mask_at: int,
+                 starts_fd: int, starts_at: int, starts_width: int) -> None:
         super().__init__(fd)
         self.width = width
         self.ids_at = ids_at
-        self.mask_fd = mask_fd
-        self.mask_at = mask_at
+        self.mask_fd, self.mask_at = mask_fd, mask_at
+        self.starts_fd, self.starts_at, self.starts_width = starts_fd, starts_at, starts_width
 
-    def advise_bin(self, t0: int, m0: int, n: int) -> None:
-        """The advice is due for the bin whose ``n`` tokens start at value ``t0`` and mask at
-        value ``m0``. Cold lately (:class:`~packlab.mapping.ReadAdvice`'s credit), both ranges
-        are asked for without a probe, the mask first (the reader then waits once, for the
-        tokens); otherwise the tokens' first page is probed, and when cold the mask is asked
+    def advise_bin(self, t0: int, m0: int, n: int, s0: int, s1: int) -> None:
+        """The advice is due for the bin whose ``n`` tokens start at value ``t0``, its mask at
+        value ``m0``, its starts values ``s0..s1``. Cold lately
+        (:class:`~packlab.mapping.ReadAdvice`'s credit), all three ranges are asked for
+        without a probe, the tokens last (the reader reads them first, then finds the others
+        there); otherwise the tokens' first page is probed, and when cold the others are asked
         for too."""
         if self.credit > 0:
             self.credit -= 1
             self.due = 0
-            advise(self.mask_fd, self.mask_at + m0, n)
+            self._others(m0, n, s0, s1)
             advise(self.fd, self.ids_at + self.width * t0, self.width * n)
         elif self.probe(self.ids_at + self.width * t0, self.width * n):
-            advise(self.mask_fd, self.mask_at + m0, n)
+            self._others(m0, n, s0, s1)
+
+    def _others(self, m0: int, n: int, s0: int, s1: int) -> None:
+        advise(self.mask_fd, self.mask_at + m0, n)
+        w = self.starts_width
+        advise(self.starts_fd, self.starts_at + w * s0, w * (s1 - s0))
 
 
 class BinTable:
@@ -284,7 +296,7 @@ class BinTable:
         advice = self.advice
         advice.due -= 1
         if advice.due < 0:
-            advice.advise_bin(t0, m0, t1 - t0)
+            advice.advise_bin(t0, m0, t1 - t0, s0, s1)
         packed = _new(PackedBin, (self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0],
                                   self.starts[s0:s1]))
         if self.checksum is not None:
@@ -299,7 +311,7 @@ class BinTable:
         advice = self.advice
         advice.due -= 1
         if advice.due < 0:
-            advice.advise_bin(t0, m0, t1 - t0)
+            advice.advise_bin(t0, m0, t1 - t0, s0, s1)
         ids, mask, starts = self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0], self.starts[s0:s1]
         if self.checksum is not None:
             self.check(b, _new(PackedBin, (ids, mask, starts)))
