@@ -163,7 +163,8 @@ def beside_stack(run: Run) -> dict[str, Any] | None:
                      if r != stacks.BRIDGE),
          f"{prefix.stack}'s `SFTDataset` ({prefix.change}, {prefix.status}); {plan.stack} "
          f"plans it ({plan.change}); megatron-core's `IndexedDataset` reads the prefix"),
-        ("a random bin, shuffled", _reads(ours), _bridge_epoch(run, ours, noticed),
+        ("a random bin, shuffled", f"{_reads(ours)} (notebook 05)",
+         _bridge_epoch(run, ours, noticed),
          f"`{index_name}` over its tokens: {_reads(index)}"
          + (_wait(index["cold_p50_us"], ours["cold_p50_us"], noticed) if index else "")
          + f" (notebook 05, over a spool; {stacks.MEGATRON_LM} packs online, not measured)"),
