@@ -5,8 +5,8 @@ The section's ``sh`` blocks are ``packlab`` commands, run line by line (each mus
 ``python`` blocks run in one namespace, in a scratch directory holding the inputs the section
 names: ``chat_spool`` (a packlab spool), ``nemotron_out`` (Nemotron's output layout, written
 by ``tests/nemotron_layout.py``), ``documents.jsonl`` and ``packed/`` (Megatron-Bridge's own
-offline packer output), ``bridge_sft/`` (Bridge's packed ``.sft`` pairs, written as Bridge
-writes them: ``tests/sft_pairs.py``); its ``s3://lab/...`` lines reach the local S3 server of
+offline packer output), ``bridge_sft/`` (the packed ``.sft`` pairs of Bridge's unmerged
+proposal, written as its code writes them: ``tests/sft_pairs.py``); its ``s3://lab/...`` lines reach the local S3 server of
 the ``server`` fixture. ``tokenizer`` is an object with ``eos_id``, all Bridge's packed
 datasets read of one; Bridge's imports go through the stand-ins of
 ``tests/megatron_bridge_stubs.py`` (listed there), as its section says.
@@ -88,7 +88,7 @@ def test_the_section_runs_as_written(server, tmp_path: Path, monkeypatch: pytest
     assert commands >= 16
     assert len(namespace["bins"]) > 0 and len(namespace["bridge_bins"]) > 0
     assert len(namespace["train"]) == 64  # "Train from packlab outputs in a Megatron-Bridge recipe"
-    # "Megatron-Bridge's packed .sft files": Bridge's first bin, item-exact
+    # "The .sft pair Megatron-Bridge proposed": the proposal's first bin, item-exact
     first = pack(SpoolReader(tmp_path / "chat_spool").lengths, 4096, seed=1)[0]
     want = next(iter_bins(SpoolReader(tmp_path / "chat_spool"), first))
     assert namespace["sft_item"]["input_ids"].tolist() == want.input_ids.tolist()

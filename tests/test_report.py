@@ -16,6 +16,7 @@ from packlab.formats import format_names, formats_where, get_format
 from packlab.lab.measure import verdicts
 from packlab.lab.results import finding
 from packlab.lab.summaries import findings_table, front, notebook_markdown
+from packlab.lab.tables import human_bytes
 
 matplotlib.use("Agg")
 
@@ -53,58 +54,87 @@ def _chosen(run: dict) -> dict[str, str | None]:
     return {r["use_case"]: r["format"] for r in front.recommendations(run)}
 
 
+def _lazy() -> list[str]:
+    return [f for f in format_names() if f not in formats_where("IN_RAM")]
+
+
+def _readers(fmt: str) -> int:
+    facts = get_format(fmt).Reader
+    return len([r for r in facts.READ_BY if r not in facts.ITEMS_READ_BY])
+
+
 def test_each_use_case_is_computed_from_the_numbers() -> None:
+    """In the synthetic run every read ties (all within 248 µs of the fastest) and every load
+    peak is a few hundred KB a node: who reads the files decides, then the bytes; the legacy
+    format's 4 GB a process never passes the memory band."""
     run = _run()
-    lazy_flat = [f for f in format_names() if f not in formats_where("IN_RAM")]
-    fastest = min(lazy_flat, key=lambda f: run["05_random_access"]["numbers"][f"{f}_warm_p50_us"])
     chosen = _chosen(run)
-    # within 10% of the fastest warm p50 tie; the format more systems read wins, then the
-    # fewest bytes per token (never the cold p50: it moves between runs)
-    tied = [f for f in lazy_flat if run["05_random_access"]["numbers"][f"{f}_warm_p50_us"]
-            <= 1.1 * run["05_random_access"]["numbers"][f"{fastest}_warm_p50_us"]]
-    assert len(tied) > 1
-    assert chosen["local training"] == min(tied, key=lambda f: (
-        -len(get_format(f).Reader.READ_BY), run["03_write_formats"]["numbers"]
-        ["bytes_per_token"][f]))
+    most = max(_readers(f) for f in _lazy())
+    sizes = run["03_write_formats"]["numbers"]["bytes_per_token"]
+    read_most = [f for f in _lazy() if _readers(f) == most]
+    smallest = min(sizes[f] for f in read_most)
+    assert chosen["local training"] == min(f for f in read_most if sizes[f] <= 1.1 * smallest)
+    assert chosen["local training"] not in formats_where("IN_RAM")
     assert chosen["object storage"] in formats_where("READS_IN_PLACE")
     assert chosen["Megatron pretrain tooling"] in [
-        f for f in format_names() if "Megatron-core" in get_format(f).Reader.READ_BY]
-    smallest = min(format_names(), key=lambda f: run["03_write_formats"]["numbers"]
-                   ["bytes_per_token"][f])
-    assert chosen["repacking often"] == smallest
-    # change the numbers, the choice follows
+        f for f in format_names() if "Megatron-core" in get_format(f).Reader.READ_BY
+        and "Megatron-core" not in get_format(f).Reader.ITEMS_READ_BY]
+    # a repack writes what a format stores: sizes within 10% of the smallest tie, and among
+    # them (here all read alike) the one more systems read
+    assert sizes[chosen["repacking often"]] <= 1.1 * min(sizes.values())
+    assert chosen["repacking often"] == max(
+        (f for f in format_names() if sizes[f] <= 1.1 * min(sizes.values())), key=_readers)
+    # a read a step notices (1 ms more than the fastest, cold) takes a format out
     slow = chosen["local training"]
-    changed = _run(**{f"05_random_access__{slow}_warm_p50_us": 1e4})
+    changed = _run(**{f"05_random_access__{slow}_cold_p50_us": 1300.0})
     assert _chosen(changed)["local training"] not in (slow, None)
     in_ram = formats_where("IN_RAM")
     fast_legacy = _run(**{f"05_random_access__{f}_warm_p50_us": 0.1 for f in in_ram})
-    assert _chosen(fast_legacy)["local training"] == chosen["local training"]  # loads it all
+    assert _chosen(fast_legacy)["local training"] == chosen["local training"]  # 4 GB a process
 
 
-def test_sizes_equal_as_printed_tie_and_the_lower_load_peak_wins() -> None:
-    """Two tied formats read by as many systems, 5.009 and 5.011 bytes per token (5.01 both,
-    as printed): the one that opens with less memory is chosen, not the one a thousandth of a
-    byte smaller (the recorded run chose arrow_ipc, 206 MB to open, on such a thousandth)."""
-    lazy = [f for f in format_names() if f not in formats_where("IN_RAM")]
-    readers = {f: len(get_format(f).Reader.READ_BY) for f in lazy}
-    a, b = next([f for f in lazy if readers[f] == n] for n in sorted(set(readers.values()))
-                if list(readers.values()).count(n) > 1)[:2]
-    overrides: dict[str, Any] = {f"05_random_access__{f}_warm_p50_us": 10.0 if f in (a, b)
-                                 else 50.0 for f in lazy}
-    overrides[f"04_peak_memory__{a}_load_peak_rss_growth_bytes_1000"] = 2e8
-    overrides[f"04_peak_memory__{b}_load_peak_rss_growth_bytes_1000"] = 3e6
+def test_a_speed_a_step_does_not_notice_ties_and_memory_times_a_node_counts() -> None:
+    """Two formats read by as many systems, one 6 µs faster warm and 150 µs faster cold: a
+    tie (under 248 µs a bin of 4,096 tokens); the other opens with 200 MB less, which 64
+    processes a node make 12.8 GB: that decides. Then sizes within 10% tie and the name goes."""
+    lazy = _lazy()
+    counts = {f: _readers(f) for f in lazy}
+    a, b = next([f for f in lazy if counts[f] == n] for n in sorted(set(counts.values()),
+                                                                   reverse=True)
+                if list(counts.values()).count(n) > 1)[:2]
+    overrides: dict[str, Any] = {}
+    for f in lazy:
+        overrides[f"05_random_access__{f}_warm_p50_us"] = 50.0
+        overrides[f"05_random_access__{f}_cold_p50_us"] = 5000.0
+        overrides[f"04_peak_memory__{f}_load_peak_rss_growth_bytes_1000"] = 1e6
+    overrides.update({f"05_random_access__{a}_warm_p50_us": 4.0,
+                      f"05_random_access__{b}_warm_p50_us": 10.0,
+                      f"05_random_access__{a}_cold_p50_us": 250.0,
+                      f"05_random_access__{b}_cold_p50_us": 400.0,
+                      f"04_peak_memory__{a}_load_peak_rss_growth_bytes_1000": 2.03e8,
+                      f"04_peak_memory__{b}_load_peak_rss_growth_bytes_1000": 3e6})
     run = _run(**overrides)
-    run["03_write_formats"]["numbers"]["bytes_per_token"].update({a: 5.009, b: 5.011})
-    assert _chosen(run)["local training"] == b
-    run["03_write_formats"]["numbers"]["bytes_per_token"][b] = 5.02  # smaller as printed wins
+    run["05_random_access"]["parameters"] = {"pack_size": 4096}
+    run["03_write_formats"]["numbers"]["bytes_per_token"].update({a: 4.0, b: 5.0})
+    local = next(r for r in front.recommendations(run) if r["use_case"] == "local training")
+    assert local["format"] == b and local["tied"] == []
+    drops = {s["criterion"]: s["kept"] for s in local["steps"]}
+    assert a in drops["cold read"] and a not in drops["memory per node"]
+    # 10 MB less a process is 640 MB a node: under the 1 GB band, so the smaller file wins
+    run["04_peak_memory"]["numbers"][f"{a}_load_peak_rss_growth_bytes_1000"] = 1.3e7
+    assert _chosen(run)["local training"] == a
+    run["03_write_formats"]["numbers"]["bytes_per_token"][a] = 4.6  # within 10%: a tie,
+    assert _chosen(run)["local training"] == min(a, b)  # the name decides
+    # at a smaller pack size a bin trains for less: 150 µs a 1,024-token bin is noticed
+    run["05_random_access"]["parameters"] = {"pack_size": 1024}
     assert _chosen(run)["local training"] == a
 
 
-def test_a_rerun_in_miniature_moves_the_cold_tie_break_not_the_stable_one() -> None:
-    """Two lazy formats tie on warm reads; their cold p50s cross from one fifth of the run to
-    the next (as two runs of one commit did: 92 against 106 µs). The rule's answer holds in
-    every fifth; a tie broken by the cold p50 changes with them."""
-    lazy = [f for f in format_names() if f not in formats_where("IN_RAM")]
+def test_fifths_re_decide_every_use_case_with_their_reads() -> None:
+    """Two lazy formats whose cold p50s cross from one fifth to the next (92 against 106 µs):
+    the difference ties, so every fifth keeps the whole run's answer; a fifth in which one
+    format's cold read is a millisecond slower moves it."""
+    lazy = _lazy()
     a, b = lazy[:2]
     overrides: dict[str, Any] = {}
     for f in lazy:
@@ -112,61 +142,84 @@ def test_a_rerun_in_miniature_moves_the_cold_tie_break_not_the_stable_one() -> N
         overrides[f"05_random_access__{f}_warm_p50_us"] = warm
         overrides[f"05_random_access__{f}_warm_p50_by_part_us"] = [warm] * 5
         cold = [92.0, 106.0, 92.0, 106.0, 92.0] if f == a else [106.0, 92.0, 106.0, 92.0, 106.0]
-        overrides[f"05_random_access__{f}_cold_p50_us"] = 99.0 if f in (a, b) else 500.0
-        overrides[f"05_random_access__{f}_cold_p50_by_part_us"] = cold
+        overrides[f"05_random_access__{f}_cold_p50_us"] = 99.0 if f in (a, b) else 5000.0
+        overrides[f"05_random_access__{f}_cold_p50_by_part_us"] = (
+            cold if f in (a, b) else [5000.0] * 5)
+    for f in formats_where("IN_RAM"):
+        overrides[f"05_random_access__{f}_warm_p50_by_part_us"] = [200.0] * 5
+        overrides[f"05_random_access__{f}_cold_p50_by_part_us"] = [300.0] * 5
     run = _run(**overrides)
-    rows = [r for r in front.format_rows(run) if r["format"] in lazy]
-    assert front.rerun_agreement(rows) == (5, 5)
-    same, parts = front.rerun_agreement(rows, "cold_p50_us")
-    assert parts == 5 and same < 5
-    local = next(r for r in front.recommendations(run) if r["use_case"] == "local training")
-    assert "5 of 5 fifths" in local["why"] and f"{same} of 5)" in local["why"]
-    # a run recorded before the parts: the rule still decides, without the rerun sentence
-    assert front.rerun_agreement(front.format_rows(_run())) is None
-
-
-def test_a_stacks_choice_is_set_beside_the_recommendation_with_its_numbers() -> None:
-    """Bridge stores megatron_sft by default: the report says, aspect by aspect, where that
-    choice and packlab's recommendation agree (within 1.10x) and by how much they differ."""
-    chosen = [f for f in format_names() if get_format(f).Reader.CHOSEN_BY]
-    assert "megatron_sft" in chosen
-    assert get_format("megatron_sft").Reader.CHOSEN_BY == ("Megatron-Bridge",)
-    run = _run()
+    rows = front.format_rows(run)
+    agree = front.decide.fifth_agreement(rows, 4096)
+    assert agree == {c["use_case"]: (5, 5) for c in front.recommendations(run)}
+    assert front.reruns(run)["local training"] == "5 of 5 fifths"
     pick = _chosen(run)["local training"]
-    numbers = run["05_random_access"]["numbers"]
-    numbers["megatron_sft_warm_p50_us"] = numbers[f"{pick}_warm_p50_us"] * 1.05  # a tie
-    numbers["megatron_sft_cold_p50_us"] = numbers[f"{pick}_cold_p50_us"] * 3
-    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
-    assert sft["stacks"] == ["Megatron-Bridge"] and sft["local"] == pick
-    aspects = {a[0]: a for a in sft["aspects"]}
-    assert aspects["warm random read, p50"][3] == "agree (within 1.10x)"
-    assert aspects["cold random read, p50"][3] == "worse: 3.00x (p50)"
-    size = run["03_write_formats"]["numbers"]["bytes_per_token"]
-    ratio = size["megatron_sft"] / size[pick]
-    assert aspects["size on disk"][3].endswith(f"{ratio:,.2f}x (bytes per token)") or (
-        aspects["size on disk"][3] == "agree (within 1.10x)" and 1 / 1.1 <= ratio <= 1.1)
-    storage = aspects["object storage"]
-    assert storage[1].startswith("read in place by ranged GETs")
-    assert f"`{_chosen(run)['object storage']}`" in storage[2]
-    # with notebook 09's in-place rows: what a random bin moves, beside what is stored
-    cloud = json.loads((Path(__file__).parents[1] / "results/recorded/09_cloud_storage.json")
-                       .read_text())
-    cloud["numbers"]["in_place"] = [
-        {"format": "megatron_sft", "requests_per_bin": 1, "bytes_per_bin": 16_300,
-         "bytes_per_token_read": 4.01},
-        {"format": _chosen(run)["object storage"], "requests_per_bin": 0.975,
-         "bytes_per_bin": 81_500, "bytes_per_token_read": 19.8}]
-    run["09_cloud_storage"] = cloud
-    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
-    _, theirs, ours, verdict = sft["aspects"][-1]
-    assert "1 GET and 16.3 KB a random bin (4.01 B/token read)" in theirs
-    assert "0.975 GET and 81.5 KB a random bin" in ours
-    assert verdict.endswith("better: 0.20x (bytes a random bin moves)")
-    table = front.chosen_elsewhere_table(run)
-    assert "Megatron-Bridge's choice: `megatron_sft`" in table and f"`{pick}`" in table
+    run["05_random_access"]["numbers"][f"{pick}_cold_p50_by_part_us"][2] = 1500.0
+    assert front.decide.fifth_agreement(front.format_rows(run), 4096)["local training"] == (4, 5)
+    # a run recorded before the parts: the rule still decides, without fifths
+    assert front.decide.fifth_agreement(front.format_rows(_run()), 4096) == {}
+    assert front.reruns(_run())["local training"] == "no fifths recorded"
+
+
+def test_two_runs_answers_are_compared_per_use_case() -> None:
+    run = _run()
+    other = _run(**{f"05_random_access__{_chosen(run)['local training']}_cold_p50_us": 1e5})
+    pairs = front.compare_runs(run, other)
+    assert [p["use_case"] for p in pairs] == [c["use_case"] for c in front.recommendations(run)]
+    differ = [p["use_case"] for p in pairs if not p["same"]]
+    assert "local training" in differ and "object storage" not in differ  # no local read there
+    assert "the other run: `" in front.reruns(run, other)["local training"]
+    assert front.reruns(run, run)["object storage"] == "no fifths recorded; the other run: the same"
+    assert "| local training |" in front.comparison_table(pairs) and "**no**" in \
+        front.comparison_table(pairs)
+
+
+def test_the_recommendation_is_set_beside_what_the_stack_reads() -> None:
+    """Megatron-Bridge reads packed Parquet: the report sets local training's answer beside
+    Parquet under Bridge's one-row-group policy (notebook 05's epoch, per bin) and beside the
+    prefix path (an export, then index-only repacks: notebook 03), each difference judged by
+    the bands."""
+    from packlab.formats import stacks
+    from packlab.lab.summaries import stack
+
+    released = {f for _, f in stack.released_defaults()}
+    assert released == {f for f in format_names() if any(
+        i.status in (stacks.RELEASED, stacks.DEPRECATED)
+        for i in get_format(f).Reader.STACK_INPUTS)}
+    assert get_format("megatron_sft").Reader.STACK_INPUTS == (stacks.SFT_PAIR,)
+    assert stacks.SFT_PAIR.status == stacks.CLOSED and not stacks.SFT_PAIR.released
+    assert "megatron_sft" not in released and "parquet" in released
+    run = _run()
+    run["05_random_access"]["numbers"].update(
+        {"num_bins": 4000, "parquet_epoch_today_seconds": 200.0,
+         "parquet_epoch_packlab_seconds": 0.4, "parquet_shuffled_epoch_speedup": 500.0})
+    run["03_write_formats"]["numbers"].update(
+        {"num_tokens": 1_000_000, "repack_index_bytes": 300_000, "repack_index_seconds": 0.05,
+         "repack_parquet_bytes": 30_000_000, "repack_parquet_seconds": 3.0})
+    beside = stack.beside_stack(run)
+    assert beside is not None and beside["local"] == _chosen(run)["local training"]
+    assert beside["parquet"] == "parquet" and beside["index"] == "packed_index"
+    aspects = {a[0]: a[1:] for a in beside["aspects"]}
+    _, bridge, prefix = aspects["a random bin, shuffled"]
+    assert bridge.startswith("50,000 µs a bin, warm (+50.0 ms a bin: a step notices)")
+    assert "200.0 s an epoch of 4,000 bins" in bridge and "100 µs a bin, 500x less" in bridge
+    ours, _, _ = aspects["memory per node (64 processes)"]
+    assert ours.startswith(human_bytes(64 * 1e4 * (format_names().index(beside["local"]) + 1)))
+    _, parquet_repack, prefix_repack = aspects["a repack at another pack size"]
+    assert parquet_repack == "rewrites every bin: 30 MB in 3.00 s (notebook 03)"
+    assert "300 KB in 0.05 s over a spool" in prefix_repack  # a run before the prefix path
+    run["03_write_formats"]["numbers"].update(
+        {"prefix_export_bytes": 3_000_000, "prefix_export_seconds": 0.5,
+         "prefix_repack_bytes": 310_000, "prefix_repack_seconds": 0.06})
+    aspects = {a[0]: a[1:] for a in stack.beside_stack(run)["aspects"]}
+    assert aspects["a repack at another pack size"][2] == (
+        "the index only: 310 KB in 0.06 s over the prefix, after one export of 3 MB in "
+        "0.50 s (notebook 03)")
+    assert aspects["bytes on disk"][2].startswith("3.00 B/token once")
+    table = stack.beside_stack_table(run)
+    assert "packed Parquet as Megatron-Bridge 0.6.2 reads it (`parquet`)" in table
     del run["05_random_access"]
-    [sft] = [c for c in front.chosen_elsewhere(run) if c["format"] == "megatron_sft"]
-    assert [a[0] for a in sft["aspects"]] == ["object storage"]  # no local pick to compare
+    assert stack.beside_stack(run) is None  # no local answer to set beside anything
 
 
 def test_a_run_without_a_notebook_says_not_measured() -> None:

@@ -29,7 +29,8 @@ from packlab.lab.summaries.record import (
 )
 
 README = readme_path().read_text()
-REQUIRED = ("run", "choose", "formats", "rule", "rfc", "targets")
+REQUIRED = ("run", "choose", "ties", "reruns", "formats", "rule", "rfc", "targets", "stack-inputs",
+            "beside-stack")
 
 
 def test_the_readme_agrees_with_the_recorded_run() -> None:

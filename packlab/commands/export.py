@@ -1,5 +1,5 @@
 """``packlab export SPOOL OUT``: a spool as a Megatron-core ``.bin/.idx`` prefix, one document
-per conversation, what Megatron-LM's ``SFTDataset`` (pull request #5017) reads; the masks in
+per conversation, what Megatron-LM's ``SFTDataset`` (pull request #5017, open) reads; the masks in
 packlab's sidecar beside it, from the spool or derived from the chat role markers
 (``--chat-markers``). The work: :func:`packlab.sources.export.export`."""
 
@@ -28,7 +28,8 @@ TRAIN_FLAGS = {
 
 def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("export", description=DESCRIPTION, help="write a spool as a "
-                                   "Megatron .bin/.idx prefix (Megatron-LM's SFTDataset input)")
+                                   "Megatron .bin/.idx prefix (the input of Megatron-LM's "
+                                   "proposed SFTDataset, an open pull request)")
     parser.add_argument("src", help="a spool folder (local or a URI) or a local Megatron prefix")
     parser.add_argument("out", help="the prefix to write, without suffix (a local path or a URI)")
     parser.add_argument("--chat-markers", metavar="TOKENIZER", default=None,

@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
 from packlab.files import DIRECTORY_RECORD, read_json
+from packlab.formats.stacks import StackInput
 from packlab.invariants import check_bin
 from packlab.storage import Location, as_location
 from packlab.version import __version__
@@ -93,9 +94,12 @@ class FormatFacts:
     #: a shard carries a record of its writer (a manifest, footer metadata or trailer), so
     #: packlab tells its own shards from another program's; False: no room for one (legacy)
     KEEPS_RECORD: ClassVar[bool] = True
-    #: the stacks (names from :data:`READERS`) that store packed data in this format by default:
-    #: the report sets packlab's recommendation beside their choice, with the numbers
-    CHOSEN_BY: ClassVar[tuple[str, ...]] = ()
+    #: of ``READ_BY``, the readers that return each bin as this format's raw item (words
+    #: packlab decodes), not as its tokens: they read the files, not the data
+    ITEMS_READ_BY: ClassVar[tuple[str, ...]] = ()
+    #: what training stacks read in this format (:mod:`packlab.formats.stacks`): a released
+    #: default, a deprecated one, or a proposal, each with the commit it was read at
+    STACK_INPUTS: ClassVar[tuple[StackInput, ...]] = ()
     #: a one-file shard's other files, each by the suffix that takes the place of ``SUFFIX``
     #: in its name (a Megatron pair's ``.bin``, packlab's sidecar): published before the file
     #: itself (the shard's commit point), uploaded, downloaded, counted and removed with it

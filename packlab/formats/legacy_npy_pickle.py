@@ -33,6 +33,7 @@ import numpy as np
 from packlab.bins import PackedBin, check_convention
 from packlab.errors import FormatError
 from packlab.files import fsync_file
+from packlab.formats import stacks
 from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
 from packlab.invariants import check_bin
 from packlab.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
@@ -56,6 +57,7 @@ class LegacyFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     READ_BY = ("Megatron-Bridge",)
+    STACK_INPUTS = (stacks.PACKED_NPY,)
     IN_RAM = True
     KEEPS_RECORD = False  # a pickled list of dicts: never packlab's to replace
     detect = staticmethod(detect)

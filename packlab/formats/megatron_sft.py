@@ -1,9 +1,10 @@
-"""Format ``megatron_sft``: Megatron-Bridge's packed ``.sft`` IndexedDataset, byte for byte.
+"""Format ``megatron_sft``: the packed ``.sft`` pair Megatron-Bridge proposed, byte for byte.
 
 Follows Megatron-Bridge's ``src/megatron/bridge/data/packing/indexed.py`` at commit
-``c91ec672d971adb9b155e31e2e224c036f34994e`` (pull request #5226, the default storage of its
-offline-packed SFT; not in the 0.6.2 release). A shard is a Megatron-core IndexedDataset pair,
-named by its index, and packlab's sidecar beside it::
+``c91ec672d971adb9b155e31e2e224c036f34994e`` (pull request #5226, closed without being merged:
+no Bridge release or main branch reads the pair; Bridge reads packed Parquet,
+:data:`packlab.formats.stacks.SFT_PAIR`). A measured candidate. A shard is a Megatron-core
+IndexedDataset pair, named by its index, and packlab's sidecar beside it::
 
     train.sft.idx      megatron-core's MMIDIDX index (packlab.mmidx): dtype code 4
                        (int32), one sequence and one document per bin. What a path names, and
@@ -66,6 +67,7 @@ from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
+from packlab.formats import stacks
 from packlab.formats.base import (
     MAX_PACK_SIZE,
     FormatFacts,
@@ -84,7 +86,7 @@ FORMAT = "megatron_sft"
 SUFFIX = ".sft.idx"
 BIN = ".sft.bin"
 SIDECAR = ".sft.packlab"
-BRIDGE_COMMIT = "c91ec672d971adb9b155e31e2e224c036f34994e"
+BRIDGE_COMMIT = stacks.SFT_PAIR.commit
 ROW_MAGIC = 0x53465442  # "SFTB"
 ROW_VERSION = 1
 HEADER_WORDS = 3  # magic, version, number of sequences
@@ -118,7 +120,8 @@ class SftFacts(FormatFacts):
     DATA_FILES = (BIN,)
     READS_IN_PLACE = True
     READ_BY = ("Megatron-core",)
-    CHOSEN_BY = ("Megatron-Bridge",)
+    ITEMS_READ_BY = ("Megatron-core",)  # IndexedDataset returns the words: header, mask bit
+    STACK_INPUTS = (stacks.SFT_PAIR,)
     detect = staticmethod(detect)
 
 

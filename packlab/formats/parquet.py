@@ -54,6 +54,7 @@ import pyarrow.parquet as pq
 
 from packlab.bins import PackedBin, check_convention
 from packlab.errors import FormatError, PacklabError
+from packlab.formats import stacks
 from packlab.formats.arrow_lists import (
     ARROW_ERRORS,
     COLUMNS,
@@ -107,6 +108,7 @@ class ParquetFacts(FormatFacts):
     FORMAT = FORMAT
     SUFFIX = SUFFIX
     READ_BY = ("Megatron-Bridge", "DuckDB", "HF datasets")
+    STACK_INPUTS = (stacks.PACKED_PARQUET,)
     STREAMS = True
     READS_IN_PLACE = True
     SQL_READABLE = True

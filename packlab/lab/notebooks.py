@@ -9,7 +9,9 @@ timings) goes to ``build/results/run.json``.
 ``python -m packlab.lab.notebooks record`` keeps the last complete run in the repository
 (``results/recorded/``) and regenerates the README's numbers from it; ``readme`` regenerates
 them only; ``report`` renders the report again from what ``build/`` holds; ``normalize``
-rewrites the notebooks in their committed form (what ``make lab`` saves).
+rewrites the notebooks in their committed form (what ``make lab`` saves); ``compare A B``
+prints two runs' answers per use case (a whole ``run`` keeps the run before it in
+``build/previous/``, so ``compare build/previous build/results`` compares the last two).
 """
 
 from __future__ import annotations
@@ -63,10 +65,12 @@ def execute(path: Path, scale: str, out_dir: Path) -> Path:
 
 
 def run(scale: str, only: list[str] | None = None) -> Path:
-    from packlab.lab.summaries.record import RUN_FILE, new_run_id, run_metadata
+    from packlab.lab.summaries.record import RUN_FILE, keep_previous, new_run_id, run_metadata
 
     out_dir = build_dir() / "notebooks"
     results_dir = build_dir() / "results"
+    if not only:  # a whole run: the one before it stays, to be compared with
+        keep_previous(results_dir, build_dir() / "previous")
     run_id = os.environ[RUN_ENV] = new_run_id()
     timings: dict[str, float] = {}
     for path in notebook_paths(only):
@@ -105,6 +109,15 @@ def readme() -> None:
     print(f"[packlab] {readme_path()}: {'regenerated' if changed else 'already up to date'}")
 
 
+def compare(first: str, second: str) -> int:
+    """Print two recorded runs' answers per use case; 0 when every one agrees, 1 when not."""
+    from packlab.lab.summaries.record import compare_text
+
+    text, agree = compare_text(Path(first), Path(second))
+    print(text)
+    return 0 if agree else 1
+
+
 def normalize() -> None:
     from packlab.lab.jupyter import normalize as rewrite
 
@@ -126,10 +139,17 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("readme", help="regenerate the README's numbers from results/recorded/")
     sub.add_parser("normalize", help="rewrite notebooks/NN_*.ipynb in their committed form "
                                      "(no outputs, the metadata JupyterLab would add)")
+    compare_parser = sub.add_parser(
+        "compare", help="two runs' answers per use case (results folders, e.g. build/previous "
+                        "build/results); exit 1 when any use case differs")
+    compare_parser.add_argument("first")
+    compare_parser.add_argument("second")
     args = parser.parse_args(argv)
     try:
         if args.action == "run":
             run(args.scale, args.only)
+        elif args.action == "compare":
+            return compare(args.first, args.second)
         else:
             {"report": report, "record": record, "readme": readme,
              "normalize": normalize}[args.action]()

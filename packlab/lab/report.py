@@ -22,8 +22,14 @@ from typing import Any
 
 from packlab.lab.measure.verdicts import COLOURS, RULE, badge
 from packlab.lab.results import build_dir
-from packlab.lab.summaries import findings_table, front
-from packlab.lab.summaries.record import load_run, metadata_text
+from packlab.lab.summaries import findings_table, front, stack
+from packlab.lab.summaries.record import (
+    load_run,
+    metadata_text,
+    other_run,
+    recorded_dir,
+    reruns_text,
+)
 from packlab.lab.tables import human_bytes
 
 STYLE = """
@@ -147,9 +153,10 @@ def _run_details(meta: Mapping[str, Any]) -> str:
 
 
 def front_page(run: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
-               notebooks: Mapping[str, Mapping[str, Any]], pages: Mapping[str, str], out: Path
-               ) -> str:
-    """The front page's HTML."""
+               notebooks: Mapping[str, Mapping[str, Any]], pages: Mapping[str, str], out: Path,
+               other: tuple[Mapping[str, Any], Mapping[str, Any], str] | None = None) -> str:
+    """The front page's HTML; ``other``: another whole run to compare the answers with
+    (its results, its metadata, where it is)."""
     rfc, targets = front.findings(run, "rfc"), front.findings(run, "target")
     timings = meta.get("timings", {})
     rows = "".join(
@@ -162,12 +169,20 @@ def front_page(run: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
         "<h1>packlab: which on-disk format for packed SFT data, and why</h1>"
         f"<p class='meta'>{html.escape(metadata_text(meta))}</p>"
         "<h2>The answer, per use case</h2>"
-        "<p>Each format is chosen from this run's numbers by the rule beside it.</p>"
-        + _markdown(front.recommendations_table(run))
-        + "<h2>Beside what other stacks chose</h2>"
-        "<p>A format another stack stores by default, aspect by aspect against packlab's "
-        "recommendation (within 1.10x counts as agreeing).</p>"
-        + _markdown(front.chosen_elsewhere_table(run))
+        "<p>Each format is chosen from this run's numbers by the rule beside it, on what the "
+        "use case's users feel; differences no one would notice tie.</p>"
+        + _markdown(front.recommendations_table(run, other[0] if other else None))
+        + f"<p>{html.escape(front.ties_text(run))}</p>"
+        + _markdown(reruns_text(meta, other[1] if other else None,
+                                other[2] if other else "build/previous/ or results/recorded/"))
+        + "<h2>Beside what the stack reads today</h2>"
+        "<p>What each training stack reads, released, proposed or planned, at the commit "
+        "packlab read it at:</p>"
+        + _markdown(stack.stack_inputs_table())
+        + "<p>packlab's recommendation for local training beside packed Parquet as "
+        "Megatron-Bridge reads it and beside the planned prefix path, with this run's "
+        "numbers (a difference inside the bands above is a tie):</p>"
+        + _markdown(stack.beside_stack_table(run))
         + "<h2>Every format</h2>"
         "<p>Peak memory: RSS growth over the process's baseline, in a fresh process, writing "
         "and loading (notebook 04). Latency: one random bin delivered, p50, with raw CSR numpy "
@@ -197,6 +212,10 @@ def write_report(executed: Path, out: Path, *, results: Path | None = None) -> P
 
     out.mkdir(parents=True, exist_ok=True)
     run, meta = load_run(results)
+    previous = (results or build_dir() / "results").with_name("previous")
+    other = next(((*found, where) for where, directory in (
+        (f"{previous}", previous), ("results/recorded/", recorded_dir()))
+        if (found := other_run(directory, meta)) is not None), None)
     run_line = metadata_text(meta)
     notebooks, pages = {}, {}
     for path in sorted(executed.glob("[0-9][0-9]_*.ipynb")):
@@ -204,5 +223,5 @@ def write_report(executed: Path, out: Path, *, results: Path | None = None) -> P
         notebook_page(path, out, run.get(path.stem), run_line)
         pages[path.stem] = f"{path.stem}.html"
     index = out / "index.html"
-    index.write_text(front_page(run, meta, notebooks, pages, out))
+    index.write_text(front_page(run, meta, notebooks, pages, out, other))
     return index

@@ -11,7 +11,10 @@ the numbers.
   :mod:`packlab.lab.records`) and its findings as one table;
 - :func:`findings_table`: findings as a Markdown table, verdicts coloured or plain;
 - :mod:`.front`: the cross-notebook answer (per-format table, a format per use case, the RFC's
-  claims, the targets), for the report's front page and the README;
+  claims, the targets), for the report's front page and the README; :mod:`.decide`, how a
+  use case is decided (what its users feel, with the differences they would not notice as
+  ties) and how often reruns agree; :mod:`.stack`, the answer beside what the training stack
+  reads today;
 - :mod:`.record`: a run kept in the repository (``results/recorded/``) and the README's
   generated blocks.
 

@@ -7,7 +7,8 @@ the run leaves its cells ``n/a`` and its use case ``not measured``, never an err
 
 Where the numbers come from: write and load peak memory, notebook 04 (largest size measured);
 warm and cold p50 of one random bin and their floors, and the warm sequential scan, notebook
-05; bytes per token on disk, notebook 03 (the same `chat` data as 05).
+05; bytes per token on disk, notebook 03 (the same `chat` data as 05); the wait of a random bin
+read in place on object storage, notebook 09. How a use case is decided: :mod:`.decide`.
 """
 
 from __future__ import annotations
@@ -26,11 +27,10 @@ from packlab.lab.records import (
     WriteFormats,
     of_run,
 )
+from packlab.lab.summaries import decide
 from packlab.lab.tables import fmt_us, human_bytes, markdown_table
 
 Run = Mapping[str, Mapping[str, Any]]
-#: formats whose warm p50 is within this factor of the fastest tie for local training
-TIE = 1.10
 #: the figures that carry the answer (notebook figure names), with what each shows
 KEY_FIGURES = (
     ("05_latency_floors", "One random bin, warm and cold, against the memcpy, pread and Python "
@@ -46,9 +46,16 @@ def format_rows(run: Run) -> list[dict[str, Any]]:
     access = of_run(run, RandomAccess)
     writes = of_run(run, WriteFormats)
     sizes = writes.bytes_per_token if writes is not None else {}
+    # a format that reads its tokens from the spool keeps the spool on disk (its bytes; the
+    # raw payload in runs that did not record them)
+    spool = (writes.spool_bytes_per_token or writes.raw_bytes_per_token) if writes else None
+    cloud = of_run(run, CloudStorage)
+    remote = {r["format"]: r for r in cloud.in_place if r.get("reads_in_place")} if cloud else {}
     rows = []
     for fmt in format_names():
         facts = get_format(fmt).Reader
+        size = sizes.get(fmt)
+        s3 = remote.get(fmt, {})
         held = memory.formats.get(fmt) if memory is not None else None
         write, write_bins = held.write.largest() if held else (None, None)
         load, load_bins = held.load.largest() if held else (None, None)
@@ -68,9 +75,14 @@ def format_rows(run: Run) -> list[dict[str, Any]]:
             "cold_p50_us_parts": cold.p50_by_part_us if cold else None,
             "cold_pread_us": cold.pread_p50_us if cold else None,
             "scan_tokens_per_s": scan.tokens_per_s if scan else None,
-            "bytes_per_token": sizes.get(fmt),
-            "read_by": list(facts.READ_BY), "chosen_by": list(facts.CHOSEN_BY),
-            "in_ram": facts.IN_RAM,
+            "bytes_per_token": size,
+            "disk_bytes_per_token": size + spool if facts.NEEDS_SPOOL and size is not None
+            and spool is not None else size,
+            "s3_wait_ms": s3.get("modelled_s3_ms_per_bin"),
+            "s3_requests_per_bin": s3.get("requests_per_bin"),
+            "read_by": list(facts.READ_BY),
+            "token_readers": [r for r in facts.READ_BY if r not in facts.ITEMS_READ_BY],
+            "stack_inputs": list(facts.STACK_INPUTS), "in_ram": facts.IN_RAM,
             "needs_spool": facts.NEEDS_SPOOL, "reads_in_place": facts.READS_IN_PLACE,
         })
     return rows
@@ -82,6 +94,12 @@ def _us(value: float | None, floor: float | None, raw: float | None = None) -> s
         return "n/a"
     floors = [fmt_us(f) for f in (raw, floor) if f is not None]
     return f"{fmt_us(value)} µs" + (f" ({' / '.join(floors)})" if floors else "")
+
+
+def _readers(row: Mapping[str, Any]) -> str:
+    """Who reads a format's files: a reader that returns raw items, not tokens, says so."""
+    return ", ".join(r if r in row["token_readers"] else f"{r} (raw items)"
+                     for r in row["read_by"]) or "packlab only"
 
 
 def format_table(run: Run) -> str:
@@ -98,236 +116,163 @@ def format_table(run: Run) -> str:
           "n/a (loads all at open)",
           f"{r['scan_tokens_per_s'] / 1e6:,.0f} M tok/s" if r["scan_tokens_per_s"] else "n/a",
           f"{r['bytes_per_token']:.2f}" if r["bytes_per_token"] is not None else "n/a",
-          ", ".join(r["read_by"]) or "packlab only"] for r in rows])
+          _readers(r)] for r in rows])
     return table
 
 
 # -- a format per use case ---------------------------------------------------------------------
-def _choice(use_case: str, rule: str, fmt: str | None, why: str, also: Sequence[str] = ()
-            ) -> dict[str, Any]:
-    return {"use_case": use_case, "rule": rule, "format": fmt, "why": why if fmt else
-            NOT_MEASURED, "also": list(also)}
-
-
-def _stable_key(row: Mapping[str, Any]) -> tuple[int, float, float, str]:
-    """What breaks a speed tie: what does not move between runs (more systems reading the
-    files, then fewer bytes per token as printed, then less memory to load it: sizes that
-    agree to the printed digit are one size, and a load's peak is the format's own)."""
-    size, load = row["bytes_per_token"], row["load_peak_bytes"]
-    return (-len(row["read_by"]), round(size, 2) if size is not None else float("inf"),
-            load if load is not None else float("inf"), row["format"])
-
-
-def _fastest_tied(rows: Sequence[Mapping[str, Any]], warm: str, cold: str | None = None,
-                  part: int | None = None) -> list[Mapping[str, Any]]:
-    """The formats within :data:`TIE` of the fastest warm p50, best first: by what does not
-    move (:func:`_stable_key`), or by the lowest ``cold`` p50 (the former rule). ``part``:
-    the p50 of one fifth of the reads instead of the whole (a rerun in miniature)."""
-    def p50(row: Mapping[str, Any], key: str) -> float:
-        return row[key] if part is None else row[f"{key}_parts"][part]
-
-    fastest = min(p50(r, warm) for r in rows)
-    tied = [r for r in rows if p50(r, warm) <= TIE * fastest]
-    return sorted(tied, key=(lambda r: p50(r, cold)) if cold else _stable_key)
-
-
-def rerun_agreement(rows: Sequence[Mapping[str, Any]], cold: str | None = None
-                    ) -> tuple[int, int] | None:
-    """In how many fifths of the run (each a rerun in miniature) the local-training rule
-    chooses what the whole run chooses, of how many; ``cold``: the former rule, ties broken
-    by the lowest cold p50. None without the parts (a run recorded before them)."""
-    keys = ["warm_p50_us"] + ([cold] if cold else [])
-    if not rows or any(r.get(f"{k}_parts") is None for r in rows for k in keys):
-        return None
-    chosen = _fastest_tied(rows, "warm_p50_us", cold)[0]["format"]
-    parts = min(len(r[f"{k}_parts"]) for r in rows for k in keys)
-    same = sum(_fastest_tied(rows, "warm_p50_us", cold, k)[0]["format"] == chosen
-               for k in range(parts))
-    return same, parts
-
-
-def _local_training(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    rule = (f"the lowest warm random-read p50 among formats that open lazily (not loading "
-            f"every bin at open); formats within {TIE:.2f}x of it tie, and a tie goes to what "
-            "does not move between runs: the format more systems read, then the fewest bytes "
-            "per token, then the lowest load peak")
-    fit = [r for r in rows if not r["in_ram"] and r["warm_p50_us"] is not None
-           and r["cold_p50_us"] is not None]
-    if not fit:
-        return _choice("local training", rule, None, "")
-    tied = _fastest_tied(fit, "warm_p50_us")
-    best = tied[0]
-    why = (f"warm p50 {fmt_us(best['warm_p50_us'])} µs (Python floor "
-           f"{fmt_us(best['warm_floor_us'])}), cold {fmt_us(best['cold_p50_us'])} µs (raw pread "
-           f"{fmt_us(best['cold_pread_us'])}), writer peak {human_bytes(best['write_peak_bytes'])}"
-           f", load peak {human_bytes(best['load_peak_bytes'])}")
-    if best["read_by"] or best["bytes_per_token"] is not None:
-        why += (f"; read by {', '.join(best['read_by']) or 'packlab only'}, "
-                f"{best['bytes_per_token']:.2f} bytes/token")
-    agreed, former = rerun_agreement(fit), rerun_agreement(fit, "cold_p50_us")
-    if agreed is not None and former is not None:
-        why += (f"; the same answer in {agreed[0]} of {agreed[1]} fifths of the run, each a "
-                f"rerun in miniature (a tie broken by the lowest cold p50: {former[0]} of "
-                f"{former[1]})")
-    return _choice("local training", rule, best["format"], why, [r["format"] for r in tied[1:]])
-
-
-def _object_storage(rows: Sequence[Mapping[str, Any]], cloud: CloudStorage | None
-                    ) -> dict[str, Any]:
-    rule = ("the fewest bytes per token among formats read in place with ranged requests "
-            "(the others are downloaded whole before the first bin)")
-    fit = [r for r in rows if r["reads_in_place"] and r["bytes_per_token"] is not None]
-    if not fit:
-        return _choice("object storage", rule, None, "")
-    best = min(fit, key=lambda r: r["bytes_per_token"])
-    why = f"{best['bytes_per_token']:.2f} bytes/token"
-    if cloud is not None:
-        why += (f"; a random access costs {cloud.max_requests_per_access} GET of at most "
-                f"{cloud.max_bytes_over_row_group:.2f}x one row group; opening cold fetched "
-                f"{human_bytes(cloud.parquet_cold_open_bytes)} against "
-                f"{human_bytes(cloud.memmap_cold_open_bytes)} for a downloaded format "
-                "(notebook 09)")
-    return _choice("object storage", rule, best["format"], why,
-                   [r["format"] for r in fit if r is not best])
-
-
-def _repacking(rows: Sequence[Mapping[str, Any]], writes: WriteFormats | None
-               ) -> dict[str, Any]:
-    rule = "the fewest bytes written per token (a repack rewrites what a format stores)"
-    fit = [r for r in rows if r["bytes_per_token"] is not None]
-    if not fit:
-        return _choice("repacking often", rule, None, "")
-    best = min(fit, key=lambda r: r["bytes_per_token"])
-    why = f"{best['bytes_per_token']:.3f} bytes/token"
-    if writes is not None and writes.repack_index_bytes is not None:
-        why += f"; a repack wrote {_repack(writes)} (notebook 03)"
-    if best["needs_spool"]:
-        why += "; it reads its tokens from the spool, which must stay"
-    return _choice("repacking often", rule, best["format"], why)
-
-
-def _megatron(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    rule = "the lowest warm random-read p50 among formats Megatron-core reads as they are"
-    fit = [r for r in rows if "Megatron-core" in r["read_by"] and r["warm_p50_us"] is not None]
-    if not fit:
-        return _choice("Megatron pretrain tooling", rule, None, "")
-    best = min(fit, key=lambda r: r["warm_p50_us"])
-    why = (f"Megatron-core's `IndexedDataset` reads it unchanged; warm p50 "
-           f"{fmt_us(best['warm_p50_us'])} µs, {best['bytes_per_token']:.2f} bytes/token"
-           if best["bytes_per_token"] is not None else "Megatron-core reads it unchanged")
-    return _choice("Megatron pretrain tooling", rule, best["format"], why,
-                   [r["format"] for r in fit if r is not best])
+def pack_size_of(run: Run) -> int:
+    """The pack size of notebook 05's reads (what a bin's training time is counted for)."""
+    recorded = run.get(RandomAccess.NOTEBOOK, {})
+    return int(recorded.get("parameters", {}).get("pack_size", decide.REFERENCE_PACK_SIZE))
 
 
 def recommendations(run: Run) -> list[dict[str, Any]]:
-    """A format per use case, each chosen from the run's numbers by the rule it states."""
-    rows = format_rows(run)
-    return [_local_training(rows), _object_storage(rows, of_run(run, CloudStorage)),
-            _repacking(rows, of_run(run, WriteFormats)), _megatron(rows)]
-
-
-def recommendations_table(run: Run) -> str:
-    return markdown_table(
-        ["use case", "format", "measured", "how it is chosen"],
-        [[r["use_case"], f"**`{r['format']}`**" + (
-            f" (tied: {', '.join(f'`{a}`' for a in r['also'])})"
-            if r["also"] and r["use_case"] == "local training" else "")
-          if r["format"] else NOT_MEASURED, r["why"], r["rule"]]
-         for r in recommendations(run)])
-
-
-# -- packlab's answer beside another stack's default -------------------------------------------
-def _against(value: float | None, other: float | None, unit: str, *, lower_is_better: bool = True
-             ) -> str:
-    """How ``value`` stands against ``other``: tied within :data:`TIE`, else the ratio."""
-    if value is None or other is None or other <= 0:
-        return "not measured"
-    ratio = value / other
-    if 1 / TIE <= ratio <= TIE:
-        return "agree (within 1.10x)"
-    better = ratio < 1 if lower_is_better else ratio > 1
-    return f"{'better' if better else 'worse'}: {ratio:,.2f}x ({unit})"
-
-
-def _aspects(chosen: Mapping[str, Any], pick: Mapping[str, Any]) -> list[tuple[str, str, str, str]]:
-    """Size, warm and cold reads, write memory: (aspect, chosen's value, pick's, verdict)."""
-    def size(r: Mapping[str, Any]) -> str:
-        return f"{r['bytes_per_token']:.2f} B/token" if r["bytes_per_token"] is not None else "n/a"
-
-    def us(r: Mapping[str, Any], key: str) -> str:
-        return f"{fmt_us(r[key])} µs" if r[key] is not None else "n/a"
-
-    return [
-        ("size on disk", size(chosen), size(pick),
-         _against(chosen["bytes_per_token"], pick["bytes_per_token"], "bytes per token")),
-        ("warm random read, p50", us(chosen, "warm_p50_us"), us(pick, "warm_p50_us"),
-         _against(chosen["warm_p50_us"], pick["warm_p50_us"], "p50")),
-        ("cold random read, p50", us(chosen, "cold_p50_us"), us(pick, "cold_p50_us"),
-         _against(chosen["cold_p50_us"], pick["cold_p50_us"], "p50")),
-        ("write peak RSS", human_bytes(chosen["write_peak_bytes"]),
-         human_bytes(pick["write_peak_bytes"]),
-         _against(chosen["write_peak_bytes"], pick["write_peak_bytes"], "peak")),
-    ]
-
-
-def _storage_aspect(chosen: Mapping[str, Any], pick: Mapping[str, Any] | None,
-                    in_place: Mapping[str, Mapping[str, Any]]) -> tuple[str, str, str, str]:
-    """Object storage: read in place or downloaded first, and what a random bin moves
-    (notebook 09's ``in_place`` rows, where the run has them)."""
-    def how(r: Mapping[str, Any]) -> str:
-        way = "read in place by ranged GETs" if r["reads_in_place"] else "downloaded whole first"
-        cost = in_place.get(r["format"])
-        if cost is not None and r["reads_in_place"]:
-            way += (f": {cost['requests_per_bin']:g} GET and {human_bytes(cost['bytes_per_bin'])}"
-                    f" a random bin ({cost['bytes_per_token_read']:.2f} B/token read)")
-        size = (f"; {r['bytes_per_token']:.2f} B/token stored"
-                if r["bytes_per_token"] is not None else "")
-        return way + size
-
-    if pick is None:
-        return ("object storage", how(chosen), NOT_MEASURED, "not measured")
-    if pick["format"] == chosen["format"]:
-        verdict = "agree (the same format)"
-    elif not chosen["reads_in_place"]:
-        verdict = "differs: downloaded before its first bin"
-    else:
-        stored = _against(chosen["bytes_per_token"], pick["bytes_per_token"], "bytes stored")
-        ours, theirs = in_place.get(chosen["format"]), in_place.get(pick["format"])
-        moved = (_against(ours["bytes_per_bin"], theirs["bytes_per_bin"], "bytes a random bin "
-                          "moves") if ours and theirs else None)
-        verdict = "; ".join(v for v in (stored, moved) if v)
-    return ("object storage", how(chosen), f"`{pick['format']}`: {how(pick)}", verdict)
-
-
-def chosen_elsewhere(run: Run) -> list[dict[str, Any]]:
-    """Each format another stack stores by default (``CHOSEN_BY``) beside packlab's
-    recommendations, aspect by aspect, with the numbers and where they agree."""
-    rows = format_rows(run)
-    by_name = {r["format"]: r for r in rows}
-    picks = {c["use_case"]: by_name.get(c["format"]) for c in recommendations(run)}
-    local, storage = picks.get("local training"), picks.get("object storage")
-    cloud = of_run(run, CloudStorage)
-    in_place = {r["format"]: r for r in cloud.in_place} if cloud is not None else {}
+    """A format per use case, each decided on what its users feel (:mod:`.decide`): the
+    choice (``format``, ``tied``, ``steps``) with its rule and its numbers (``why``)."""
+    rows, pack_size = format_rows(run), pack_size_of(run)
     out = []
-    for chosen in (r for r in rows if r["chosen_by"]):
-        aspects = _aspects(chosen, local) if local is not None else []
-        out.append({"format": chosen["format"], "stacks": chosen["chosen_by"],
-                    "local": local["format"] if local else None,
-                    "aspects": [*aspects, _storage_aspect(chosen, storage, in_place)]})
+    for case, choice in zip(decide.use_cases(pack_size), decide.decide_all(rows, pack_size),
+                            strict=True):
+        row = choice["row"]
+        out.append({**choice, "rule": _rule(case),
+                    "why": _measured(case, row, run) if row else NOT_MEASURED})
     return out
 
 
-def chosen_elsewhere_table(run: Run) -> str:
-    """The comparison as Markdown: one table per stack's choice."""
+def _rule(case: decide.UseCase) -> str:
+    return f"among {case.who}: {' → '.join(c.name for c in case.criteria)}; then the name"
+
+
+def _measured(case: decide.UseCase, row: Mapping[str, Any], run: Run) -> str:
+    """The chosen format's numbers on the use case's criteria."""
+    shown = {c.name for c in case.criteria}
     parts = []
-    for c in chosen_elsewhere(run):
-        stacks = ", ".join(c["stacks"])
-        local = f"`{c['local']}`" if c["local"] else NOT_MEASURED
-        parts.append(markdown_table(
-            ["", f"{stacks}'s choice: `{c['format']}`",
-             f"packlab's recommendation (local training: {local})", "where they stand"],
-            [list(a) for a in c["aspects"]]))
-    return "\n\n".join(parts) or NOT_MEASURED
+    if "warm read" in shown:
+        parts.append(f"warm read {fmt_us(row['warm_p50_us'])} µs, cold "
+                     + (f"{fmt_us(row['cold_p50_us'])} µs" if row["cold_p50_us"] is not None
+                        else "n/a (loads all at open)"))
+    if "wait on object storage" in shown and row["s3_wait_ms"] is not None:
+        parts.append(f"{row['s3_wait_ms']:.1f} ms a random bin on object storage "
+                     f"({row['s3_requests_per_bin']:g} GET, notebook 09's model)")
+    if "memory per node" in shown and row["load_peak_bytes"] is not None:
+        parts.append(f"{human_bytes(row['load_peak_bytes'] * decide.PROCESSES_PER_NODE)} a "
+                     f"node ({human_bytes(row['load_peak_bytes'])} a process)")
+    if "who reads the files" in shown:
+        parts.append(f"read by {', '.join(row['token_readers']) or 'packlab only'}")
+    if "bytes on disk" in shown and row["disk_bytes_per_token"] is not None:
+        parts.append(f"{row['disk_bytes_per_token']:.2f} bytes/token on disk"
+                     + (" (its spool included)" if row["needs_spool"] else ""))
+    if case.criteria[0].name == "bytes a repack writes" or "bytes stored" in shown:
+        parts.append(f"{row['bytes_per_token']:.3f} bytes/token stored")
+        writes = of_run(run, WriteFormats)
+        if case.criteria[0].name == "bytes a repack writes" and writes is not None and \
+                writes.repack_index_bytes is not None:
+            parts.append(f"a repack wrote {_repack(writes)} (notebook 03)")
+    return "; ".join(parts)
+
+
+def _steps(choice: Mapping[str, Any]) -> str:
+    """How the criteria narrowed the formats: each one's tie limit and what it left out."""
+    def limit(step: Mapping[str, Any]) -> str:
+        name, value = step["criterion"], step["limit"]
+        if name == "who reads the files":
+            return f"the most: {-int(step['best'])}"
+        if name == "memory per node":
+            return f"≤ {human_bytes(value)}"
+        if name == "wait on object storage":
+            return f"≤ {value:.1f} ms"
+        if name.endswith("read"):
+            return f"≤ {fmt_us(value)} µs"
+        return f"≤ {value:.2f} B/token"
+
+    def names(formats: Sequence[str]) -> str:
+        return ", ".join(f"`{f}`" for f in formats)
+
+    before = set(choice["eligible"])
+    parts = [f"{len(before)} eligible"]
+    for step in choice["steps"]:
+        if step["skipped"]:
+            parts.append(f"{step['criterion']}: not measured for every format, skipped")
+            continue
+        dropped = sorted(before - set(step["kept"]))
+        before = set(step["kept"])
+        parts.append(f"{step['criterion']} ({limit(step)}): "
+                     + (f"drops {names(dropped)}" if dropped else "drops none"))
+    left = [choice["format"], *choice["tied"]]
+    return " → ".join(parts) + f"; left: {names(left)}" + (
+        " (the first by name)" if choice["tied"] else "")
+
+
+def reruns(run: Run, other: Run | None = None) -> dict[str, str]:
+    """Per use case, how often reruns give the same answer: the run's fifths, and ``other``
+    (another whole run) when given."""
+    rows, pack_size = format_rows(run), pack_size_of(run)
+    fifths = decide.fifth_agreement(rows, pack_size)
+    ours = recommendations(run)
+    theirs = compare_runs(run, other) if other is not None else []
+    out = {}
+    for choice in ours:
+        case = choice["use_case"]
+        words = [f"{fifths[case][0]} of {fifths[case][1]} fifths" if case in fifths
+                 else "no fifths recorded"]
+        for pair in theirs:
+            if pair["use_case"] == case:
+                words.append("the other run: the same" if pair["same"] else
+                             f"the other run: `{pair['other']}`")
+        out[case] = "; ".join(words)
+    return out
+
+
+def compare_runs(first: Run, second: Run) -> list[dict[str, Any]]:
+    """Two runs' answers per use case: ``this`` (the first's), ``other``, ``same``."""
+    return decide.agreement(recommendations(first), recommendations(second))
+
+
+def comparison_table(pairs: Sequence[Mapping[str, Any]]) -> str:
+    return markdown_table(
+        ["use case", "first run", "second run", "agree"],
+        [[p["use_case"], f"`{p['this']}`" if p["this"] else NOT_MEASURED,
+          f"`{p['other']}`" if p["other"] else NOT_MEASURED, "yes" if p["same"] else "**no**"]
+         for p in pairs])
+
+
+def recommendations_table(run: Run, other: Run | None = None) -> str:
+    """The answer per use case: the format, its numbers, the rule, how the criteria narrowed
+    it, and how often reruns (fifths; ``other``, a second whole run) agree."""
+    agree = reruns(run, other)
+    return markdown_table(
+        ["use case", "format", "measured", "how it is chosen", "how it was decided",
+         "the same in reruns"],
+        [[r["use_case"], (f"**`{r['format']}`**" + (
+            f" (tied: {', '.join(f'`{a}`' for a in r['tied'])})" if r["tied"] else ""))
+          if r["format"] else NOT_MEASURED, r["why"], r["rule"],
+          _steps(r) if r["format"] else NOT_MEASURED, agree[r["use_case"]]]
+         for r in recommendations(run)])
+
+
+def ties_text(run: Run) -> str:
+    """The bands every use case decides with, their numbers and why."""
+    pack_size = pack_size_of(run)
+    noticed = decide.noticed_us(pack_size)
+    per_token_us = decide.TRAIN_SECONDS_PER_TOKEN * 1e6
+    return (
+        f"A data wait ties the fastest when it is longer by less than {fmt_us(noticed)} µs a "
+        f"bin of {pack_size:,} tokens or by less than "
+        f"{100 * (decide.SPEED_FACTOR - 1):.0f}% of the fastest, whichever is larger: "
+        f"{100 * decide.NOTICED_SHARE:.0f}% of what the bin's tokens cost to train at the "
+        f"least (a model of a billion parameters, 6 FLOP a parameter a token, on one H100 at "
+        f"its dense bf16 peak: {per_token_us:.1f} µs a token) is a difference no step would "
+        "notice, and one format's cold reads move by more than a tenth between the fifths of "
+        "one run. Memory is a process's load peak times the "
+        f"{decide.PROCESSES_PER_NODE} processes of a node that open the dataset (8 ranks "
+        f"times 8 DataLoader workers); nodes within {human_bytes(decide.NODE_MEMORY_BAND)} of "
+        f"the least tie ({human_bytes(decide.NODE_MEMORY_BAND / decide.PROCESSES_PER_NODE)} a "
+        "process: ten times what a load peak moves between runs, and a twentieth of a percent "
+        "of a DGX H100's 2 TB). Bytes within "
+        f"{100 * (decide.SIZE_BAND - 1):.0f}% of the smallest tie (a format's size is the same "
+        "at every run). Who reads the files counts the released stacks and tools that read the "
+        "bins' tokens as packlab writes them, each run by a test.")
 
 
 # -- claims across notebooks -------------------------------------------------------------------

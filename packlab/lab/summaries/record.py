@@ -3,7 +3,9 @@
 ``python -m packlab.lab.notebooks record`` copies the results of the last ``make run``
 (``build/results/*.json`` and ``run.json``: date, commit, scale, machine, versions) into
 ``results/recorded/`` and rewrites the README's generated parts from them; ``tests/
-test_report_readme.py`` checks that the README and the record agree.
+test_report_readme.py`` checks that the README and the record agree. The run it replaces moves
+to ``results/previous/``: the second whole run the README's answers are compared with (the
+report compares a run with the one before it in ``build/`` the same way).
 
 A generated part of the README sits between two markers, on one line or over several::
 
@@ -31,7 +33,7 @@ from typing import Any
 
 from packlab.errors import PacklabError
 from packlab.lab.results import _root, build_dir
-from packlab.lab.summaries import front
+from packlab.lab.summaries import front, stack
 from packlab.lab.tables import human_bytes
 
 RUN_FILE = "run.json"
@@ -42,6 +44,11 @@ MARKER = re.compile(r"(<!-- packlab:([a-z0-9_-]+) -->)(.*?)(<!-- /packlab:\2 -->
 def recorded_dir() -> Path:
     """``results/recorded/`` in the repository: the run the README quotes."""
     return _root() / "results" / "recorded"
+
+
+def previous_dir() -> Path:
+    """``results/previous/``: the run recorded before it, the README's second whole run."""
+    return _root() / "results" / "previous"
 
 
 def new_run_id() -> str:
@@ -132,38 +139,111 @@ def load_run(directory: Path | None = None) -> tuple[dict[str, dict[str, Any]], 
     return run, meta
 
 
-def record_run(source: Path | None = None, target: Path | None = None) -> Path:
-    """Copy one complete run (every notebook's results and ``run.json``) into ``target``
-    (default ``results/recorded/``), replacing what was there. Refuses a mix of runs."""
-    source = Path(source) if source is not None else build_dir() / "results"
-    target = Path(target) if target is not None else recorded_dir()
-    run, meta = load_run(source)
+def _complete(directory: Path) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """A folder's run, refused unless it is one whole run (results and ``run.json`` alike)."""
+    run, meta = load_run(directory)
     if not meta or not run:
-        raise PacklabError(f"{source}: no run to record (run `make run` first)")
+        raise PacklabError(f"{directory}: no run to record (run `make run` first)")
     mixed = sorted(n for n, r in run.items() if r.get("run") != meta.get("run"))
     if mixed:
-        raise PacklabError(f"{source}: {', '.join(mixed)} came from another run than "
+        raise PacklabError(f"{directory}: {', '.join(mixed)} came from another run than "
                            f"{RUN_FILE} ({meta.get('run')}); rerun them together")
+    return run, meta
+
+
+def _copy_run(source: Path, target: Path) -> None:
+    run, _ = load_run(source)
     if target.exists():
         shutil.rmtree(target)
     target.mkdir(parents=True)
     for name in [*run, RUN_FILE.removesuffix(".json")]:
         shutil.copy2(source / f"{name}.json", target / f"{name}.json")
+
+
+def keep_previous(current: Path, previous: Path, *, unless: str | None = None) -> bool:
+    """Copy the whole run in ``current`` to ``previous`` (replacing it), so the next run has
+    one to be compared with; nothing when ``current`` holds no whole run, or holds the run
+    ``unless`` names (recording one run twice keeps the run before it)."""
+    try:
+        _, meta = _complete(current)
+    except PacklabError:
+        return False
+    if meta.get("run") == unless:
+        return False
+    _copy_run(current, previous)
+    return True
+
+
+def record_run(source: Path | None = None, target: Path | None = None) -> Path:
+    """Copy one complete run (every notebook's results and ``run.json``) into ``target``
+    (default ``results/recorded/``), replacing what was there; what was there moves to the
+    ``previous`` folder beside it. Refuses a mix of runs."""
+    source = Path(source) if source is not None else build_dir() / "results"
+    target = Path(target) if target is not None else recorded_dir()
+    _, meta = _complete(source)
+    keep_previous(target, target.with_name("previous"), unless=meta.get("run"))
+    _copy_run(source, target)
     return target
 
 
+def other_run(directory: Path, meta: Mapping[str, Any]
+              ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]] | None:
+    """The whole run in ``directory`` to compare a run with: none when it is that same run,
+    or one of another scale (its reads are of other sizes)."""
+    try:
+        run, other = _complete(directory)
+    except PacklabError:
+        return None
+    if other.get("run") == meta.get("run") or other.get("scale") != meta.get("scale"):
+        return None
+    return run, other
+
+
+def reruns_text(meta: Mapping[str, Any], other: Mapping[str, Any] | None, where: str) -> str:
+    """Which reruns the answers are compared over: the run's fifths, and the other whole run."""
+    text = ("A fifth re-decides every use case from one fifth of the run's reads (a rerun "
+            "in miniature; sizes, memory and counts are one measurement a run)")
+    if other is None:
+        return text + f"; no other whole run in {where} to compare with."
+    return text + f"; the other run is the one in {where}: {metadata_text(other)}."
+
+
+def compare_text(first: Path, second: Path) -> tuple[str, bool]:
+    """Two recorded runs' answers side by side, per use case; whether every one agrees."""
+    runs = []
+    for directory in (first, second):
+        run, meta = load_run(directory)
+        if not run:
+            raise PacklabError(f"{directory}: no results (NN_*.json) to compare")
+        runs.append((run, meta))
+    pairs = front.compare_runs(runs[0][0], runs[1][0])
+    same = sum(p["same"] for p in pairs)
+    lines = [f"first:  {first} ({metadata_text(runs[0][1])})",
+             f"second: {second} ({metadata_text(runs[1][1])})", "",
+             front.comparison_table(pairs), "",
+             f"{same} of {len(pairs)} use cases agree"]
+    return "\n".join(lines), same == len(pairs)
+
+
 # -- the README's generated parts --------------------------------------------------------------
-def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any]
+def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any],
+                 previous: tuple[Mapping[str, Any], Mapping[str, Any]] | None = None
                  ) -> dict[str, Callable[[], str]]:
-    """Every name the README may mark, and how its text is made from the run."""
+    """Every name the README may mark, and how its text is made from the run (``previous``:
+    the whole run it is compared with)."""
     def block(text: str) -> str:
         return f"\n{text}\n"
 
+    other = previous[0] if previous else None
     parts: dict[str, Callable[[], str]] = {
         "run": lambda: metadata_text(meta),
         "formats": lambda: block(front.format_table(run)),
-        "choose": lambda: block(front.recommendations_table(run)),
-        "chosen-elsewhere": lambda: block(front.chosen_elsewhere_table(run)),
+        "choose": lambda: block(front.recommendations_table(run, other)),
+        "ties": lambda: front.ties_text(run),
+        "reruns": lambda: reruns_text(meta, previous[1] if previous else None,
+                                      "`results/previous/`"),
+        "stack-inputs": lambda: block(stack.stack_inputs_table()),
+        "beside-stack": lambda: block(stack.beside_stack_table(run)),
         "rfc": lambda: block(front.claims_table(run, "rfc")),
         "targets": lambda: block(front.claims_table(run, "target")),
         "rule": lambda: front.rule_text(),
@@ -178,8 +258,9 @@ def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any]
 
 
 def render_readme(text: str, run: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
-    """``text`` with every marked part regenerated from the run."""
-    parts = readme_parts(run, meta)
+    """``text`` with every marked part regenerated from the run (compared with the run in
+    ``results/previous/``)."""
+    parts = readme_parts(run, meta, other_run(previous_dir(), meta))
 
     def fill(match: re.Match[str]) -> str:
         name = match.group(2)

@@ -29,4 +29,10 @@ def bullets(n: WriteFormats, p: Mapping[str, Any]) -> list[str]:
             f"{n.repack_index_bytes:,} B of index in {n.repack_index_seconds:.2f} s, "
             f"against {n.repack_parquet_bytes:,} B in {n.repack_parquet_seconds:.2f} s to "
             f"rewrite the bins as Parquet; bins identical: **{n.repack_identical}**.")
+    if n.prefix_repack_bytes is not None:
+        out.append(
+            f"The prefix path: the spool exported once as a Megatron prefix, "
+            f"{n.prefix_export_bytes:,} B in {n.prefix_export_seconds:.2f} s; a repack over it "
+            f"{n.prefix_repack_bytes:,} B of index in {n.prefix_repack_seconds:.2f} s; bins "
+            f"identical to the Parquet repack: **{n.prefix_repack_identical}**.")
     return out
