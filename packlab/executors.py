@@ -219,6 +219,7 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 _IN_JOB = [False]  # in a pool worker: whether a job is running
+_STOPPED = [False]  # in a pool worker: the parent asked the running job to stop
 STOP_JOB = signal.SIGUSR1
 
 
@@ -230,11 +231,26 @@ def _ignore_interrupt() -> None:
     its default, for the pool's own clean-up of a broken pool)."""
     def stop(signum: int, frame: Any) -> None:
         if _IN_JOB[0]:
+            _STOPPED[0] = True
             raise SystemExit(128 + signum)
 
+    def dropped(info: Any) -> None:
+        # the stop raised inside a finalizer or weakref callback, where Python prints it and
+        # drops it: the job's next check_stop() raises it again
+        if not (_STOPPED[0] and isinstance(info.exc_value, SystemExit)):
+            sys.__unraisablehook__(info)
+
+    sys.unraisablehook = dropped
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(STOP_JOB, stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def check_stop() -> None:
+    """In a pool worker's job, now and then: stop if the parent asked and the stop was dropped
+    (it arrived while Python ran a finalizer)."""
+    if _STOPPED[0]:
+        raise SystemExit(128 + STOP_JOB)
 
 
 def _stoppable(fn: Callable[..., T], job: tuple[Any, ...]) -> T:

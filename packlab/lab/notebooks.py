@@ -2,7 +2,10 @@
 
 ``python -m packlab.lab.notebooks run --scale default`` is what ``make run`` does. Scales:
 ``ci`` (each notebook's own ``parameters`` cell), ``default`` and ``full`` (the values in
-``notebooks/scales.json``, passed with papermill ``-p``). Every notebook of one ``run`` records
+``notebooks/scales.json``, passed with papermill ``-p``), and ``rfc`` (``make run SCALE=rfc``:
+the RFC's 13M sequences, only the notebooks that have that scale, under ``build/rfc/``, their
+output streamed to the terminal as it comes; ``record --scale rfc`` keeps it in
+``results/rfc/``). Every notebook of one ``run`` records
 the run's id beside its numbers, and the run's metadata (date, commit, machine, versions,
 timings) goes to ``build/results/run.json``.
 
@@ -26,14 +29,26 @@ from typing import Any
 
 from packlab.lab.results import RUN_ENV, build_dir, notebooks_dir
 
-SCALES = ("ci", "default", "full")
+SCALES = ("ci", "default", "full", "rfc")
+LONG = ("rfc",)  # scales run by notebooks that say so only, their outputs streamed
 
 
-def notebook_paths(only: list[str] | None = None) -> list[Path]:
+def notebook_paths(only: list[str] | None = None, scale: str | None = None) -> list[Path]:
+    """The notebooks (those ``only`` names by prefix); at a long scale, only the notebooks
+    that have one."""
     paths = sorted(notebooks_dir().glob("[0-9][0-9]_*.ipynb"))
     if only:
         paths = [p for p in paths if any(p.stem.startswith(o) for o in only)]
+    if scale in LONG:
+        table = json.loads((notebooks_dir() / "scales.json").read_text())
+        paths = [p for p in paths if scale in table.get(p.stem, {})]
     return paths
+
+
+def scale_build_dir(scale: str) -> Path:
+    """Where a run at ``scale`` writes: ``build/``, or ``build/<scale>/`` for a long scale
+    (its record is kept apart from the default run's, in ``results/<scale>/``)."""
+    return build_dir() / scale if scale in LONG else build_dir()
 
 
 def scale_parameters(name: str, scale: str) -> dict[str, Any]:
@@ -60,6 +75,7 @@ def execute(path: Path, scale: str, out_dir: Path) -> Path:
         kernel_name="python3",
         cwd=str(path.parent),
         progress_bar=False,
+        log_output=scale in LONG,  # a long run's stage lines reach the terminal as they come
     )
     return out
 
@@ -67,13 +83,15 @@ def execute(path: Path, scale: str, out_dir: Path) -> Path:
 def run(scale: str, only: list[str] | None = None) -> Path:
     from packlab.lab.summaries.record import RUN_FILE, keep_previous, new_run_id, run_metadata
 
+    if scale in LONG:  # the notebooks' kernels write there too
+        os.environ["PACKLAB_BUILD"] = str(scale_build_dir(scale))
     out_dir = build_dir() / "notebooks"
     results_dir = build_dir() / "results"
     if not only:  # a whole run: the one before it stays, to be compared with
         keep_previous(results_dir, build_dir() / "previous")
     run_id = os.environ[RUN_ENV] = new_run_id()
     timings: dict[str, float] = {}
-    for path in notebook_paths(only):
+    for path in notebook_paths(only, scale):
         began = time.perf_counter()
         print(f"[packlab] executing {path.name} at {scale} scale", flush=True)
         execute(path, scale, out_dir)
@@ -93,11 +111,12 @@ def report() -> Path:
     return index
 
 
-def record() -> None:
-    from packlab.lab.summaries.record import readme_path, record_run, update_readme
+def record(scale: str = "default") -> None:
+    from packlab.lab.summaries.record import readme_path, record_run, recorded_dir, update_readme
 
-    target = record_run()
-    print(f"[packlab] recorded {build_dir() / 'results'} into {target}")
+    source = scale_build_dir(scale) / "results"
+    target = record_run(source, recorded_dir(scale))
+    print(f"[packlab] recorded {source} into {target}")
     changed = update_readme()
     print(f"[packlab] {readme_path()}: {'regenerated' if changed else 'already up to date'}")
 
@@ -134,8 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     run_parser.add_argument("--scale", choices=SCALES, default="default")
     run_parser.add_argument("--only", nargs="*", help="notebook name prefixes, e.g. 02")
     sub.add_parser("report", help="render the report again from build/ (no execution)")
-    sub.add_parser("record", help="keep the last complete run in results/recorded/ and "
-                                  "regenerate the README's numbers from it")
+    record_parser = sub.add_parser(
+        "record", help="keep the last complete run in results/recorded/ (a run at --scale rfc: "
+                       "in results/rfc/) and regenerate the README's numbers from them")
+    record_parser.add_argument("--scale", choices=("default", *LONG), default="default")
     sub.add_parser("readme", help="regenerate the README's numbers from results/recorded/")
     sub.add_parser("normalize", help="rewrite notebooks/NN_*.ipynb in their committed form "
                                      "(no outputs, the metadata JupyterLab would add)")
@@ -150,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             run(args.scale, args.only)
         elif args.action == "compare":
             return compare(args.first, args.second)
+        elif args.action == "record":
+            record(args.scale)
         else:
             {"report": report, "record": record, "readme": readme,
              "normalize": normalize}[args.action]()

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.executors import run_jobs
+from packlab.executors import check_stop, run_jobs
 from packlab.files import TMP_MARKER, is_temporary, remove, sha256_file
 from packlab.formats import delete_shard, get_format, is_companion
 from packlab.interop.bridge_metadata import (
@@ -132,9 +132,11 @@ def write_shard(
             materializer = BinMaterializer(reader, part)
             for bin_id in range(stop - start):
                 writer.write_bin(bin_id, *materializer.materialize(bin_id))
-                if reporter is not None and (bin_id + 1) % REPORT_EVERY == 0:
-                    reporter.put(REPORT_EVERY)
-                    done += REPORT_EVERY
+                if (bin_id + 1) % REPORT_EVERY == 0:
+                    check_stop()
+                    if reporter is not None:
+                        reporter.put(REPORT_EVERY)
+                        done += REPORT_EVERY
         manifest = writer.finalize()
     if reporter is not None:
         reporter.put(stop - start - done)

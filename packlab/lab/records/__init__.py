@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from packlab.errors import PacklabError
+from packlab.lab.records.at_scale import AtScale
 from packlab.lab.records.base import Record
 from packlab.lab.records.cloud_storage import CloudStorage
 from packlab.lab.records.compression import Compression
@@ -28,14 +29,14 @@ from packlab.lab.records.training import Training
 from packlab.lab.records.write_formats import WriteFormats
 
 __all__ = [
-    "RECORDS", "CloudStorage", "Compression", "DuckdbQueries", "Packing", "PeakMemory", "Peers",
+    "RECORDS", "AtScale", "CloudStorage", "Compression", "DuckdbQueries", "Packing", "PeakMemory", "Peers",
     "RandomAccess", "Record", "ShardedLoading", "SyntheticSpools", "Training", "WriteFormats",
     "load", "of_run",
 ]
 
 RECORDS: dict[str, type[Record]] = {cls.NOTEBOOK: cls for cls in (
     SyntheticSpools, Packing, WriteFormats, PeakMemory, RandomAccess, Compression,
-    DuckdbQueries, ShardedLoading, CloudStorage, Training, Peers)}
+    DuckdbQueries, ShardedLoading, CloudStorage, Training, Peers, AtScale)}
 #: the key of a results file naming the record its numbers are
 KEY = "record"
 

@@ -41,9 +41,10 @@ VERSIONS = ("numpy", "pyarrow", "duckdb", "torch", "polars", "pandas")
 MARKER = re.compile(r"(<!-- packlab:([a-z0-9_-]+) -->)(.*?)(<!-- /packlab:\2 -->)", re.DOTALL)
 
 
-def recorded_dir() -> Path:
-    """``results/recorded/`` in the repository: the run the README quotes."""
-    return _root() / "results" / "recorded"
+def recorded_dir(scale: str = "default") -> Path:
+    """``results/recorded/`` in the repository: the run the README quotes; a long scale's
+    run in ``results/<scale>/`` (the scale run, beside it)."""
+    return _root() / "results" / ("recorded" if scale == "default" else scale)
 
 
 def previous_dir() -> Path:
@@ -181,7 +182,8 @@ def record_run(source: Path | None = None, target: Path | None = None) -> Path:
     source = Path(source) if source is not None else build_dir() / "results"
     target = Path(target) if target is not None else recorded_dir()
     _, meta = _complete(source)
-    keep_previous(target, target.with_name("previous"), unless=meta.get("run"))
+    if target == recorded_dir():  # the README's second whole run (a scale run has none)
+        keep_previous(target, previous_dir(), unless=meta.get("run"))
     _copy_run(source, target)
     return target
 
