@@ -215,12 +215,13 @@ def legacy_job(spool: str, pack_size: int, out: str, progress: str | None = None
     reader = SpoolReader(spool)
     assignment, _ = pack(reader.lengths, pack_size)
     materializer = BinMaterializer(reader, assignment)
-    report = Progress(progress, assignment.num_bins)
+    report = Progress(progress, assignment.num_bins, every=0.02)  # where it stops, closely
     report.update(0, force=True)  # its work begins: the cap counts from here
     with Writer(out, pack_size=pack_size) as writer:
         for b in range(assignment.num_bins):
             writer.write(materializer.materialize(b))
             report.update(b + 1)
+        report.update(assignment.num_bins, force=True)
     return {"bins": assignment.num_bins}
 
 
@@ -297,7 +298,7 @@ def scale_run(directory: str | os.PathLike[str], *, num_sequences: int,
         stage = run_stage("write legacy_npy_pickle", job="packlab.lab.measure.scale:legacy_job",
                           kwargs={"spool": str(spool), "pack_size": pack_size,
                                   "out": str(legacy)},
-                          tokens=tokens, cap_bytes=legacy_cap_bytes,
+                          tokens=tokens, cap_bytes=legacy_cap_bytes, interval=0.02,
                           disk=lambda: disk_usage(legacy) if legacy.exists() else 0)
         _keep(run, "write:legacy_npy_pickle", stage, log)
         run.seconds = time.perf_counter() - began
