@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -111,7 +110,6 @@ def write_shard(
     writes only its index (``write_assignment``). ``reporter`` (see
     :func:`packlab.progress.shared_counter`) hears how many bins are done, now and then.
     """
-    began = time.perf_counter()
     stop = start + part.num_bins
     reader = SpoolReader(spool)
     reader.verify_sequences(part.seq_indices)  # what this shard reads, before it is written
@@ -140,7 +138,7 @@ def write_shard(
         reporter.put(stop - start - done)
     return finish_receipt(out, format=format, bins=(start, stop),
                           num_tokens=int(manifest.get("num_tokens", writer.tokens_written)),
-                          pack_size=part.pack_size, began=began)
+                          pack_size=part.pack_size)
 
 
 def existing_shards(out_dir: Path) -> list[Path]:

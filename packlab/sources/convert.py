@@ -162,7 +162,6 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
         old = {s["name"] for s in before["shards"]} if before else set()
         write_dataset_record(dst, manifest)
         for shard, name, place in zip(source.shards, names, ranges, strict=True):
-            began = time.perf_counter()
             target = dst / name
             kept = reusable_receipt(target, format=format, bins=place,
                                     pack_size=manifest["pack_size"]) if same_job else None
@@ -175,7 +174,7 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
             row = _convert_one(shard, target, format, True, bar, place, format_options)
             receipts.append(finish_receipt(target, format=format, bins=place,
                                            num_tokens=row["num_tokens"],
-                                           pack_size=manifest["pack_size"], began=began))
+                                           pack_size=manifest["pack_size"]))
             rows.append(row)
         for stale in old - set(names):  # a larger earlier conversion's leftovers
             delete_shard(dst / stale)
