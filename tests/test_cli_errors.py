@@ -71,6 +71,10 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                          "packed_index", *pack) == 0  # replaced: another record in its place
     record = root / "swap" / "spool" / "manifest.json"
     record.write_text(json.dumps(json.loads(record.read_text()), indent=1))
+    for name in ("lonebin.bin", "lonemasks.masks.bin", "lonerecord.spool.json"):
+        (root / name).write_text("a person's file\n")  # beside no .idx: not a prefix's
+    assert run_cli_quiet("corpus", root / "indexed.jsonl", "--records", "3",
+                         "--index") == 0  # a chat JSONL with its line index beside it
     truncated = root / "truncated.pbin"  # a pbin shard cut inside its trailer
     truncated.write_bytes(sorted((root / "pb").glob("*.pbin"))[0].read_bytes()[:-30])
     return {"root": str(root), "spool": str(spool), "other": str(other), "refspool": str(ref),
@@ -86,7 +90,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
-            "nonutf8": str(root / os.fsdecode(b"bad\xffname"))}
+            "nonutf8": str(root / os.fsdecode(b"bad\xffname")),
+            "indexed": str(root / "indexed.jsonl")}
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -292,6 +297,30 @@ CASES = [
     (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
     (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
      ["end", "encodes to no token"]),
+    # issue 31: a prefix's other files are a person's unless packlab exported them
+    (["export", "{spool}", "{root}/lonebin"], ["{root}/lonebin.bin", "would replace it"]),
+    (["export", "{spool}", "{root}/lonebin", "--overwrite"], ["{root}/lonebin.bin",
+                                                             "would replace it"]),
+    (["export", "{spool}", "{root}/lonemasks", "--overwrite"],
+     ["{root}/lonemasks.masks.bin", "would replace it"]),
+    (["export", "{spool}", "{root}/lonerecord", "--overwrite"],
+     ["{root}/lonerecord.spool.json", "would replace it"]),
+    (["export", "{spool}", "{unrelated}", "--overwrite"], ["{unrelated}", "a folder",
+                                                          "{unrelated}/NAME"]),
+    # a JSONL with its line index beside it is a JSONL, not a Megatron prefix
+    (["pbin", "{indexed}", "{new}.pbin"], ["{indexed}: line 1", "no 'text'"]),
+    (["plan", "{indexed}", "--pack-size", "64"], ["{indexed}", "a file, not a spool",
+                                                  "packlab tokenize"]),
+    (["pack", "{indexed}", "{new}", *P], ["{indexed}", "a file, not a spool"]),
+    (["export", "{indexed}", "{new}"], ["{indexed}", "neither a spool"]),
+    (["export", "{chat}", "{new}"], ["{chat}", "neither a spool"]),
+    # a misspelt split, a memory limit too small for the views
+    (["pack", "{spool}", "{new}", *P, "--split", "train=0.9,vaild=0.1"],
+     ["split 'vaild'", "did you mean 'valid'"]),
+    (["pack", "{spool}", "{new}", *P, "--split", "trian=0.9,valid=0.1"], ["did you mean 'train'"]),
+    (["query", "SELECT 1", "--data", "{out}", "--memory-limit", "1KB"],
+     ["{out}", "ran out of memory", "--memory-limit 1KB"]),
+    (["query", "ATTACH '{root}/db.duckdb'", "--data", "{out}"], ["an ATTACH statement"]),
 ]
 
 
@@ -594,3 +623,33 @@ def test_the_local_s3_store_prints_help_instead_of_serving() -> None:
     refused = subprocess.run([*run, "--po", "9000"], capture_output=True, text=True, timeout=60,
                              env=env)
     assert refused.returncode == 2 and "unrecognized arguments: --po" in refused.stderr
+
+
+def test_a_jsonl_beside_its_line_index_is_read_as_jsonl(tmp_path, capsys) -> None:
+    """``documents.jsonl.idx`` (packlab's line index) beside ``documents.jsonl`` does not make
+    the JSONL a Megatron prefix: ``pbin`` writes the same file with the index as without."""
+    from packlab.jsonl_index import build_jsonl_index
+
+    docs = tmp_path / "documents.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document {i}: " + "words " * i}) + "\n"
+                            for i in range(20)))
+    code, _, err = run_cli(capsys, "pbin", docs, tmp_path / "plain.pbin", "--field", "text")
+    assert code == 0, err
+    build_jsonl_index(docs)
+    assert (tmp_path / "documents.jsonl.idx").is_file()
+    code, _, err = run_cli(capsys, "pbin", docs, tmp_path / "indexed.pbin", "--field", "text")
+    assert code == 0, err
+    assert (tmp_path / "indexed.pbin").read_bytes() == (tmp_path / "plain.pbin").read_bytes()
+
+
+def test_an_export_killed_before_its_idx_is_finished_by_the_same_command(tree, tmp_path,
+                                                                         capsys) -> None:
+    """An export publishes its ``.idx`` last: files it had published before a kill are its
+    own (its record lists them), so the same command, without ``--overwrite``, finishes it."""
+    prefix = tmp_path / "conversations"
+    assert run_cli(capsys, "export", tree["spool"], prefix)[0] == 0
+    whole = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    Path(f"{prefix}.idx").unlink()  # what a kill before the last rename leaves
+    code, _, err = run_cli(capsys, "export", tree["spool"], prefix)
+    assert code == 0, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == whole

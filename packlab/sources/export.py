@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from packlab.chat_masks import MarkerTokens
-from packlab.errors import FormatError
-from packlab.sources.outputs import output, spool_at
+from packlab.errors import FormatError, PacklabError
+from packlab.files import parse_json
+from packlab.sources.outputs import REFUSAL, output, spool_at
 from packlab.spool import SpoolReader
 from packlab.spool_export import export_spool
-from packlab.spool_prefix import PREFIX_VERSION, prefix_files
-from packlab.storage import is_remote, resolve, upload_file
+from packlab.spool_prefix import PREFIX_VERSION, SUFFIXES, prefix_files
+from packlab.storage import Location, is_remote, resolve, upload_file
 
 
 def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | None = None,
@@ -28,6 +29,7 @@ def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | Non
     """Export the spool (or Megatron prefix) at ``src`` as the prefix ``out``; its record,
     with ``path``. ``markers``: masks derived from the chat role markers (the only masks a
     prefix Megatron wrote has)."""
+    check_companions(out)
     reader = open_spool(str(src), markers)
     idx = f"{out}.idx"
     with output(idx, kind="file", overwrite=overwrite, recognise=is_exported_index,
@@ -49,6 +51,52 @@ def open_spool(src: str, markers: MarkerTokens | None = None) -> SpoolReader:
     if reader is None:
         raise FormatError(f"{src}: neither a spool (spool_v1) nor a Megatron .bin/.idx prefix")
     return reader if markers is None else SpoolReader(reader.path, markers=markers)
+
+
+def check_companions(out: str) -> None:
+    """Refuse a prefix whose files, other than its ``.idx`` (which :func:`output` guards),
+    are not a prefix packlab exported: a person's ``OUT.bin`` or ``OUT.spool.json`` is never
+    replaced, ``--overwrite`` or not; nor is a folder named ``OUT`` taken for a prefix (its
+    files would go beside it, not in it). An export killed before its ``.idx`` (the last file
+    it publishes) left files its record lists: they are its own, and the same command
+    finishes it."""
+    prefix = resolve(out)
+    if prefix.is_dir():
+        raise PacklabError(f"{out}: a folder; export writes the prefix's files beside a path, "
+                           f"not in it ({prefix.name}.bin, {prefix.name}.idx, ...): name one "
+                           f"inside it ({out.rstrip('/')}/NAME) or another path")
+    files = {key: resolve(f"{out}{suffix}") for key, suffix in SUFFIXES.items()}
+    if files["idx"].exists() and _exported_record(files["record"]) is not None:
+        return  # packlab's prefix: whether to replace it is --overwrite's (output() decides)
+    listed = _exported_record(files["record"]) or {}
+    for key in ("record", "bin", "masks"):
+        file = files[key]
+        if not file.exists() or (listed and _as_listed(file, listed)):
+            continue
+        raise PacklabError(f"{file}: exists, and exporting the prefix {prefix.name} would "
+                           f"replace it; {REFUSAL}")
+
+
+def _exported_record(record: Location) -> dict[str, Any] | None:
+    """The files a prefix's export record lists (the record itself included), or None when
+    ``record`` is no export record packlab wrote."""
+    try:
+        written = parse_json(record.read_bytes(), record) if record.is_file() else None
+    except (FormatError, OSError):
+        return None
+    if not isinstance(written, dict) or written.get("version") != PREFIX_VERSION or \
+            not isinstance(written.get("files"), dict):
+        return None
+    return {**written["files"], record.name: None}
+
+
+def _as_listed(file: Location, listed: dict[str, Any]) -> bool:
+    """``file`` is one its export record lists, with the size recorded (the record itself:
+    listed)."""
+    if file.name not in listed:
+        return False
+    entry = listed[file.name]
+    return entry is None or (isinstance(entry, dict) and entry.get("bytes") == file.size())
 
 
 def is_exported_index(path: Path) -> bool:

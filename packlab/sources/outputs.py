@@ -534,7 +534,8 @@ def _prefix_at(path: str) -> Path | None:
         return None if prefix is None or _a_shard(prefix_files(prefix)["idx"]) else prefix
     uri = path[:-4] if path.endswith((".bin", ".idx")) else path
     idx = resolve(f"{uri}.idx")
-    return download_prefix(uri) if idx.is_file() and not _a_shard(idx) else None
+    named = idx.is_file() and not resolve(uri).is_file()  # a file's .idx is its own (a JSONL's)
+    return download_prefix(uri) if named and not _a_shard(idx) else None
 
 
 def _a_shard(idx: Path | Location) -> bool:
