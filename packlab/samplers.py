@@ -9,6 +9,10 @@ Both are plain iterables of ``int`` with ``__len__`` and ``set_epoch`` (what
   groups), then shuffles bins within a window of a few blocks. Any ``window`` consecutive
   blocks' worth of steps touch at most ``window`` blocks, so a reader that caches a few decoded
   row groups decodes each one about once per epoch instead of once per bin.
+
+:func:`recommended_sampler` picks between them for a dataset, from its readers: a block
+shuffle over the shards' own blocks where a reader has them (its reads decode a whole block:
+Parquet's row groups), a uniform shuffle where any bin costs what any other does.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ def fixed_blocks(num_items: int, block_size: int) -> np.ndarray:
 class BlockShuffleSampler:
     """Shuffle blocks of consecutive items, then items within windows of ``window`` blocks.
 
-    ``boundaries`` (``int[num_blocks + 1]``, from 0 to ``num_items``) gives the blocks, e.g.
-    Parquet row groups across all shards; or pass ``block_size`` for equal blocks.
+    ``boundaries`` (``int[num_blocks + 1]``, from 0 to ``num_items``) gives the blocks, or
+    ``block_size`` equal ones; with neither, a :class:`~packlab.dataset.PackedDataset` gives
+    its own (:func:`dataset_blocks`: its shards' row groups, others cut into blocks of 1024).
     """
 
     def __init__(
@@ -76,8 +81,13 @@ class BlockShuffleSampler:
         seed: int = 0,
     ) -> None:
         n = num_items if isinstance(num_items, int) else len(num_items)
-        if (block_size is None) == (boundaries is None):
-            raise PacklabError("give exactly one of block_size= or boundaries=")
+        if block_size is not None and boundaries is not None:
+            raise PacklabError("give one of block_size= or boundaries=, not both")
+        if block_size is None and boundaries is None:
+            if isinstance(num_items, int):
+                raise PacklabError("a count of items has no blocks of its own: give "
+                                   "block_size= or boundaries= (a dataset gives its own)")
+            boundaries = dataset_blocks(num_items)
         if boundaries is None:
             assert block_size is not None
             bounds = fixed_blocks(n, block_size)
@@ -126,6 +136,26 @@ class BlockShuffleSampler:
 
     def __len__(self) -> int:
         return self.num_items
+
+
+def recommended_sampler(dataset: Sequence[object], *, seed: int = 0, shuffle: bool = True
+                        ) -> ShuffleSampler | BlockShuffleSampler:
+    """The sampler packlab recommends for ``dataset``: a :class:`BlockShuffleSampler` over
+    its shards' own blocks where a reader has them (its reads decode whole blocks, as
+    Parquet's row groups: a uniform shuffle would decode one for almost every bin), a uniform
+    :class:`ShuffleSampler` otherwise. ``shuffle=False``: every bin in order, which reads each
+    block once whatever the format. Call ``set_epoch(epoch)`` each epoch."""
+    if shuffle and has_own_blocks(dataset):
+        return BlockShuffleSampler(dataset, seed=seed)
+    return ShuffleSampler(dataset, seed=seed, shuffle=shuffle)
+
+
+def has_own_blocks(source: object) -> bool:
+    """Whether a dataset (any of its shard readers) or a reader reads in blocks of its own
+    (:func:`reader_blocks`)."""
+    readers = getattr(source, "readers", None)
+    return any(reader_blocks(r) is not None
+               for r in (readers() if callable(readers) else [source]))
 
 
 def dataset_blocks(dataset: object, *, default_block_size: int = 1024) -> np.ndarray:
