@@ -5,10 +5,12 @@ hidden temporary). Plus what a closed pipe does, in a real process."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -653,3 +655,30 @@ def test_an_export_killed_before_its_idx_is_finished_by_the_same_command(tree, t
     code, _, err = run_cli(capsys, "export", tree["spool"], prefix)
     assert code == 0, err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == whole
+
+
+def test_the_local_s3_store_outlives_the_shell_that_started_it(tmp_path) -> None:
+    """``python -m packlab.lab.s3server ... &`` (the README's step 1) from a shell that then
+    exits keeps serving until it is stopped (``kill``), as its help and the README say."""
+    import time
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    script = (f"{shlex.quote(sys.executable)} -m packlab.lab.s3server --bucket demo "
+              "> port.txt 2> told.txt & echo $! > pid.txt; "
+              "while ! grep -q PORT port.txt; do sleep 0.1; done")  # the shell exits once served
+    try:
+        subprocess.run(["sh", "-c", script], cwd=tmp_path, env=env, check=True, timeout=60)
+        pid = int((tmp_path / "pid.txt").read_text())
+        port = int((tmp_path / "port.txt").read_text().split()[1])
+        time.sleep(2)  # the shell is long gone: a server watching it would have exited
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_packlab/stats", timeout=10) as r:
+            assert r.status == 200
+        assert f"kill {pid}" in (tmp_path / "told.txt").read_text()
+    finally:
+        pid = int((tmp_path / "pid.txt").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 15)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
