@@ -77,6 +77,11 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         (root / name).write_text("a person's file\n")  # beside no .idx: not a prefix's
     assert run_cli_quiet("corpus", root / "indexed.jsonl", "--records", "3",
                          "--index") == 0  # a chat JSONL with its line index beside it
+    # a system's folders: outputs below a folder with files of its own, or five folders
+    # down, are nobody's run folder (read as one, ``validate /`` walked the whole disk)
+    shutil.copytree(root / "out", root / "system" / "etc" / "packlab" / "out")
+    (root / "system" / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
+    shutil.copytree(root / "out", root / "deep" / "a" / "b" / "c" / "d" / "out")
     truncated = root / "truncated.pbin"  # a pbin shard cut inside its trailer
     truncated.write_bytes(sorted((root / "pb").glob("*.pbin"))[0].read_bytes()[:-30])
     return {"root": str(root), "spool": str(spool), "other": str(other), "refspool": str(ref),
@@ -93,7 +98,8 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
             "nonutf8": str(root / os.fsdecode(b"bad\xffname")),
-            "indexed": str(root / "indexed.jsonl")}
+            "indexed": str(root / "indexed.jsonl"), "system": str(root / "system"),
+            "deep": str(root / "deep")}
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -323,6 +329,10 @@ CASES = [
     (["query", "SELECT 1", "--data", "{out}", "--memory-limit", "1KB"],
      ["{out}", "ran out of memory", "--memory-limit 1KB"]),
     (["query", "ATTACH '{root}/db.duckdb'", "--data", "{out}"], ["an ATTACH statement"]),
+    (["pack", "{spool}", "{new}", "--formt", "parquet", "--pack-size", "64"],
+     ["unrecognized arguments: --formt (did you mean --format?)"]),
+    (["validate", "{system}"], ["{system}/etc", "not a shard"]),
+    (["inspect", "{deep}"], ["{deep}/a", "not a shard"]),
 ]
 
 
@@ -682,3 +692,73 @@ def test_the_local_s3_store_outlives_the_shell_that_started_it(tmp_path) -> None
         deadline = time.monotonic() + 30
         while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
             time.sleep(0.1)
+
+
+def test_tokenize_on_a_terminal_draws_a_total_and_an_eta(tmp_path) -> None:
+    """The README's promise for ``tokenize``'s bar: records/s, the records to come, an ETA."""
+    from test_cli_safety import frames, on_a_terminal
+
+    chat = tmp_path / "chat.jsonl"
+    assert run_cli_quiet("corpus", chat, "--records", "3000") == 0
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    code, drawn = on_a_terminal(["tokenize", str(chat), str(tmp_path / "spool"), "--encoding",
+                                 "cl100k_base"], env)
+    assert code == 0, drawn
+    assert {total for _, total in frames(drawn)} == {"3.00k"}, drawn  # all, counted ahead
+    assert "records/s" in drawn and re.search(r"\[\d\d:\d\d<\d\d:\d\d", drawn), drawn
+
+
+def in_a_read_only_folder(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``packlab ARGV`` where ``folder`` cannot be written: a read-only mount in a mount
+    namespace of its own as root (root writes through permissions), a folder without write
+    permission otherwise."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "packlab.cli", *argv]
+    if os.geteuid() == 0:
+        command = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && '
+                   'shift && exec "$@"', str(folder), "-", *command]
+    else:
+        folder.chmod(0o555)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_folder_that_cannot_be_written_is_named_as_given(tree, tmp_path) -> None:
+    """Each writing command into a read-only folder: one line naming the path given (not a
+    hidden temporary, nor a one-file output's hidden record), exit 2, nothing left."""
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    for argv, named in [(["corpus", "{f}/c.jsonl", "--records", "5"], "{f}/c.jsonl"),
+                        (["synth", "{f}/s", "-n", "5"], "{f}/s"),
+                        (["pbin", tree["spool"], "{f}/x.pbin"], "{f}/x.pbin"),
+                        (["tokenize", tree["chat"], "{f}/t", "--encoding", "cl100k_base"],
+                         "{f}/t")]:
+        argv = [a.format(f=folder) for a in argv]
+        done = in_a_read_only_folder(folder, argv)
+        assert done.returncode == 2, done
+        assert done.stderr.strip().splitlines() == [
+            f"packlab {argv[0]}: error: {named.format(f=folder)}: "
+            f"{'Read-only file system' if os.geteuid() == 0 else 'Permission denied'}"]
+        assert list(folder.iterdir()) == []
+
+
+def test_a_resumed_pack_says_which_shards_it_kept_and_ends_as_an_uninterrupted_run(
+        tree, tmp_path, capsys) -> None:
+    """An interrupted one-output pack (its record still "writing", a shard not written), run
+    again: the shards it kept are marked ``(kept)``, counted as reused, and the output is byte
+    for byte the uninterrupted run's, receipts and records included."""
+    argv = ["pack", tree["spool"], str(tmp_path / "out"), "--format", PARQUET, "--pack-size",
+            "256", "--bins-per-shard", "5", "--workers", "1"]
+    assert run_cli(capsys, *argv)[0] == 0
+    whole = snapshot(tmp_path / "out")
+    record = tmp_path / "out" / DATASET_RECORD
+    record.write_text(json.dumps({**json.loads(record.read_text()), "state": "writing"}))
+    for lost in (tmp_path / "out").glob("shard_000001.parquet*"):
+        lost.unlink()  # the shard the interruption stopped, and its receipt
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("shard_")]
+    assert [line.endswith("(kept)") for line in lines[:3]] == [True, False, True], out
+    assert re.search(rf"^reused +{len(lines) - 1}$", out, flags=re.M), out
+    assert re.search(r"^written +1$", out, flags=re.M), out
+    assert snapshot(tmp_path / "out") == whole

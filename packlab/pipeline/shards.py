@@ -329,7 +329,8 @@ def write_shards(
     **format_options: Any,
 ) -> list[dict[str, Any]]:
     """Write every bin of ``assignment`` as shards of ``format`` under ``out_dir``; receipts in
-    shard order (with ``existing="reuse"`` each marked ``reused``: kept, or written now).
+    shard order, each marked ``reused`` (kept, or written now) with ``existing="reuse"`` and
+    wherever the run kept shards (the same job, interrupted, finished).
     ``existing``: see the module docstring. ``executor``
     runs the shard jobs in the local process pool (``"process"``) or as Ray tasks (``"ray"``, on
     a local cluster or the one at ``address``): the bytes are the same."""
@@ -337,6 +338,6 @@ def write_shards(
                        existing=existing, verify=verify, **format_options)
     receipts = write_planned([plan], workers, desc=f"write {format}", executor=executor,
                              address=address)[0]
-    if existing == "reuse":
+    if existing == "reuse" or plan.reused:
         return receipts
     return [{k: v for k, v in r.items() if k != "reused"} for r in receipts]
