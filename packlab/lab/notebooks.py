@@ -112,9 +112,8 @@ def normalize() -> None:
         print(f"[packlab] {path}: rewritten in its committed form")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from packlab.errors import PacklabError
-
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m packlab.lab.notebooks``'s arguments (the README's commands parse with it)."""
     parser = argparse.ArgumentParser(prog="python -m packlab.lab.notebooks")
     sub = parser.add_subparsers(dest="action", required=True)
     run_parser = sub.add_parser("run", help="execute notebooks and write the report")
@@ -126,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("readme", help="regenerate the README's numbers from results/recorded/")
     sub.add_parser("normalize", help="rewrite notebooks/NN_*.ipynb in their committed form "
                                      "(no outputs, the metadata JupyterLab would add)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from packlab.errors import PacklabError
+
+    args = build_parser().parse_args(argv)
     try:
         if args.action == "run":
             run(args.scale, args.only)
