@@ -332,6 +332,10 @@ CASES = [
     (["pack", "{spool}", "{new}", "--formt", "parquet", "--pack-size", "64"],
      ["unrecognized arguments: --formt (did you mean --format?)"]),
     (["validate", "{system}"], ["{system}/etc", "not a shard"]),
+    (["convert", "{out}", "{root}/all.parquet", "--format", PARQUET],
+     ["{root}/all.parquet", "a shard's name (.parquet)", "name a folder"]),
+    (["pack", "{spool}", "{new}", *P, "--split", "train=0.9;valid=0.1"], ["separate them with commas"]),
+    (["pack", "{spool}", "{spool}", "{new}", *P], ["'spool' twice", "--names"]),
     (["inspect", "{deep}"], ["{deep}/a", "not a shard"]),
 ]
 
@@ -762,3 +766,15 @@ def test_a_resumed_pack_says_which_shards_it_kept_and_ends_as_an_uninterrupted_r
     assert re.search(rf"^reused +{len(lines) - 1}$", out, flags=re.M), out
     assert re.search(r"^written +1$", out, flags=re.M), out
     assert snapshot(tmp_path / "out") == whole
+
+
+def test_export_takes_its_prefix_by_its_idx_or_bin_as_inputs_are_named(tree, tmp_path,
+                                                                       capsys) -> None:
+    """``export SPOOL conversations.idx`` writes the prefix ``conversations`` (its .bin, .idx,
+    sidecar and record), not ``conversations.idx.idx``."""
+    for name in ("by_idx.idx", "by_bin.bin"):
+        code, out, err = run_cli(capsys, "export", tree["spool"], tmp_path / name)
+        assert code == 0, err
+        stem = name.split(".")[0]
+        assert sorted(p.name for p in tmp_path.glob(f"{stem}*")) == [
+            f"{stem}.bin", f"{stem}.idx", f"{stem}.masks.bin", f"{stem}.spool.json"]

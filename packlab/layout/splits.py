@@ -47,6 +47,9 @@ def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
     if spec is None:
         spec = DEFAULT_SPLITS
     if isinstance(spec, str):
+        if ";" in spec:
+            raise PacklabError(f"splits {spec!r}: separate them with commas "
+                               "(train=0.98,valid=0.01,test=0.01)")
         pairs = []
         for part in (p.strip() for p in spec.split(",")):
             name, eq, value = part.partition("=")

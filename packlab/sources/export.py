@@ -26,9 +26,11 @@ from packlab.storage import Location, is_remote, resolve, upload_file
 
 def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | None = None,
            overwrite: bool = False) -> dict[str, Any]:
-    """Export the spool (or Megatron prefix) at ``src`` as the prefix ``out``; its record,
-    with ``path``. ``markers``: masks derived from the chat role markers (the only masks a
-    prefix Megatron wrote has)."""
+    """Export the spool (or Megatron prefix) at ``src`` as the prefix ``out`` (named by
+    itself, its ``.idx`` or its ``.bin``); its record, with ``path``. ``markers``: masks
+    derived from the chat role markers (the only masks a prefix Megatron wrote has)."""
+    if out.endswith((".bin", ".idx")) and not out.endswith(SUFFIXES["masks"]):
+        out = out[:-len(".idx")]  # OUT.idx or OUT.bin names the prefix OUT, as on the way in
     check_companions(out)
     reader = open_spool(str(src), markers)
     idx = f"{out}.idx"
