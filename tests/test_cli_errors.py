@@ -73,7 +73,7 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                          "packed_index", *pack) == 0  # replaced: another record in its place
     record = root / "swap" / "spool" / "manifest.json"
     record.write_text(json.dumps(json.loads(record.read_text()), indent=1))
-    for name in ("lonebin.bin", "lonemasks.masks.bin", "lonerecord.spool.json"):
+    for name in ("lonebin.bin", "lonemasks.masks.bin", "lonerecord.spool.json", "pair.sft.bin"):
         (root / name).write_text("a person's file\n")  # beside no .idx: not a prefix's
     assert run_cli_quiet("corpus", root / "indexed.jsonl", "--records", "3",
                          "--index") == 0  # a chat JSONL with its line index beside it
@@ -336,6 +336,8 @@ CASES = [
      ["{root}/all.parquet", "a shard's name (.parquet)", "name a folder"]),
     (["pack", "{spool}", "{new}", *P, "--split", "train=0.9;valid=0.1"], ["separate them with commas"]),
     (["pack", "{spool}", "{spool}", "{new}", *P], ["'spool' twice", "--names"]),
+    (["convert", "{out}/shard_000000.parquet", "{root}/pair.sft", "--format", "megatron_sft"],
+     ["{root}/pair.sft.bin", "would replace it"]),  # a pair named by its prefix
     (["inspect", "{deep}"], ["{deep}/a", "not a shard"]),
 ]
 
