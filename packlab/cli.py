@@ -124,9 +124,22 @@ class Parser(argparse.ArgumentParser):
         if unknown and (message.startswith("the following arguments are required")
                         or message.startswith("unrecognized arguments")):
             message = f"unrecognized arguments: {' '.join(unknown)}"  # the typo, not its effect
+        message = _INVALID_CHOICE.sub(_closest_choice, message)
         line = f"{self.prog}: error: {message} (see `{self.prog} -h`)"
         _USAGE_ERROR.append(line)
         self.exit(2, line + "\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from ([^)]*)\)")
+
+
+def _closest_choice(match: re.Match[str]) -> str:
+    """argparse's "invalid choice" with the choice the typo is closest to, when one is."""
+    import difflib
+
+    choices = re.findall(r"'([^']*)'", match.group(2))
+    close = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.6)
+    return match.group(0) + (f"; did you mean '{close[0]}'?" if close else "")
 
 
 @functools.cache

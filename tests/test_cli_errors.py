@@ -332,6 +332,9 @@ CASES = [
     (["pack", "{spool}", "{new}", "--formt", "parquet", "--pack-size", "64"],
      ["unrecognized arguments: --formt (did you mean --format?)"]),
     (["validate", "{system}"], ["{system}/etc", "not a shard"]),
+    (["pack", "{spool}", "{new}", "--format", "Parquet", "--pack-size", "64"],
+     ["unknown format 'Parquet'", "did you mean 'parquet'?"]),
+    (["query", "SELECT 1", "--data", "{out}", "--format", "jsn"], ["did you mean 'json'?"]),
     (["convert", "{out}", "{root}/all.parquet", "--format", PARQUET],
      ["{root}/all.parquet", "a shard's name (.parquet)", "name a folder"]),
     (["pack", "{spool}", "{new}", *P, "--split", "train=0.9;valid=0.1"], ["separate them with commas"]),
@@ -780,3 +783,13 @@ def test_export_takes_its_prefix_by_its_idx_or_bin_as_inputs_are_named(tree, tmp
         stem = name.split(".")[0]
         assert sorted(p.name for p in tmp_path.glob(f"{stem}*")) == [
             f"{stem}.bin", f"{stem}.idx", f"{stem}.masks.bin", f"{stem}.spool.json"]
+
+
+def test_a_misspelt_subcommand_is_named_with_the_one_it_is_closest_to(tree, capsys) -> None:
+    root = Path(tree["root"])
+    before = snapshot(root)
+    code, out, err = run_cli(capsys, "vaildate", tree["out"])
+    assert (code, out) == (2, "")
+    assert one_error_line(err, "invalid choice: 'vaildate'", "did you mean 'validate'?",
+                          prefix="packlab: error: argument COMMAND")
+    assert snapshot(root) == before
