@@ -15,7 +15,7 @@ where a prefix's columns are). Files, for ``PREFIX`` (a path without suffix)::
                       one document each
     PREFIX.masks.bin  packlab's sidecar: the spool's masks, uint8 per token, unshifted (a
                       spool's masks.bin byte for byte); Megatron-core never opens it
-    PREFIX.spool.json packlab's record, written last: counts, vocabulary, every file's bytes
+    PREFIX.spool.json packlab's record, published first: counts, vocabulary, every file's bytes
                       and sha256, where the spool came from
 
 A literal record::

@@ -75,8 +75,9 @@ def dataset_names(spools: Sequence[str | os.PathLike[str]],
                                    f"(no {LINK_SEPARATOR!r})")
     if len(set(picked)) != len(picked):
         twice = next(n for n in picked if picked.count(n) > 1)
-        raise PacklabError(f"dataset names {', '.join(picked)}: {twice!r} twice (the same "
-                           "spool given twice, or spools in folders of one name): give --names")
+        raise PacklabError(f"dataset names {', '.join(picked)} are not unique ({twice!r} "
+                           "twice: the same spool given twice, or spools in folders of one "
+                           "name): give --names")
     return picked
 
 

@@ -4,8 +4,8 @@ writing command writes (a URI is staged, then uploaded; ``--overwrite`` replaces
 packlab exported). The work is :func:`packlab.spool_export.export_spool`.
 
 The output is named by its prefix (``OUT`` for ``OUT.bin``/``OUT.idx``); its ``.idx`` is what
-``output`` guards and publishes, last: on object storage the ``.bin``, the mask sidecar and the
-record are uploaded first, then the ``.idx`` (the file megatron-core opens first).
+``output`` guards and publishes, last: on object storage the record, the ``.bin`` and the mask
+sidecar are uploaded first, then the ``.idx`` (the file megatron-core opens first).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | Non
         record = export_spool(reader, prefix, markers=markers, overwrite=True)
         if is_remote(idx):
             target = resolve(idx).parent
-            for key in ("bin", "masks", "record"):  # the .idx goes last, by output()
+            for key in ("record", "bin", "masks"):  # the .idx goes last, by output()
                 file = prefix_files(prefix)[key]
                 upload_file(file, target / file.name, overwrite=True)
     return {**record, "path": out}
@@ -59,46 +59,32 @@ def check_companions(out: str) -> None:
     """Refuse a prefix whose files, other than its ``.idx`` (which :func:`output` guards),
     are not a prefix packlab exported: a person's ``OUT.bin`` or ``OUT.spool.json`` is never
     replaced, ``--overwrite`` or not; nor is a folder named ``OUT`` taken for a prefix (its
-    files would go beside it, not in it). An export killed before its ``.idx`` (the last file
-    it publishes) left files its record lists: they are its own, and the same command
-    finishes it."""
+    files would go beside it, not in it). An export publishes its record first: files beside
+    it are the export's own, whole or as a killed export left them (the same command
+    finishes it)."""
     prefix = resolve(out)
     if prefix.is_dir():
         raise PacklabError(f"{out}: a folder; export writes the prefix's files beside a path, "
                            f"not in it ({prefix.name}.bin, {prefix.name}.idx, ...): name one "
                            f"inside it ({out.rstrip('/')}/NAME) or another path")
     files = {key: resolve(f"{out}{suffix}") for key, suffix in SUFFIXES.items()}
-    if files["idx"].exists() and _exported_record(files["record"]) is not None:
-        return  # packlab's prefix: whether to replace it is --overwrite's (output() decides)
-    listed = _exported_record(files["record"]) or {}
+    if _exported_record(files["record"], prefix.name):
+        return  # packlab's prefix, whole or as a killed export left it (its record first)
     for key in ("record", "bin", "masks"):
-        file = files[key]
-        if not file.exists() or (listed and _as_listed(file, listed)):
-            continue
-        raise PacklabError(f"{file}: exists, and exporting the prefix {prefix.name} would "
-                           f"replace it; {REFUSAL}")
+        if files[key].exists():
+            raise PacklabError(f"{files[key]}: exists, and exporting the prefix {prefix.name} "
+                               f"would replace it; {REFUSAL}")
 
 
-def _exported_record(record: Location) -> dict[str, Any] | None:
-    """The files a prefix's export record lists (the record itself included), or None when
-    ``record`` is no export record packlab wrote."""
+def _exported_record(record: Location, name: str) -> bool:
+    """Whether ``record`` is the record packlab's export of the prefix ``name`` publishes
+    before any other file of it."""
     try:
         written = parse_json(record.read_bytes(), record) if record.is_file() else None
     except (FormatError, OSError):
-        return None
-    if not isinstance(written, dict) or written.get("version") != PREFIX_VERSION or \
-            not isinstance(written.get("files"), dict):
-        return None
-    return {**written["files"], record.name: None}
-
-
-def _as_listed(file: Location, listed: dict[str, Any]) -> bool:
-    """``file`` is one its export record lists, with the size recorded (the record itself:
-    listed)."""
-    if file.name not in listed:
         return False
-    entry = listed[file.name]
-    return entry is None or (isinstance(entry, dict) and entry.get("bytes") == file.size())
+    return isinstance(written, dict) and written.get("version") == PREFIX_VERSION and \
+        written.get("prefix") == name
 
 
 def is_exported_index(path: Path) -> bool:
