@@ -95,10 +95,51 @@ class Parser(argparse.ArgumentParser):
                 f"unrecognized arguments: {' '.join(extras)}")
         return parsed
 
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def unknown_options(self) -> list[str]:
+        """The ``--options`` given to this parser that it does not have (a typo's), each
+        with the option it is closest to, when one is close (``--formt (did you mean
+        --format?)``)."""
+        import difflib
+
+        known = [o for action in self._actions for o in action.option_strings]
+        out = []
+        for token in getattr(self, "_given", []):
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if name.startswith("--") and name not in known:
+                close = sorted(o for o in known if o.startswith(name)) or \
+                    difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+                out.append(f"{token} (did you mean {' or '.join(close)}?)" if close else token)
+        return out
+
     def error(self, message: str) -> NoReturn:
+        unknown = self.unknown_options()
+        if unknown and (message.startswith("the following arguments are required")
+                        or message.startswith("unrecognized arguments")):
+            message = f"unrecognized arguments: {' '.join(unknown)}"  # the typo, not its effect
+        message = _INVALID_CHOICE.sub(_closest_choice, message)
         line = f"{self.prog}: error: {message} (see `{self.prog} -h`)"
         _USAGE_ERROR.append(line)
         self.exit(2, line + "\n")
+
+
+_INVALID_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from ([^)]*)\)")
+
+
+def _closest_choice(match: re.Match[str]) -> str:
+    """argparse's "invalid choice" with the choice the typo is closest to, when one is."""
+    import difflib
+
+    choices = re.findall(r"'([^']*)'", match.group(2))
+    close = difflib.get_close_matches(match.group(1), choices, n=1, cutoff=0.6)
+    return match.group(0) + (f"; did you mean '{close[0]}'?" if close else "")
 
 
 @functools.cache
@@ -175,8 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PacklabError as exc:
         return fail(2, f"error: {in_cli_words(one_line(exc))}")
     except OSError as exc:
-        name = exc.filename if exc.filename is not None else "(no file)"
-        return fail(2, f"error: {name}: {exc.strerror or one_line(exc)}")
+        return fail(2, f"error: {_named(exc.filename)}: {exc.strerror or one_line(exc)}")
     except KeyboardInterrupt:
         return fail(130, "interrupted (run the same command again to finish what it was "
                          "writing)" if getattr(args, "resumable", False) else "interrupted")
@@ -185,6 +225,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return fail(1, f"internal error: {type(exc).__name__}: {one_line(exc)[:300]} (a bug: "
                        "please report it; PACKLAB_DEBUG=1 shows the traceback)")
+
+
+def _named(filename: Any) -> str:
+    """The file an OS error names, as the user named it: a hidden temporary is the path it was
+    written for, a one-file output's record the output itself."""
+    if filename is None:
+        return "(no file)"
+    from pathlib import Path
+
+    from packlab.files import stands_for
+    from packlab.sources.file_records import recorded_file
+
+    return str(recorded_file(stands_for(Path(os.fsdecode(filename)))))
 
 
 def _silence_stdout() -> None:

@@ -348,22 +348,41 @@ def _manifest_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
     return entries
 
 
-def dataset_directories(path: Any) -> list[Any]:
+#: how deep below a run folder its outputs are: ``runs/<run_hash>/datasets/<name>/<config>``
+RUN_DEPTH = 4
+
+
+def dataset_directories(path: Any, *, depth: int = RUN_DEPTH) -> list[Any]:
     """The directories under ``path`` (itself included) that hold a dataset record, in path
     order, not looking inside them: a run folder (``OUT/runs/<run_hash>``), ``OUT/runs``, or
-    any folder of pack outputs. Spool folders and links are not followed; one-file shards are
-    known by name, without a request."""
+    any folder of pack outputs. At most ``depth`` folders down, and never into a folder that
+    holds a file of its own (a run folder's levels hold folders and records only): ``/`` or
+    ``/usr`` is refused at once, not walked. Spool folders and links are not followed;
+    one-file shards are known by name, without a request."""
     location = resolve(path)
     if (location / DATASET_RECORD).is_file():
         return [_named(location)]
+    if depth == 0:
+        return []
     suffixes = tuple(get_format(n).Reader.SUFFIX for n in _one_file_formats())
     found: list[Any] = []
     for child in location.iterdir():
         if _ignored(child) or child.name.endswith(suffixes) or child.is_link():
             continue
-        if child.is_dir() and not holds_spools(child):
-            found.extend(dataset_directories(child))
+        if child.is_dir() and (_leads_to_outputs(child) and not holds_spools(child)):
+            found.extend(dataset_directories(child, depth=depth - 1))
     return found
+
+
+def _leads_to_outputs(folder: Location) -> bool:
+    """A folder that may be, or lead to, a pack output: it has a dataset record, or holds
+    nothing but folders and ignored names (records, notes)."""
+    if (folder / DATASET_RECORD).is_file():
+        return True
+    try:
+        return all(_ignored(c) or c.is_dir() for c in folder.iterdir())
+    except FormatError:
+        return False  # a folder it may not read (``/proc``'s): no output of this user's
 
 
 def _one_file_formats() -> list[str]:

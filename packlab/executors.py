@@ -4,7 +4,7 @@
 :func:`packlab.pipeline.shards.write_shard`): everything arrives by value or by path, so the
 same job gives the same result in this process, a pool worker, a Ray task on this machine, or
 a Ray task on another machine that sees the same paths. Shards are identical byte for byte
-whichever runs them (the tests check it); only ``seconds`` in the receipts differs.
+whichever runs them, and so are their receipts (the tests check it).
 
 Ray: ``ray.init(num_cpus=workers, include_dashboard=False)`` with its temporary folder under
 the build folder (``build/ray``) and ``RAY_AUTH_MODE=disabled`` (else Ray writes a token into

@@ -55,6 +55,14 @@ def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and TMP_MARKER in path.name
 
 
+def stands_for(path: Path) -> Path:
+    """The path a temporary (:func:`temporary_sibling`) is written for; any other path as it
+    is. What a message names: the user's path, not ``.NAME.tmp-PID-XXXXXXXX``."""
+    if not is_temporary(path):
+        return path
+    return path.with_name(path.name[1:path.name.index(TMP_MARKER)])
+
+
 _OWNER = re.compile(re.escape(TMP_MARKER) + r"(\d+)-[0-9a-f]{8}")
 
 

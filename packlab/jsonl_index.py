@@ -66,6 +66,17 @@ def iter_jsonl_lines(path: str | os.PathLike[str]) -> Iterator[tuple[int, int, b
                 yield number, start, body
 
 
+def count_lines(path: str | os.PathLike[str]) -> int:
+    """The lines of a file (a last one without a terminator counts), read a megabyte at a
+    time."""
+    lines, last = 0, b"\n"
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            lines += chunk.count(b"\n")
+            last = chunk[-1:]
+    return lines + (last != b"\n")
+
+
 def parse_json_line(path: str | os.PathLike[str], line: int, raw: bytes) -> dict[str, Any]:
     """One JSONL record as a dict; any defect is a PacklabError naming file and line."""
     try:

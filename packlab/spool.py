@@ -510,6 +510,9 @@ def read_spool_record(path: Path) -> dict[str, Any]:
     """
     if not path.exists():
         raise FormatError(f"{path}: no such spool")
+    if path.is_file():
+        raise FormatError(f"{path}: a file, not a spool (a folder: `packlab tokenize CHAT.jsonl "
+                          "SPOOL` or `packlab synth SPOOL` writes one)")
     manifest_path = path / SPOOL_RECORD
     manifest = read_versioned_json(manifest_path, version=SPOOL_VERSION, kind="manifest",
                                    unreadable="unreadable manifest")

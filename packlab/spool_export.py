@@ -4,7 +4,8 @@ packlab's mask sidecar and record beside it: what Megatron-LM's ``SFTDataset`` r
 
 Streamed: sequences are copied a chunk at a time (memory: one chunk of tokens, whatever the
 spool's size); every file is written under a hidden temporary name and renamed into place, the
-mask sidecar and the record first and the ``.idx`` last (megatron-core opens the ``.idx``
+record first (so whatever of the prefix a killed export published is known for its own), then
+the ``.bin`` and the mask sidecar, and the ``.idx`` last (megatron-core opens the ``.idx``
 first: a prefix without its ``.idx`` is nothing, never half a prefix).
 """
 
@@ -98,7 +99,7 @@ def export_spool(spool: str | os.PathLike[str] | SpoolReader, prefix: str | os.P
             "follows": FOLLOWS,
         }
         write_record(temporary["record"], record)
-        for key in ("bin", "masks", "record", "idx"):  # the .idx last: the prefix's commit point
+        for key in ("record", "bin", "masks", "idx"):  # the .idx last: the prefix's commit point
             publish(temporary[key], files[key], overwrite=overwrite)
     finally:
         for file in temporary.values():

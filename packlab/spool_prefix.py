@@ -15,7 +15,7 @@ where a prefix's columns are). Files, for ``PREFIX`` (a path without suffix)::
                       one document each
     PREFIX.masks.bin  packlab's sidecar: the spool's masks, uint8 per token, unshifted (a
                       spool's masks.bin byte for byte); Megatron-core never opens it
-    PREFIX.spool.json packlab's record, written last: counts, vocabulary, every file's bytes
+    PREFIX.spool.json packlab's record, published first: counts, vocabulary, every file's bytes
                       and sha256, where the spool came from
 
 A literal record::
@@ -105,13 +105,14 @@ def prefix_files(prefix: Path) -> dict[str, Path]:
 
 def prefix_of(path: str | Path) -> Path | None:
     """The Megatron prefix ``path`` names (itself, or with ``.bin``/``.idx`` dropped) when its
-    ``.idx`` is a file, and ``path`` is not a spool folder; else None."""
+    ``.idx`` is a file, and ``path`` is not a spool folder; else None. A file is never a
+    prefix: ``chat.jsonl`` is a JSONL, and the ``chat.jsonl.idx`` beside it its line index."""
     path = Path(path)
     if path.is_dir() and ((path / DIRECTORY_RECORD).is_file() or (path / "tokens.bin").exists()):
         return None
     if path.suffix in (".bin", ".idx") and not path.name.endswith(SUFFIXES["masks"]):
         path = path.with_suffix("")
-    return path if prefix_files(path)["idx"].is_file() else None
+    return path if prefix_files(path)["idx"].is_file() and not path.is_file() else None
 
 
 def is_prefix_folder(names: set[str]) -> bool:

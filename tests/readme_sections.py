@@ -14,6 +14,42 @@ from packlab.cli import main
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
+#: the README's sections whose blocks a test runs as printed, and the test that runs them
+#: (a heading and everything under it, to the next heading of its level or above)
+RUN_BY = {
+    "### Integrity on read": "tests/test_readme_python.py",
+    "## Python": "tests/test_readme_python.py",
+    "## Object storage, step by step": "tests/test_readme_s3.py",
+    "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities":
+        "tests/test_readme_interop.py",
+    "## Megatron-Bridge and Megatron-LM, as of today": "tests/test_readme_interop.py",
+    "## Using packlab outputs with transformers and TRL": "tests/test_readme_hf.py",
+}
+#: the sections whose blocks are the repository's own ``make`` targets and notebook runner:
+#: ``make test`` is this suite and ``make run`` half an hour, so a test checks that each
+#: command names what exists (``tests/test_readme_blocks.py``) instead of running it
+REPOSITORY_COMMANDS = ("## Two commands", "### Scales", "## Findings")
+
+
+def fenced_blocks() -> list[tuple[list[str], str, str]]:
+    """Every fenced block of the README: the headings it is under (outermost first), its
+    language (``""`` for a block of text: a diagram, a synopsis, a tree) and its code."""
+    headings: list[str] = []
+    out = []
+    lines = README.read_text().splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            headings = [h for h in headings if len(h) - len(h.lstrip("#")) < level] + [line]
+        elif line.startswith("```"):
+            end = next(k for k in range(i + 1, len(lines)) if lines[k] == "```")
+            out.append((list(headings), line[3:].strip(), "\n".join(lines[i + 1:end])))
+            i = end
+        i += 1
+    return out
+
 
 def section_blocks(title: str) -> list[tuple[str, str]]:
     """``(language, code)`` of every fenced block of the section ``title``, in order."""

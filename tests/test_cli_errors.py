@@ -5,10 +5,12 @@ hidden temporary). Plus what a closed pipe does, in a real process."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -71,6 +73,15 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                          "packed_index", *pack) == 0  # replaced: another record in its place
     record = root / "swap" / "spool" / "manifest.json"
     record.write_text(json.dumps(json.loads(record.read_text()), indent=1))
+    for name in ("lonebin.bin", "lonemasks.masks.bin", "lonerecord.spool.json", "pair.sft.bin"):
+        (root / name).write_text("a person's file\n")  # beside no .idx: not a prefix's
+    assert run_cli_quiet("corpus", root / "indexed.jsonl", "--records", "3",
+                         "--index") == 0  # a chat JSONL with its line index beside it
+    # a system's folders: outputs below a folder with files of its own, or five folders
+    # down, are nobody's run folder (read as one, ``validate /`` walked the whole disk)
+    shutil.copytree(root / "out", root / "system" / "etc" / "packlab" / "out")
+    (root / "system" / "etc" / "hosts").write_text("127.0.0.1 localhost\n")
+    shutil.copytree(root / "out", root / "deep" / "a" / "b" / "c" / "d" / "out")
     truncated = root / "truncated.pbin"  # a pbin shard cut inside its trailer
     truncated.write_bytes(sorted((root / "pb").glob("*.pbin"))[0].read_bytes()[:-30])
     return {"root": str(root), "spool": str(spool), "other": str(other), "refspool": str(ref),
@@ -86,7 +97,9 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "pbinfile": str(root / "chat.pbin"), "mydocs": str(root / "mydocs.jsonl"),
             "flipped_spool": str(root / "flipped_spool"), "flipped_out": str(root / "flipped_out"),
             "converting": str(root / "converting"), "truncated": str(truncated),
-            "nonutf8": str(root / os.fsdecode(b"bad\xffname"))}
+            "nonutf8": str(root / os.fsdecode(b"bad\xffname")),
+            "indexed": str(root / "indexed.jsonl"), "system": str(root / "system"),
+            "deep": str(root / "deep")}
 
 
 def _flip(path: Path, offset: int) -> None:
@@ -292,6 +305,43 @@ CASES = [
     (["export", "{spool}", "{new}", "--chat-markers", "{file}"], ["{file}"]),
     (["export", "{spool}", "{new}", "--chat-markers", "cl100k_base", "--marker", "end="],
      ["end", "encodes to no token"]),
+    # issue 31: a prefix's other files are a person's unless packlab exported them
+    (["export", "{spool}", "{root}/lonebin"], ["{root}/lonebin.bin", "would replace it"]),
+    (["export", "{spool}", "{root}/lonebin", "--overwrite"], ["{root}/lonebin.bin",
+                                                             "would replace it"]),
+    (["export", "{spool}", "{root}/lonemasks", "--overwrite"],
+     ["{root}/lonemasks.masks.bin", "would replace it"]),
+    (["export", "{spool}", "{root}/lonerecord", "--overwrite"],
+     ["{root}/lonerecord.spool.json", "would replace it"]),
+    (["export", "{spool}", "{unrelated}", "--overwrite"], ["{unrelated}", "a folder",
+                                                          "{unrelated}/NAME"]),
+    # a JSONL with its line index beside it is a JSONL, not a Megatron prefix
+    (["pbin", "{indexed}", "{new}.pbin"], ["{indexed}: line 1", "no 'text'"]),
+    (["plan", "{indexed}", "--pack-size", "64"], ["{indexed}", "a file, not a spool",
+                                                  "packlab tokenize"]),
+    (["pack", "{indexed}", "{new}", *P], ["{indexed}", "a file, not a spool"]),
+    (["export", "{indexed}", "{new}"], ["{indexed}", "neither a spool"]),
+    (["export", "{chat}", "{new}"], ["{chat}", "neither a spool"]),
+    # a misspelt split, a memory limit too small for the views
+    (["pack", "{spool}", "{new}", *P, "--split", "train=0.9,vaild=0.1"],
+     ["split 'vaild'", "did you mean 'valid'"]),
+    (["pack", "{spool}", "{new}", *P, "--split", "trian=0.9,valid=0.1"], ["did you mean 'train'"]),
+    (["query", "SELECT 1", "--data", "{out}", "--memory-limit", "1KB"],
+     ["{out}", "ran out of memory", "--memory-limit 1KB"]),
+    (["query", "ATTACH '{root}/db.duckdb'", "--data", "{out}"], ["an ATTACH statement"]),
+    (["pack", "{spool}", "{new}", "--formt", "parquet", "--pack-size", "64"],
+     ["unrecognized arguments: --formt (did you mean --format?)"]),
+    (["validate", "{system}"], ["{system}/etc", "not a shard"]),
+    (["pack", "{spool}", "{new}", "--format", "Parquet", "--pack-size", "64"],
+     ["unknown format 'Parquet'", "did you mean 'parquet'?"]),
+    (["query", "SELECT 1", "--data", "{out}", "--format", "jsn"], ["did you mean 'json'?"]),
+    (["convert", "{out}", "{root}/all.parquet", "--format", PARQUET],
+     ["{root}/all.parquet", "a shard's name (.parquet)", "name a folder"]),
+    (["pack", "{spool}", "{new}", *P, "--split", "train=0.9;valid=0.1"], ["separate them with commas"]),
+    (["pack", "{spool}", "{spool}", "{new}", *P], ["'spool' twice", "--names"]),
+    (["convert", "{out}/shard_000000.parquet", "{root}/pair.sft", "--format", "megatron_sft"],
+     ["{root}/pair.sft.bin", "would replace it"]),  # a pair named by its prefix
+    (["inspect", "{deep}"], ["{deep}/a", "not a shard"]),
 ]
 
 
@@ -594,3 +644,152 @@ def test_the_local_s3_store_prints_help_instead_of_serving() -> None:
     refused = subprocess.run([*run, "--po", "9000"], capture_output=True, text=True, timeout=60,
                              env=env)
     assert refused.returncode == 2 and "unrecognized arguments: --po" in refused.stderr
+
+
+def test_a_jsonl_beside_its_line_index_is_read_as_jsonl(tmp_path, capsys) -> None:
+    """``documents.jsonl.idx`` (packlab's line index) beside ``documents.jsonl`` does not make
+    the JSONL a Megatron prefix: ``pbin`` writes the same file with the index as without."""
+    from packlab.jsonl_index import build_jsonl_index
+
+    docs = tmp_path / "documents.jsonl"
+    docs.write_text("".join(json.dumps({"text": f"document {i}: " + "words " * i}) + "\n"
+                            for i in range(20)))
+    code, _, err = run_cli(capsys, "pbin", docs, tmp_path / "plain.pbin", "--field", "text")
+    assert code == 0, err
+    build_jsonl_index(docs)
+    assert (tmp_path / "documents.jsonl.idx").is_file()
+    code, _, err = run_cli(capsys, "pbin", docs, tmp_path / "indexed.pbin", "--field", "text")
+    assert code == 0, err
+    assert (tmp_path / "indexed.pbin").read_bytes() == (tmp_path / "plain.pbin").read_bytes()
+
+
+def test_an_export_killed_before_its_idx_is_finished_by_the_same_command(tree, tmp_path,
+                                                                         capsys) -> None:
+    """An export publishes its ``.idx`` last: files it had published before a kill are its
+    own (its record lists them), so the same command, without ``--overwrite``, finishes it."""
+    prefix = tmp_path / "conversations"
+    assert run_cli(capsys, "export", tree["spool"], prefix)[0] == 0
+    whole = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    Path(f"{prefix}.idx").unlink()  # what a kill before the last rename leaves
+    code, _, err = run_cli(capsys, "export", tree["spool"], prefix)
+    assert code == 0, err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == whole
+
+
+def test_the_local_s3_store_outlives_the_shell_that_started_it(tmp_path) -> None:
+    """``python -m packlab.lab.s3server ... &`` (the README's step 1) from a shell that then
+    exits keeps serving until it is stopped (``kill``), as its help and the README say."""
+    import time
+    import urllib.request
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    script = (f"{shlex.quote(sys.executable)} -m packlab.lab.s3server --bucket demo "
+              "> port.txt 2> told.txt & echo $! > pid.txt; "
+              "while ! grep -q PORT port.txt; do sleep 0.1; done")  # the shell exits once served
+    try:
+        subprocess.run(["sh", "-c", script], cwd=tmp_path, env=env, check=True, timeout=60)
+        pid = int((tmp_path / "pid.txt").read_text())
+        port = int((tmp_path / "port.txt").read_text().split()[1])
+        time.sleep(2)  # the shell is long gone: a server watching it would have exited
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/_packlab/stats", timeout=10) as r:
+            assert r.status == 200
+        assert f"kill {pid}" in (tmp_path / "told.txt").read_text()
+    finally:
+        pid = int((tmp_path / "pid.txt").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 15)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+
+def test_tokenize_on_a_terminal_draws_a_total_and_an_eta(tmp_path) -> None:
+    """The README's promise for ``tokenize``'s bar: records/s, the records to come, an ETA."""
+    from test_cli_safety import frames, on_a_terminal
+
+    chat = tmp_path / "chat.jsonl"
+    assert run_cli_quiet("corpus", chat, "--records", "3000") == 0
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    code, drawn = on_a_terminal(["tokenize", str(chat), str(tmp_path / "spool"), "--encoding",
+                                 "cl100k_base"], env)
+    assert code == 0, drawn
+    assert {total for _, total in frames(drawn)} == {"3.00k"}, drawn  # all, counted ahead
+    assert "records/s" in drawn and re.search(r"\[\d\d:\d\d<\d\d:\d\d", drawn), drawn
+
+
+def in_a_read_only_folder(folder: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``packlab ARGV`` where ``folder`` cannot be written: a read-only mount in a mount
+    namespace of its own as root (root writes through permissions), a folder without write
+    permission otherwise."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    command = [sys.executable, "-m", "packlab.cli", *argv]
+    if os.geteuid() == 0:
+        command = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o ro tmpfs "$0" && '
+                   'shift && exec "$@"', str(folder), "-", *command]
+    else:
+        folder.chmod(0o555)
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_folder_that_cannot_be_written_is_named_as_given(tree, tmp_path) -> None:
+    """Each writing command into a read-only folder: one line naming the path given (not a
+    hidden temporary, nor a one-file output's hidden record), exit 2, nothing left."""
+    folder = tmp_path / "readonly"
+    folder.mkdir()
+    for argv, named in [(["corpus", "{f}/c.jsonl", "--records", "5"], "{f}/c.jsonl"),
+                        (["synth", "{f}/s", "-n", "5"], "{f}/s"),
+                        (["pbin", tree["spool"], "{f}/x.pbin"], "{f}/x.pbin"),
+                        (["tokenize", tree["chat"], "{f}/t", "--encoding", "cl100k_base"],
+                         "{f}/t")]:
+        argv = [a.format(f=folder) for a in argv]
+        done = in_a_read_only_folder(folder, argv)
+        assert done.returncode == 2, done
+        assert done.stderr.strip().splitlines() == [
+            f"packlab {argv[0]}: error: {named.format(f=folder)}: "
+            f"{'Read-only file system' if os.geteuid() == 0 else 'Permission denied'}"]
+        assert list(folder.iterdir()) == []
+
+
+def test_a_resumed_pack_says_which_shards_it_kept_and_ends_as_an_uninterrupted_run(
+        tree, tmp_path, capsys) -> None:
+    """An interrupted one-output pack (its record still "writing", a shard not written), run
+    again: the shards it kept are marked ``(kept)``, counted as reused, and the output is byte
+    for byte the uninterrupted run's, receipts and records included."""
+    argv = ["pack", tree["spool"], str(tmp_path / "out"), "--format", PARQUET, "--pack-size",
+            "256", "--bins-per-shard", "5", "--workers", "1"]
+    assert run_cli(capsys, *argv)[0] == 0
+    whole = snapshot(tmp_path / "out")
+    record = tmp_path / "out" / DATASET_RECORD
+    record.write_text(json.dumps({**json.loads(record.read_text()), "state": "writing"}))
+    for lost in (tmp_path / "out").glob("shard_000001.parquet*"):
+        lost.unlink()  # the shard the interruption stopped, and its receipt
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("shard_")]
+    assert [line.endswith("(kept)") for line in lines[:3]] == [True, False, True], out
+    assert re.search(rf"^reused +{len(lines) - 1}$", out, flags=re.M), out
+    assert re.search(r"^written +1$", out, flags=re.M), out
+    assert snapshot(tmp_path / "out") == whole
+
+
+def test_export_takes_its_prefix_by_its_idx_or_bin_as_inputs_are_named(tree, tmp_path,
+                                                                       capsys) -> None:
+    """``export SPOOL conversations.idx`` writes the prefix ``conversations`` (its .bin, .idx,
+    sidecar and record), not ``conversations.idx.idx``."""
+    for name in ("by_idx.idx", "by_bin.bin"):
+        code, out, err = run_cli(capsys, "export", tree["spool"], tmp_path / name)
+        assert code == 0, err
+        stem = name.split(".")[0]
+        assert sorted(p.name for p in tmp_path.glob(f"{stem}*")) == [
+            f"{stem}.bin", f"{stem}.idx", f"{stem}.masks.bin", f"{stem}.spool.json"]
+
+
+def test_a_misspelt_subcommand_is_named_with_the_one_it_is_closest_to(tree, capsys) -> None:
+    root = Path(tree["root"])
+    before = snapshot(root)
+    code, out, err = run_cli(capsys, "vaildate", tree["out"])
+    assert (code, out) == (2, "")
+    assert one_error_line(err, "invalid choice: 'vaildate'", "did you mean 'validate'?",
+                          prefix="packlab: error: argument COMMAND")
+    assert snapshot(root) == before

@@ -30,17 +30,14 @@ FLAT = ["--pack-size", "256", "--bins-per-shard", "12", "--workers", "2"]
 
 
 def tree(directory: Path) -> dict[str, object]:
-    """Every entry's content (links by target; receipts without their timing)."""
+    """Every entry's content, receipts included (links by target)."""
     out: dict[str, object] = {}
     for path in sorted(directory.rglob("*")):
         key = str(path.relative_to(directory))
         if path.is_symlink():
             out[key] = os.readlink(path)
         elif path.is_file():
-            data = path.read_bytes()
-            if path.name.endswith(".receipt.json"):
-                data = {k: v for k, v in json.loads(data).items() if k != "seconds"}
-            out[key] = data
+            out[key] = path.read_bytes()
     return out
 
 

@@ -20,7 +20,12 @@ from packlab.formats import format_names
 from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
 from packlab.pipeline.shards import write_shards
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler, dataset_blocks
+from packlab.samplers import (
+    BlockShuffleSampler,
+    ShuffleSampler,
+    dataset_blocks,
+    recommended_sampler,
+)
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()
@@ -274,9 +279,41 @@ def test_block_shuffle_decodes_each_parquet_row_group_once_per_epoch(packed, tmp
     assert sum(r.cache_stats()["misses"] for r in uniform.readers()) > 1.5 * num_groups
 
 
+def test_the_recommended_sampler_is_one_call_from_the_dataset(packed, shard_dirs,
+                                                              tmp_path) -> None:
+    """``recommended_sampler(dataset)``: over Parquet, a block shuffle over its own row groups
+    (``BlockShuffleSampler(dataset)`` gives the same), decoding each row group once an epoch;
+    over a format whose every bin costs the same, a uniform shuffle; never a format's name."""
+    spool, assignment, digests = packed
+    out = tmp_path / "pq"
+    write_shards(spool, assignment, out, format="parquet", bins_per_shard=30, workers=1,
+                 row_group_size=4)
+    ds = open_dataset(out, cache_row_groups=3)
+    sampler = recommended_sampler(ds, seed=2)
+    assert isinstance(sampler, BlockShuffleSampler) and len(sampler) == len(ds)
+    assert sampler.boundaries.tolist() == dataset_blocks(ds).tolist()
+    assert list(BlockShuffleSampler(ds, seed=2)) == list(sampler)
+    groups = sum(r.num_row_groups for r in ds.readers())
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        assert Counter(digests_of(ds, list(sampler))) == Counter(digests)
+        misses = sum(r.cache_stats()["misses"] for r in ds.readers())
+        assert misses <= (epoch + 1) * groups  # each row group decoded at most once an epoch
+    assert misses > groups  # the second epoch decoded again, in another order
+    in_order = recommended_sampler(ds, shuffle=False)
+    assert list(in_order) == list(range(len(ds)))
+    for name in FORMATS:
+        if name != "parquet":
+            other = open_dataset(shard_dirs[name])
+            uniform = recommended_sampler(other, seed=2)
+            assert type(uniform) is ShuffleSampler and sorted(uniform) == list(range(len(other)))
+
+
 def test_sampler_argument_errors() -> None:
-    with pytest.raises(PacklabError, match="exactly one"):
+    with pytest.raises(PacklabError, match="a count of items has no blocks of its own"):
         BlockShuffleSampler(10)
+    with pytest.raises(PacklabError, match="not both"):
+        BlockShuffleSampler(10, block_size=2, boundaries=[0, 10])
     with pytest.raises(PacklabError, match="from 0 to 10"):
         BlockShuffleSampler(10, boundaries=[0, 5, 9])
     with pytest.raises(PacklabError, match="window"):

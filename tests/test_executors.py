@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 from pathlib import Path
 
 import pytest
@@ -24,16 +23,9 @@ pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 
 
 def tree(directory: Path) -> dict[str, bytes]:
-    """Every file under ``directory`` (receipts without their timing) by relative name."""
-    out = {}
-    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-        data = path.read_bytes()
-        if path.name.endswith(".receipt.json"):
-            receipt = json.loads(data)
-            receipt.pop("seconds")
-            data = json.dumps(receipt, sort_keys=True).encode()
-        out[str(path.relative_to(directory))] = data
-    return out
+    """Every file under ``directory``, receipts included, by relative name."""
+    return {str(path.relative_to(directory)): path.read_bytes()
+            for path in sorted(p for p in directory.rglob("*") if p.is_file())}
 
 
 def assert_ray_listens_on_loopback_only(session: object) -> None:

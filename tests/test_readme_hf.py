@@ -1,8 +1,7 @@
 """README, "Using packlab outputs with transformers and TRL": every block of that section runs,
 in order, exactly as written (``packlab`` commands line by line, Python blocks in one
-namespace), in a scratch directory. ``tokenizer`` is a tokenizer over the synthetic
-vocabulary's ids (:func:`packlab.lab.train.hf_model.id_tokenizer`: built here, nothing
-downloaded), standing for the reader's own."""
+namespace), from an empty scratch directory; its ``tokenizer`` is the one the section builds
+(:func:`packlab.lab.train.hf_model.id_tokenizer`, nothing downloaded)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,10 @@ TITLE = "## Using packlab outputs with transformers and TRL"
 
 def test_the_section_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    namespace = {"tokenizer": id_tokenizer(1024)}
+    namespace: dict[str, object] = {}
     python_blocks, commands = run_section(TITLE, namespace)
     assert (python_blocks, commands) == (3, 2)
     for trainer in (namespace["trainer"], namespace["sft"]):
         assert trainer.state.global_step == 2
         assert math.isfinite(trainer.state.log_history[-1]["train_loss"])
+    assert namespace["tokenizer"].get_vocab() == id_tokenizer(1024).get_vocab()

@@ -162,6 +162,8 @@ def show_flat(args: argparse.Namespace, plan: dict[str, Any],
         "num_bins": sum(r["num_bins"] for r in receipts),
         "num_tokens": sum(r["num_tokens"] for r in receipts),
         "bytes": sum(r["bytes"] for r in receipts),
+        "reused": sum(bool(r.get("reused")) for r in receipts),  # kept from an interrupted run
+        "written": sum(not r.get("reused") for r in receipts),
     }
     if args.json:
         emit_json({"plan": plan, "written": written, "shards": receipts, "warnings": warnings})
@@ -172,14 +174,17 @@ def show_flat(args: argparse.Namespace, plan: dict[str, Any],
     print()
     shown = receipts if len(receipts) <= SHOWN else receipts[: SHOWN - 1]
     for r in shown:
-        print(f"{r['shard']}  bins {r['bins'][0]}..{r['bins'][1] - 1}  "
-              f"{r['num_tokens']:,} tokens  {r['bytes']:,} B")
+        print(shard_line(r))
     if len(shown) < len(receipts):
-        last = receipts[-1]
-        print(f"... {len(receipts) - len(shown) - 1} more ...\n{last['shard']}  bins "
-              f"{last['bins'][0]}..{last['bins'][1] - 1}  {last['num_tokens']:,} tokens  "
-              f"{last['bytes']:,} B")
+        print(f"... {len(receipts) - len(shown) - 1} more ...\n{shard_line(receipts[-1])}")
     return 0
+
+
+def shard_line(receipt: dict[str, Any]) -> str:
+    """One shard as ``pack`` lists it; ``(kept)``: an interrupted run had written it whole."""
+    kept = "  (kept)" if receipt.get("reused") else ""
+    return (f"{receipt['shard']}  bins {receipt['bins'][0]}..{receipt['bins'][1] - 1}  "
+            f"{receipt['num_tokens']:,} tokens  {receipt['bytes']:,} B{kept}")
 
 
 def run_layout(args: argparse.Namespace, spools: list[Any], out: Any) -> dict[str, Any]:

@@ -64,8 +64,11 @@ def _load(name: str, *, required: bool = True) -> ModuleType | None:
     try:
         return importlib.import_module(_MODULES[name])
     except KeyError:
+        import difflib
+
+        close = difflib.get_close_matches(str(name).lower(), format_names(), n=1, cutoff=0.6)
         raise PacklabError(f"unknown format {name!r}; choose from {', '.join(format_names())}"
-                           ) from None
+                           + (f" (did you mean {close[0]!r}?)" if close else "")) from None
     except ModuleNotFoundError as exc:
         if exc.name == _MODULES[name] and not required:
             return None

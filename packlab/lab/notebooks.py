@@ -144,9 +144,8 @@ def normalize() -> None:
         print(f"[packlab] {path}: rewritten in its committed form")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from packlab.errors import PacklabError
-
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m packlab.lab.notebooks``'s arguments (the README's commands parse with it)."""
     parser = argparse.ArgumentParser(prog="python -m packlab.lab.notebooks")
     sub = parser.add_subparsers(dest="action", required=True)
     run_parser = sub.add_parser("run", help="execute notebooks and write the report")
@@ -165,7 +164,13 @@ def main(argv: list[str] | None = None) -> int:
                         "build/results); exit 1 when any use case differs")
     compare_parser.add_argument("first")
     compare_parser.add_argument("second")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from packlab.errors import PacklabError
+
+    args = build_parser().parse_args(argv)
     try:
         if args.action == "run":
             run(args.scale, args.only)

@@ -25,8 +25,10 @@ so two servers never race for a port. ``S3Server.configure()`` (done by ``start`
 
 Run by hand (``python -m packlab.lab.s3server --help``): ``--port`` and ``--bucket`` to try
 packlab's ``s3://`` paths against a store on this machine; it prints ``PORT <n>``, then on
-stderr the environment another shell needs, and serves until interrupted (README, "Object
-storage, step by step").
+stderr the environment another shell needs, and serves until it is stopped (Ctrl-C, a
+signal), whatever becomes of the shell that started it (README, "Object storage, step by
+step"). A server :class:`S3Server` starts (``--exit-with-parent``) exits with the process
+that started it instead: a killed test or kernel leaves no server behind.
 """
 
 from __future__ import annotations
@@ -150,9 +152,11 @@ class CountingMiddleware:
 
 
 def serve(host: str = HOST, port: int = 0, buckets: Iterable[str] = (),
-          on_ready: Callable[[int], None] | None = None) -> None:
+          on_ready: Callable[[int], None] | None = None, *, exit_with_parent: bool = False
+          ) -> None:
     """Serve moto on ``host:port`` (0: a free port) with ``buckets`` made, printing
-    ``PORT <n>`` once listening (then ``on_ready(port)``), until interrupted."""
+    ``PORT <n>`` once listening (then ``on_ready(port)``), until interrupted (or, with
+    ``exit_with_parent``, until the process that started it is gone)."""
     from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
@@ -161,7 +165,8 @@ def serve(host: str = HOST, port: int = 0, buckets: Iterable[str] = (),
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request: counted, not told
     app = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
     server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
-    threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    if exit_with_parent:
+        threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
     serving = threading.Thread(target=server.serve_forever, daemon=True)
     serving.start()
     if buckets:
@@ -190,11 +195,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"listens on {HOST} only, keeps every object in memory (gone when it "
                     f"stops) and takes one fixed pair of keys. It prints PORT and the port "
                     f"number on stdout, then on stderr the environment that points packlab "
-                    f"(in another shell) at it. Ctrl-C stops it.")
+                    f"(in another shell) at it. It serves until it is stopped: Ctrl-C in its "
+                    f"shell, or `kill PID` (started with `&`, `kill %1`); the shell that "
+                    f"started it may exit first (nohup, setsid), it keeps serving.")
     parser.add_argument("--port", type=int, default=0,
                         help="the port to listen on; 0 picks a free one")
     parser.add_argument("--bucket", action="append", default=argparse.SUPPRESS, metavar="NAME",
                         help="a bucket to create at start (repeat for more; default: none)")
+    parser.add_argument("--exit-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.bucket = getattr(args, "bucket", [])
     if not 0 <= args.port <= 65535:
@@ -205,12 +213,13 @@ def main(argv: list[str] | None = None) -> int:
                "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
         made = f" with bucket{'s' if len(args.bucket) > 1 else ''} {', '.join(args.bucket)}" \
             if args.bucket else ""
-        print(f"s3server: serving s3:// at http://{HOST}:{port}{made} (in memory; Ctrl-C "
-              f"stops it). In another shell:\n  export "
+        print(f"s3server: serving s3:// at http://{HOST}:{port}{made} (in memory; until "
+              f"Ctrl-C or `kill {os.getpid()}`). In another shell:\n  export "
               + " ".join(f"{k}={v}" for k, v in env.items()), file=sys.stderr, flush=True)
 
     try:
-        serve(port=args.port, buckets=args.bucket, on_ready=tell)
+        serve(port=args.port, buckets=args.bucket, on_ready=tell,
+              exit_with_parent=args.exit_with_parent)
     except KeyboardInterrupt:
         return 130
     except OSError as exc:
@@ -264,7 +273,8 @@ class S3Server:
         env = {**os.environ, "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "AWS_DEFAULT_REGION": REGION, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "packlab.lab.s3server"], stdout=subprocess.PIPE,
+            [sys.executable, "-m", "packlab.lab.s3server", "--exit-with-parent"],
+            stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, text=True, env=env,
         )
         atexit.register(self.stop)  # a notebook or script that never reaches stop()

@@ -74,7 +74,10 @@ def dataset_names(spools: Sequence[str | os.PathLike[str]],
                 raise PacklabError(f"dataset name {n!r}: use letters, digits, '_' or '-' "
                                    f"(no {LINK_SEPARATOR!r})")
     if len(set(picked)) != len(picked):
-        raise PacklabError(f"dataset names {picked} are not unique: give --names")
+        twice = next(n for n in picked if picked.count(n) > 1)
+        raise PacklabError(f"dataset names {', '.join(picked)} are not unique ({twice!r} "
+                           "twice: the same spool given twice, or spools in folders of one "
+                           "name): give --names")
     return picked
 
 

@@ -28,6 +28,8 @@ from packlab.errors import PacklabError
 from packlab.spool import SpoolReader
 
 SPLIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]*$")
+#: the split names training stacks ask for (Megatron-Bridge's train, validation and test data)
+STANDARD_SPLITS = ("train", "valid", "test")
 DEFAULT_SPLITS = "train=1"
 SUM_TOLERANCE = 1e-6
 CHUNK_TOKENS = 1 << 20
@@ -45,6 +47,9 @@ def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
     if spec is None:
         spec = DEFAULT_SPLITS
     if isinstance(spec, str):
+        if ";" in spec:
+            raise PacklabError(f"splits {spec!r}: separate them with commas "
+                               "(train=0.98,valid=0.01,test=0.01)")
         pairs = []
         for part in (p.strip() for p in spec.split(",")):
             name, eq, value = part.partition("=")
@@ -60,6 +65,11 @@ def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
             raise PacklabError(f"split name {name!r}: use letters, digits, '_' or '-'")
         if name in out:
             raise PacklabError(f"split {name!r} given twice")
+        meant = misspelt_split(str(name))
+        if meant is not None:
+            raise PacklabError(f"split {name!r}: did you mean {meant!r}? (a split is read by "
+                               f"its name: {', '.join(STANDARD_SPLITS)}; one misspelt is "
+                               "data nothing reads)")
         out[name] = _fraction(name, value)
     total = sum(out.values())
     if not out or total <= 0:
@@ -69,6 +79,31 @@ def parse_fractions(spec: str | Mapping[str, float] | None) -> dict[str, float]:
                            "(each is a split's share of the sequences, e.g. "
                            "train=0.98,valid=0.01,test=0.01)")
     return {name: value / total for name, value in out.items()}
+
+
+def misspelt_split(name: str) -> str | None:
+    """The standard split name (:data:`STANDARD_SPLITS`) that ``name`` is one slip away from
+    (a letter added, dropped, changed, two swapped, or another case: ``vaild``, ``trian``,
+    ``Test``), or None (``validation``, ``holdout`` and the standard names themselves)."""
+    for standard in STANDARD_SPLITS:
+        if name != standard and _one_slip(name.lower(), standard):
+            return standard
+    return None
+
+
+def _one_slip(a: str, b: str) -> bool:
+    """Whether ``a`` is ``b`` or one edit from it (insertion, deletion, substitution, or a
+    swap of two neighbours)."""
+    if a == b:
+        return True
+    if abs(len(a) - len(b)) > 1:
+        return False
+    if len(a) == len(b):
+        diff = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+        return len(diff) == 1 or (len(diff) == 2 and diff[1] == diff[0] + 1
+                                  and a[diff[0]] == b[diff[1]] and a[diff[1]] == b[diff[0]])
+    short, long = sorted((a, b), key=len)
+    return any(long[:i] + long[i + 1:] == short for i in range(len(long)))
 
 
 def _spelled(spec: object) -> str:

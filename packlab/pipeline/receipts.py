@@ -5,7 +5,11 @@ is written after, so a receipt always vouches for a complete shard::
 
     {"shard": "shard_000000.parquet", "format": "parquet", "bins": [0, 4096],
      "num_bins": 4096, "num_tokens": 16512331, "pack_size": 4096, "bytes": 21033100,
-     "sha256": "...", "sha256_of": "shard_000000.parquet", "seconds": 1.9}
+     "sha256": "...", "sha256_of": "shard_000000.parquet"}
+
+What it holds is decided by the job alone, never by when or how fast it ran: the same job
+writes the same receipt, byte for byte, whether run once, interrupted and finished, or run by
+other workers.
 
 ``sha256`` covers a one-file shard whole (or, for one with a record among its companions,
 that record: packlab's sidecar beside a Megatron pair lists both files' checksums), or a
@@ -16,7 +20,6 @@ directory shard's manifest (which lists every file's own checksum). A rerun keep
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +63,9 @@ def write_receipt(shard: Path, receipt: dict[str, Any]) -> Path:
 
 
 def finish_receipt(shard: Path, *, format: str, bins: tuple[int, int], num_tokens: int,
-                   pack_size: int, began: float) -> dict[str, Any]:
-    """The receipt of a shard just published (bins ``[start, stop)`` of its dataset, written
-    since ``began``, a ``time.perf_counter()``), written beside it; every job that writes a
-    shard (pack, convert) records the same fields."""
+                   pack_size: int) -> dict[str, Any]:
+    """The receipt of a shard just published (bins ``[start, stop)`` of its dataset), written
+    beside it; every job that writes a shard (pack, convert) records the same fields."""
     digest, digest_of = shard_checksum(shard)
     receipt = {
         "shard": shard.name,
@@ -75,7 +77,6 @@ def finish_receipt(shard: Path, *, format: str, bins: tuple[int, int], num_token
         "bytes": shard_bytes(shard),
         "sha256": digest,
         "sha256_of": digest_of,
-        "seconds": round(time.perf_counter() - began, 6),
     }
     write_receipt(shard, receipt)
     return receipt

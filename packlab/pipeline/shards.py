@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -111,7 +110,6 @@ def write_shard(
     writes only its index (``write_assignment``). ``reporter`` (see
     :func:`packlab.progress.shared_counter`) hears how many bins are done, now and then.
     """
-    began = time.perf_counter()
     stop = start + part.num_bins
     reader = SpoolReader(spool)
     reader.verify_sequences(part.seq_indices)  # what this shard reads, before it is written
@@ -142,7 +140,7 @@ def write_shard(
         reporter.put(stop - start - done)
     return finish_receipt(out, format=format, bins=(start, stop),
                           num_tokens=int(manifest.get("num_tokens", writer.tokens_written)),
-                          pack_size=part.pack_size, began=began)
+                          pack_size=part.pack_size)
 
 
 def existing_shards(out_dir: Path) -> list[Path]:
@@ -333,7 +331,8 @@ def write_shards(
     **format_options: Any,
 ) -> list[dict[str, Any]]:
     """Write every bin of ``assignment`` as shards of ``format`` under ``out_dir``; receipts in
-    shard order (with ``existing="reuse"`` each marked ``reused``: kept, or written now).
+    shard order, each marked ``reused`` (kept, or written now) with ``existing="reuse"`` and
+    wherever the run kept shards (the same job, interrupted, finished).
     ``existing``: see the module docstring. ``executor``
     runs the shard jobs in the local process pool (``"process"``) or as Ray tasks (``"ray"``, on
     a local cluster or the one at ``address``): the bytes are the same."""
@@ -341,6 +340,6 @@ def write_shards(
                        existing=existing, verify=verify, **format_options)
     receipts = write_planned([plan], workers, desc=f"write {format}", executor=executor,
                              address=address)[0]
-    if existing == "reuse":
+    if existing == "reuse" or plan.reused:
         return receipts
     return [{k: v for k, v in r.items() if k != "reused"} for r in receipts]

@@ -62,8 +62,9 @@ def check_read_only(sql: str) -> None:
     for statement in statements:
         kind = str(statement.type).rsplit(".", 1)[-1]
         if kind not in READ_STATEMENTS:
-            raise PacklabError(f"a {kind} statement: queries are read-only (SELECT, EXPLAIN); "
-                               "pass --allow-writes to run others")
+            article = "an" if kind[:1] in "AEIOU" else "a"
+            raise PacklabError(f"{article} {kind} statement: queries are read-only (SELECT, "
+                               "EXPLAIN); pass --allow-writes to run others")
 
 
 def execute(con: Any, sql: str, params: Any = None) -> Result:

@@ -166,10 +166,24 @@ def connect(
     _setting(con, "memory_limit", memory_limit, "a size such as 2GB, 512MB or 50%")
     if any(is_remote(s.path) for s in shards):
         remote_sql.connect(con=con)  # s3:// through packlab's own pyarrow filesystem
-    create_views(con, shards, tokens=tokens)
+    try:
+        create_views(con, shards, tokens=tokens)
+    except duckdb.OutOfMemoryException as exc:
+        con.close()  # no query runs any more, not even close()'s
+        shutil.rmtree(spill, ignore_errors=True)
+        said = one_line(exc).split(" Possible solutions")[0]
+        limit = f"memory_limit={memory_limit}" if memory_limit else "its default memory limit"
+        raise PacklabError(f"{_given(data)}: DuckDB ran out of memory making the views under "
+                           f"{limit} (give it more; DuckDB: {said})") from None
     if not allow_writes:
         lock_down(con, [s.file or s.path for s in shards])
     return con
+
+
+def _given(data: PathLike | Sequence[PathLike]) -> str:
+    """The data as the caller named it, for messages."""
+    items = data if isinstance(data, list | tuple) else [data]
+    return ", ".join(os.fspath(d) for d in items)
 
 
 def _setting(con: Any, name: str, value: Any, expected: str) -> None:

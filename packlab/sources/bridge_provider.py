@@ -130,6 +130,12 @@ class PacklabDatasetProvider(DatasetProvider):
         if self.splits[0] not in source.splits:
             raise PacklabError(f"{self.path}: no training split {self.splits[0]!r} (splits "
                                f"here: {', '.join(source.splits)})")
+        missing = [name for name in self.splits if name not in source.splits]
+        unread = [name for name in source.splits if name not in self.splits]
+        if missing and unread:  # a hole where a misspelt or renamed split sits
+            raise PacklabError(f"{self.path}: no split {missing[0]!r}, and its split "
+                               f"{unread[0]!r} is read by none of train, validation, test "
+                               f"(splits={self.splits!r}: pass splits= to name the three)")
         return [(self.path, name) if name in source.splits else None for name in self.splits]
 
     def collate_fn(self, context: DatasetBuildContext) -> Collator:

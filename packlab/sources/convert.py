@@ -31,7 +31,7 @@ from typing import Any
 
 from packlab.errors import PacklabError
 from packlab.files import remove, sha256_file
-from packlab.formats import delete_shard, get_format, shard_size
+from packlab.formats import delete_shard, format_names, get_format, shard_size
 from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
@@ -65,6 +65,8 @@ def convert(src: Any, dst: str, *, format: str, split: str | None = None,
     if str(dst).rstrip("/") == source.given.rstrip("/"):
         raise PacklabError(f"{dst}: DST is SRC (convert writes a new output)")
     kind = "shard" if source.kind == "shard" else "dataset"
+    if kind == "dataset":
+        _refuse_a_shards_name(dst, source)
     with output(str(dst), kind=kind, overwrite=overwrite, format=format,
                 resume=kind == "dataset") as local:
         rows = convert_source(source, local, format=format, overwrite=overwrite,
@@ -72,6 +74,18 @@ def convert(src: Any, dst: str, *, format: str, split: str | None = None,
     for row in rows:
         row["destination"] = _named(row["destination"], str(local), str(dst))
     return rows
+
+
+def _refuse_a_shards_name(dst: str, source: Source) -> None:
+    """A folder of shards is not written under a one-file shard's name (``x.parquet``,
+    ``x.sft.idx``): whoever reads ``x.parquet`` expects one file."""
+    suffixes = [s for s in (get_format(n).Writer.SUFFIX for n in format_names()) if s]
+    named = next((s for s in suffixes if str(dst).rstrip("/").endswith(s)), None)
+    if named is not None:
+        count = len(source.shards)
+        raise PacklabError(f"{dst}: a shard's name ({named}), but {source.given} is a "
+                           f"{source.kind} of {count} shard{'s' if count != 1 else ''}: name a "
+                           "folder for its shards, or convert one shard into a file")
 
 
 def _named(path: str, local: str, given: str) -> str:
@@ -162,7 +176,6 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
         old = {s["name"] for s in before["shards"]} if before else set()
         write_dataset_record(dst, manifest)
         for shard, name, place in zip(source.shards, names, ranges, strict=True):
-            began = time.perf_counter()
             target = dst / name
             kept = reusable_receipt(target, format=format, bins=place,
                                     pack_size=manifest["pack_size"]) if same_job else None
@@ -175,7 +188,7 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
             row = _convert_one(shard, target, format, True, bar, place, format_options)
             receipts.append(finish_receipt(target, format=format, bins=place,
                                            num_tokens=row["num_tokens"],
-                                           pack_size=manifest["pack_size"], began=began))
+                                           pack_size=manifest["pack_size"]))
             rows.append(row)
         for stale in old - set(names):  # a larger earlier conversion's leftovers
             delete_shard(dst / stale)

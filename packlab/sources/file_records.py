@@ -48,6 +48,14 @@ def record_path(path: Any) -> Any:
     return path.parent / f".{path.name}.record.json"
 
 
+def recorded_file(path: Path) -> Path:
+    """The file a record path (:func:`record_path`) describes; any other path as it is."""
+    name = path.name
+    if name.startswith(".") and name.endswith(".record.json") and len(name) > 13:
+        return path.with_name(name[1:-len(".record.json")])
+    return path
+
+
 def identity(path: Path) -> dict[str, Any]:
     """What a file is, for its record: its size and SHA-256."""
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}

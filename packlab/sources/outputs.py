@@ -82,7 +82,7 @@ from packlab.files import (
     short_hash,
     temporary_sibling,
 )
-from packlab.formats import detect_format, get_format
+from packlab.formats import detect_format, get_format, shard_entry
 from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.pipeline.references import spool_users
@@ -133,6 +133,7 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
         raise PacklabError(f"{path}: inside {where}, {what}: packlab writes nothing inside "
                            "another output (choose a path outside it)")
     if kind == "shard":
+        path = _shard_named(path)  # a pair named by its prefix: its .idx, and companions
         _check_companions(path, format)
     if not (path.exists() or path.is_symlink()):
         return
@@ -159,6 +160,12 @@ def check_output(target: str, *, kind: str, overwrite: bool, resume: bool = Fals
         return  # the same command, interrupted: it finishes the job
     if not overwrite and not resume:
         raise PacklabError(f"{path}: already exists (pass --overwrite to replace it)")
+
+
+def _shard_named(path: Path) -> Path:
+    """The shard a target names by another of its names (``out.sft``, the prefix a Megatron
+    pair's files share, is ``out.sft.idx``): what is judged, and whose companions."""
+    return path.with_name(shard_entry(resolve(str(path))).name)
 
 
 def _check_companions(path: Path, format: str | None) -> None:
@@ -534,7 +541,8 @@ def _prefix_at(path: str) -> Path | None:
         return None if prefix is None or _a_shard(prefix_files(prefix)["idx"]) else prefix
     uri = path[:-4] if path.endswith((".bin", ".idx")) else path
     idx = resolve(f"{uri}.idx")
-    return download_prefix(uri) if idx.is_file() and not _a_shard(idx) else None
+    named = idx.is_file() and not resolve(uri).is_file()  # a file's .idx is its own (a JSONL's)
+    return download_prefix(uri) if named and not _a_shard(idx) else None
 
 
 def _a_shard(idx: Path | Location) -> bool:

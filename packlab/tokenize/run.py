@@ -25,7 +25,8 @@ from pathlib import Path
 from packlab.errors import PacklabError
 from packlab.executors import EXECUTORS
 from packlab.files import require_file
-from packlab.progress import progress
+from packlab.jsonl_index import count_lines
+from packlab.progress import progress, progress_enabled
 from packlab.spool import SpoolReader, SpoolWriter
 from packlab.tokenize.hf import tokenizer_spec
 from packlab.tokenize.parallel import tokenize_in_parts
@@ -99,7 +100,8 @@ def tokenize_chat_jsonl(
     with SpoolWriter(spool_out, vocab_size=encoder.vocab_size, source=source,
                      overwrite=overwrite) as writer:
         if workers == 1 and executor == "process":
-            records = progress(iter_file_records(jsonl, limit), total=limit, desc="tokenize")
+            records = progress(iter_file_records(jsonl, limit), total=_bar_total(jsonl, limit),
+                               desc="tokenize", unit=" records")
             encode_into(encoder, records, writer, stats, unlocated=unlocated)
         else:
             tokenize_in_parts(jsonl, spec, writer, stats, workers=workers, executor=executor,
@@ -111,3 +113,13 @@ def tokenize_chat_jsonl(
                                f"exactly; the first: {stats.unlocated[0]}")
         writer.source["stats"] = stats.to_dict()
     return SpoolReader(spool_out)
+
+
+def _bar_total(jsonl: str | os.PathLike[str], limit: int | None) -> int | None:
+    """The records a watched bar counts to, so it shows an ETA: the file's lines (one quick
+    pass over its bytes; blank lines count, so the last frames may end short of it), at most
+    ``limit``. Nothing is counted when no bar is drawn."""
+    if not progress_enabled():
+        return limit
+    lines = count_lines(jsonl)
+    return lines if limit is None else min(limit, lines)

@@ -45,7 +45,7 @@ from packlab.lab.measure.reading import (
     stream,
     warm,
 )
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler, reader_blocks
+from packlab.samplers import BlockShuffleSampler, ShuffleSampler, has_own_blocks
 
 SAMPLERS = ("shuffle", "block")
 LOADER_BINS = 2000  # bins the command's DataLoader reads per worker count, by default
@@ -161,8 +161,7 @@ def natural_sampler(source: Any) -> str:
     """The shuffle training uses on ``source``: ``block`` when its reads come in blocks of its
     own (Parquet row groups, decoded whole: a uniform shuffle would decode one for almost every
     bin), ``shuffle`` (uniform) otherwise."""
-    readers = source.readers() if is_dataset(source) else [source]
-    return "block" if any(reader_blocks(r) is not None for r in readers) else "shuffle"
+    return "block" if has_own_blocks(source) else "shuffle"
 
 
 def epoch_sampler(source: Any, sampler: str, *, num_bins: int | None = None,
