@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from packlab.lab.measure.stages import run_stage
-from packlab.pipeline.shards import write_shards
 from packlab.packing import pack
+from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
 from packlab.synth import synthesize
 
