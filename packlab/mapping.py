@@ -402,6 +402,17 @@ class Resident:
 RESIDENT = Resident()
 
 
+def release_views(*arrays: Any) -> None:
+    """Drop from this process's resident set the pages of the maps behind ``arrays`` (numpy
+    views of a :class:`MappedFile`: an index read whole once, kept for a message)."""
+    for a in arrays:
+        base = getattr(a, "base", None)
+        while base is not None and not isinstance(base, mmap.mmap):
+            base = getattr(base, "base", getattr(base, "obj", None))
+        if isinstance(base, mmap.mmap):
+            base.madvise(mmap.MADV_DONTNEED)
+
+
 def in_pieces(values: np.ndarray, piece_bytes: int = SCAN_BYTES) -> Iterator[np.ndarray]:
     """``values`` (a view of a map) in consecutive pieces of about ``piece_bytes``, the budget
     looked at between them: a pass over a whole mapped file holds at most the budget of it."""

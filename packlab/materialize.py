@@ -16,7 +16,7 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.mapping import RESIDENT, ReadAdvice, advise, compact, lookup, opened
+from packlab.mapping import ReadAdvice, advise, compact, lookup, opened, release_views
 from packlab.packing import BinAssignment
 from packlab.spool import SpoolReader
 
@@ -128,7 +128,8 @@ class BinMaterializer:
                                "no sequence")
         lengths = spool.lengths[indices].astype(np.int64)
         offsets = spool.offsets[indices]
-        RESIDENT.check()  # the spool's index pages this gather touched
+        # the index pages this gather touched (the spool's, the assignment's when mapped)
+        release_views(spool.lengths, spool.offsets, indices, assignment.bin_offsets)
         long = lengths > size
         if assignment.overlong != "truncate" and long.any():
             k = int(np.argmax(long))

@@ -101,17 +101,12 @@ def write_shard(
     assignment: str,
     out: str,
     options: dict[str, Any] | None = None,
-    release_every: int = 8,
 ) -> Iterator[str]:
     """``prepare``: open the spool and assignment; ``write``: write every bin, finalize.
 
-    Bins come from packlab's materializer one at a time, as a pipeline writes them. Every
-    ``release_every`` bins the spool's pages are released from this process (they stay in the
-    page cache), so the figure is the writer's memory, not the input's memory map (a fault on
-    a file mapping can map a whole large folio, up to 2 MB, so this has to be frequent).
-    """
+    Bins come from packlab's materializer one at a time, as a pipeline writes them (it reads
+    the spool by ``pread``: the figure is the writer's memory, nothing of the spool's)."""
     from packlab.formats import get_format
-    from packlab.lab.measure.pagecache import mapping_ranges, release_ranges, shard_files
     from packlab.materialize import BinMaterializer
     from packlab.packing import BinAssignment
     from packlab.spool import SpoolReader
@@ -119,21 +114,15 @@ def write_shard(
     reader = SpoolReader(spool)
     plan = BinAssignment.load(assignment)
     materializer = BinMaterializer(reader, plan)
-    spool_files = shard_files(spool)
     options = dict(options or {})
     if get_format(format).Writer.NEEDS_SPOOL:  # a reference to the spool, no tokens
         options.setdefault("spool", spool)
         options.setdefault("assignment", assignment)
     yield "prepare"
-    ranges: list[tuple[int, int]] = []
     with get_format(format).Writer(out, pack_size=plan.pack_size, num_bins=plan.num_bins,
                      overwrite=True, **options) as writer:
         for b in range(plan.num_bins):
             writer.write(materializer.materialize(b))
-            if b == 0:  # the spool maps its files on first use; they stay mapped
-                ranges = [r for f in spool_files for r in mapping_ranges(f)]
-            if release_every and (b + 1) % release_every == 0:
-                release_ranges(ranges)
     yield "write"
     return {"format": format, "num_bins": plan.num_bins}
 

@@ -96,11 +96,14 @@ def open_job(path: str, progress: str | None = None) -> dict[str, Any]:
 def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
               progress: str | None = None) -> dict[str, Any]:
     """Seeded random bins: a first pass, the same bins again (warm), then the same bins in
-    batches of ``batch`` (``__getitems__``); each read delivered (its bytes summed, so every
-    page is touched), the process's resident memory after each pass."""
+    batches of ``batch`` (``__getitems__``); each read delivered (copied into reused buffers,
+    as a collate does: :class:`~packlab.lab.measure.delivery.Sink`), the process's resident
+    memory after each pass."""
     import packlab
+    from packlab.lab.measure.delivery import Sink
 
     dataset = packlab.open_dataset(path)
+    sink = Sink(dataset.pack_size)
     indices = np.random.default_rng(seed).integers(0, len(dataset), samples).tolist()
     report = Progress(progress, 3 * samples)
     out: dict[str, Any] = {"samples": samples, "num_bins": len(dataset), "after_open": _rss()}
@@ -109,9 +112,7 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
         returned = 0
         for i, b in enumerate(indices):
             t = time.perf_counter_ns()
-            item = dataset[b]
-            returned += (item["input_ids"].nbytes + item["loss_mask"].nbytes
-                         + item["seq_boundaries"].nbytes)
+            returned += sink.take(dataset[b])
             times[i] = time.perf_counter_ns() - t
             report.update(k * samples + i)
         out[name] = {"p50_us": float(np.median(times)) / 1e3,
@@ -123,7 +124,7 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
     for i, group in enumerate(batches):
         t = time.perf_counter_ns()
         for item in dataset.__getitems__(group):
-            item["input_ids"].nbytes  # noqa: B018 - delivered as the single reads are
+            sink.take(item)
         times[i] = time.perf_counter_ns() - t
         report.update(2 * samples + i * batch)
     out["batched"] = {"per_bin_p50_us": float(np.median(times)) / 1e3 / batch, "batch": batch,
