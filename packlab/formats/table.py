@@ -70,6 +70,7 @@ from packlab.mapping import (
 )
 from packlab.storage import Location
 
+LOCATOR_BYTES = 24  # the most a Locator keeps a bin (16 where a shard's offsets fit 32 bits)
 CHUNK = 1 << 11  # bins checked per vectorized step (its temporaries, ~100 KB, are the peak)
 CONTENT_CHUNK = 256  # bins per step of validate's pass over the data (~1M tokens at 4096)
 _new = tuple.__new__  # a PackedBin without NamedTuple.__new__'s Python frame (a read's path)

@@ -29,6 +29,7 @@ from packlab.lab.summaries.record import (
     other_run,
     recorded_dir,
     reruns_text,
+    scale_text,
 )
 from packlab.lab.tables import human_bytes
 
@@ -175,6 +176,7 @@ def front_page(run: Mapping[str, Mapping[str, Any]], meta: Mapping[str, Any],
         + f"<p>{html.escape(front.ties_text(run))}</p>"
         + _markdown(reruns_text(meta, other[1] if other else None,
                                 other[2] if other else "build/previous/ or results/recorded/"))
+        + "<h2>At the RFC's scale</h2>" + _markdown(scale_text())
         + "<h2>Beside what the stack reads today</h2>"
         "<p>What each training stack reads, released, proposed or planned, at the commit "
         "packlab read it at:</p>"

@@ -196,3 +196,47 @@ def bullets(n: AtScale, p: Mapping[str, Any]) -> list[str]:
                    "~1 TB, counting 13M packed rows where 13M conversations pack into "
                    f"{at_rfc_scale(n, bins):,.0f}).")
     return out
+
+
+def format_rows(n: AtScale) -> list[dict[str, Any]]:
+    """One row a format: its pack, validate, random reads and DataLoader epoch at this size."""
+    rows = []
+    for fmt in n.num_bins:
+        pack, validate = _stage(n, f"pack:{fmt}"), _stage(n, f"validate:{fmt}")
+        reads, epoch = _stage(n, f"reads:{fmt}"), _stage(n, f"epoch:{fmt}")
+        rows.append({
+            "format": fmt, "bins": f"{n.num_bins[fmt]:,}",
+            "pack": "" if pack is None else
+            f"{pack.seconds:,.0f} s, {human_bytes(pack.per_process.rss)} a process at most "
+            f"({human_bytes(pack.per_process.file)} file-backed)",
+            "validate": "" if validate is None else f"{validate.seconds:,.0f} s",
+            "random read, first / warm": "" if reads is None or reads.result is None else
+            f"{reads.result['first']['p50_us']:,.1f} / {reads.result['warm']['p50_us']:,.1f} µs",
+            "DataLoader epoch": "" if epoch is None else
+            f"{epoch.seconds:,.0f} s, {human_bytes(epoch.summed.rss)} over "
+            f"{epoch.processes} processes",
+            "on disk": "" if pack is None else human_bytes(pack.disk_bytes)})
+    return rows
+
+
+def scale_markdown(recorded: Mapping[str, Any] | None, meta: Mapping[str, Any] | None) -> str:
+    """The recorded scale run (``results/rfc/``) for the README's Findings and the report's
+    front page: what it was, every format at that size, and the claims it measured."""
+    from packlab.lab.records import load
+    from packlab.lab.summaries import findings_table
+    from packlab.lab.summaries.record import metadata_text
+    from packlab.lab.tables import records_table
+
+    if not recorded:
+        return ("No run at the RFC's scale is recorded yet: `make run SCALE=rfc`, then "
+                "`python -m packlab.lab.notebooks record --scale rfc`.")
+    n = load("12_at_scale", recorded)
+    assert isinstance(n, AtScale)
+    rows = format_rows(n)
+    head = (f"The recorded run at the RFC's scale (notebook 12, `make run SCALE=rfc`, "
+            f"{n.seconds / 60:,.0f} min): {n.plan.num_sequences:,} sequences of the `short` "
+            f"profile, {n.num_tokens:,} tokens; {metadata_text(meta or {})}.")
+    table = records_table(rows, list(rows[0])) if rows else ""
+    return "\n\n".join(part for part in (
+        head, "\n".join(f"- {b}" for b in bullets(n, recorded.get("parameters", {}))), table,
+        findings_table(recorded.get("findings", []), colour=False)) if part)

@@ -255,8 +255,18 @@ def readme_parts(run: Mapping[str, Any], meta: Mapping[str, Any],
         "repack": lambda: front.repack_text(run),
         "packing": lambda: front.packing_text(run),
         "peers": lambda: block(front.peers_table(run)),
+        "scale": lambda: block(scale_text()),
     }
     return parts
+
+
+def scale_text() -> str:
+    """The recorded run at the RFC's scale (``results/rfc/``), as the README and the report's
+    front page show it."""
+    from packlab.lab.summaries.at_scale import scale_markdown
+
+    run, meta = load_run(recorded_dir("rfc"))
+    return scale_markdown(run.get("12_at_scale"), meta)
 
 
 def render_readme(text: str, run: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
