@@ -81,11 +81,11 @@ def _rss() -> dict[str, int]:
 
 def open_job(path: str, progress: str | None = None) -> dict[str, Any]:
     """Open the dataset (and read one bin: the first read builds each shard's table)."""
-    import packlab
+    from packlab.sources import open_dataset
 
     before = _rss()
     began = time.perf_counter()
-    dataset = packlab.open_dataset(path)
+    dataset = open_dataset(path)
     opened = time.perf_counter() - began
     dataset[len(dataset) - 1]
     return {"open_seconds": opened, "first_read_seconds": time.perf_counter() - began - opened,
@@ -99,14 +99,16 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
     batches of ``batch`` (``__getitems__``); each read delivered (copied into reused buffers,
     as a collate does: :class:`~packlab.lab.measure.delivery.Sink`), the process's resident
     memory after each pass."""
-    import packlab
     from packlab.lab.measure.delivery import Sink
+    from packlab.samplers import has_own_blocks
+    from packlab.sources import open_dataset
 
-    dataset = packlab.open_dataset(path)
+    dataset = open_dataset(path)
     sink = Sink(dataset.pack_size)
     indices = np.random.default_rng(seed).integers(0, len(dataset), samples).tolist()
     report = Progress(progress, 3 * samples)
-    out: dict[str, Any] = {"samples": samples, "num_bins": len(dataset), "after_open": _rss()}
+    out: dict[str, Any] = {"samples": samples, "num_bins": len(dataset), "after_open": _rss(),
+                           "keeps_blocks": has_own_blocks(dataset)}
     for k, name in enumerate(("first", "warm")):
         times = np.empty(samples, dtype=np.int64)
         returned = 0
@@ -130,6 +132,25 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
     out["batched"] = {"per_bin_p50_us": float(np.median(times)) / 1e3 / batch, "batch": batch,
                       "after": _rss()}
     report.update(3 * samples, force=True)
+    out["mapped"] = _through_a_map(dataset, indices)
+    return out
+
+
+def _through_a_map(dataset: Any, indices: list[int]) -> dict[str, Any] | None:
+    """The same bins read as packlab read them before it read by ``pread``: slices of plain
+    numpy memory maps of the shard's files, copied out (the raw CSR floor,
+    :class:`~packlab.lab.measure.floors.RawCsr`), a first pass and a warm one, and what they
+    left resident; None for a format whose bins are not runs of its files."""
+    from packlab.lab.measure.floors import raw_floor
+
+    raw = raw_floor(dataset)
+    if raw is None:
+        return None
+    out: dict[str, Any] = {"before": _rss()}
+    for name in ("first", "warm"):
+        times = np.array([raw.timed([b]) for b in indices], dtype=np.int64)
+        out[name] = {"p50_us": float(np.median(times)) / 1e3,
+                     "mean_us": float(times.mean()) / 1e3, "after": _rss()}
     return out
 
 
@@ -141,11 +162,11 @@ def epoch_job(path: str, batch_size: int = 8, workers: int = 2, seed: int = 0,
     ``world_size`` reads its share of every global batch, as Megatron's samplers give it."""
     import torch
 
-    import packlab
     from packlab.collate import Collator
     from packlab.samplers import recommended_sampler
+    from packlab.sources import open_dataset
 
-    dataset = packlab.open_dataset(path)
+    dataset = open_dataset(path)
     order = list(recommended_sampler(dataset, seed=seed))
     if world_size > 1:  # rank r takes micro-batch r of every global batch
         step = batch_size * world_size
@@ -279,7 +300,7 @@ def scale_run(directory: str | os.PathLike[str], *, num_sequences: int,
         synth = [*PACKLAB, "synth", str(spool), "--num-sequences", str(n), "--profile", PROFILE]
         if vocab_size:
             synth += ["--vocab-size", str(vocab_size)]
-        run = AtScale(plan=plan, num_tokens=0)
+        run = AtScale(plan=plan, num_tokens=0, baseline=formats[0])
         stage = run_stage("synth", synth, progress=_spool_progress(root, "spool", n),
                           disk=lambda: disk_usage(spool))
         _keep(run, "synth", stage, log)

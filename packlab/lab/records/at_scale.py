@@ -23,13 +23,14 @@ class ScalePlan:
 @dataclass
 class AtScale(Record):
     """``stages`` by key (``synth``, ``pack:binidx``, ``reads:binidx``, ...), in the order they
-    ran; ``byte_identical``: the pack killed half-way and finished by the same command wrote
+    ran; ``baseline``: the format every other format's reads are compared with; ``byte_identical``: the pack killed half-way and finished by the same command wrote
     what the uninterrupted one did (every file's sha256; ``differing_files`` where not)."""
 
     NOTEBOOK: ClassVar[str] = "12_at_scale"
 
     plan: ScalePlan
     num_tokens: int
+    baseline: str = ""  # the format the others' reads are compared with (the run's first)
     num_bins: dict[str, int] = field(default_factory=dict)
     stages: dict[str, StageResult] = field(default_factory=dict)
     byte_identical: bool | None = None

@@ -266,7 +266,7 @@ def scale_text() -> str:
     from packlab.lab.summaries.at_scale import scale_markdown
 
     run, meta = load_run(recorded_dir("rfc"))
-    return scale_markdown(run.get("12_at_scale"), meta)
+    return scale_markdown(run.get("12_at_scale"), metadata_text(meta))
 
 
 def render_readme(text: str, run: Mapping[str, Any], meta: Mapping[str, Any]) -> str:
