@@ -40,7 +40,6 @@ from packlab.lab.tables import fmt_us, human_bytes, markdown_table, times
 def target_findings(
     warm: Mapping[str, Mapping[str, Any]],
     cold: Mapping[str, Mapping[str, Any]],
-    batched: Mapping[str, Mapping[str, Any]],
     epochs: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     floor_ratio: float = 1.1,
@@ -48,23 +47,23 @@ def target_findings(
     split_cold_ratio: float = 1.3,
     parquet_speedup: float = 100.0,
 ) -> list[dict[str, Any]]:
-    """docs/design.md "Targets" and issue 17's, each verdict computed from the numbers given.
+    """docs/design.md's "Targets", each verdict computed from the numbers given.
 
-    ``warm`` / ``cold`` / ``batched``: per format, rows of
-    :func:`~packlab.lab.measure.latency.random_access` and
-    :func:`~packlab.lab.measure.latency.batched_access`; ``epochs``: ``{"today": ...,
-    "packlab": ...}`` rows of :func:`~packlab.lab.measure.rowgroups.shuffled_epoch`. Floors and
-    batching are judged for the formats whose bins are views of memory-mapped files
-    (``RAW_RUNS``: nothing to decode, so the targets hold them to the Python floor and to the
-    raw CSR floor, numpy over the same files); cold reads for every format whose bins are not
-    all in RAM after opening (``IN_RAM`` formats load everything: they have no cold read), and
-    to ``split_cold_ratio`` for the zero-copy directory shards, whose bins lie in several files
-    (issue 17: their ranges requested together).
+    ``warm`` / ``cold``: per format, rows of
+    :func:`~packlab.lab.measure.latency.random_access` (batched reads are measured, never a
+    target: docs/design.md says why); ``epochs``: ``{"today": ...,
+    "packlab": ...}`` rows of :func:`~packlab.lab.measure.rowgroups.shuffled_epoch`. Floors
+    are judged for the formats whose bins are runs of their files' values (``RAW_RUNS``:
+    nothing to decode, so the targets hold them to the Python floor and to the raw CSR floor,
+    numpy over the same files); cold reads for every format whose bins are not all in RAM
+    after opening (``IN_RAM`` formats load everything: they have no cold read), and to
+    ``split_cold_ratio`` for the directory shards of those formats, whose bins lie in several
+    files (their runs asked for together).
     """
     in_ram = set(formats_where("IN_RAM"))
-    zero_copy = formats_where("RAW_RUNS")
+    raw_runs = formats_where("RAW_RUNS")
     out = []
-    for fmt in zero_copy:
+    for fmt in raw_runs:
         if fmt in warm:
             r = warm[fmt]["ratio_to_python_floor"]
             out.append(finding(f"{fmt}: warm random read within {floor_ratio}x of the Python floor",
@@ -78,19 +77,7 @@ def target_findings(
                     "same files", f"p50 {warm[fmt]['p50_us']:.2f} us vs raw CSR "
                     f"{warm[fmt]['raw_csr_p50_us']:.2f} us ({raw:.3f}x)", holds(raw <= floor_ratio),
                     source="target"))
-        if fmt in batched:
-            b = batched[fmt]
-            out.append(finding(f"{fmt}: batched reads (__getitems__) cheaper per bin than single",
-                               f"{b['batched_p50_us']:.1f} vs {b['single_p50_us']:.1f} us per bin "
-                               f"(batch of {b['batch_size']})",
-                               holds(b["batched_p50_us"] < b["single_p50_us"]), source="target"))
-            if b.get("raw_single_p50_us"):
-                out.append(finding(
-                    f"{fmt}: batched reads cheaper per bin than the raw CSR single read",
-                    f"{b['batched_p50_us']:.2f} vs {b['raw_single_p50_us']:.2f} us per bin (raw "
-                    f"loop over a batch, one timer: {b['raw_batch_p50_us']:.2f})",
-                    holds(b["batched_p50_us"] < b["raw_single_p50_us"]), source="target"))
-    split = {f for f in zero_copy if get_format(f).Reader.is_directory()}
+    split = {f for f in raw_runs if get_format(f).Reader.is_directory()}
     for fmt, row in cold.items():
         if fmt in in_ram:
             continue
