@@ -22,6 +22,7 @@ from packlab import mmidx
 from packlab.chat_masks import MarkerTokens
 from packlab.errors import PacklabError
 from packlab.files import HashedFile, publish, refuse_existing, remove, temporary_sibling
+from packlab.mapping import RESIDENT, in_pieces
 from packlab.spool import SpoolReader
 from packlab.spool_prefix import FOLLOWS, PREFIX_VERSION, prefix_files, write_record
 
@@ -73,8 +74,9 @@ def export_spool(spool: str | os.PathLike[str] | SpoolReader, prefix: str | os.P
     for file in files.values():
         refuse_existing(file, overwrite=overwrite)
     dtype = token_dtype(reader.vocab_size)
-    if reader.num_tokens and int(reader.tokens.max()) > np.iinfo(dtype).max:
-        raise PacklabError(f"{reader.path}: token id {int(reader.tokens.max())} does not fit "
+    largest = max((int(piece.max()) for piece in in_pieces(reader.tokens)), default=0)
+    if largest > np.iinfo(dtype).max:
+        raise PacklabError(f"{reader.path}: token id {largest} does not fit "
                            f"{dtype.name} (the vocabulary the spool records is too small)")
     temporary = {key: temporary_sibling(file) for key, file in files.items()}
     remove(files["idx"])  # an old prefix (overwrite) stops being one first
@@ -84,6 +86,7 @@ def export_spool(spool: str | os.PathLike[str] | SpoolReader, prefix: str | os.P
         for lo, hi in sequence_chunks(reader):
             data.write(reader.tokens_of(lo, hi).astype(dtype, copy=False))
             masks.write(reader.masks_of(lo, hi))
+            RESIDENT.check()  # the spool's pages this chunk touched, released past the budget
         entries = {files["bin"].name: data.close(), files["masks"].name: masks.close(),
                    files["idx"].name: mmidx.write_index(temporary["idx"], _Lengths(reader.lengths),
                                                         reader.num_sequences, dtype)}

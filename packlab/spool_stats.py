@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from packlab.mapping import in_pieces
 from packlab.spool import SpoolReader, manifest_extra
 
 _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
@@ -18,7 +19,7 @@ _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
 
 def count_nonzero_chunked(values: np.ndarray) -> int:
     """``np.count_nonzero`` over a memory map, in chunks (no full-size temporary)."""
-    return sum(int(np.count_nonzero(values[i : i + _SCAN])) for i in range(0, values.size, _SCAN))
+    return sum(int(np.count_nonzero(piece)) for piece in in_pieces(values, _SCAN * values.itemsize))
 
 
 def spool_bytes(reader: SpoolReader) -> dict[str, int]:

@@ -43,6 +43,7 @@ import numpy as np
 
 from packlab.errors import FormatError, PacklabError
 from packlab.files import HashedFile, refuse_existing, staged
+from packlab.mapping import RESIDENT, in_pieces
 from packlab.safe_pickle import NO_GLOBALS, restricted_load
 from packlab.spool import SpoolReader
 
@@ -153,8 +154,7 @@ def write_pbin(
     refuse_existing(final, overwrite=overwrite)  # before reading the whole spool for its ids
     vocab = reader.vocab_size
     if vocab is None and token_width in (None, "auto"):
-        vocab = max(int(reader.tokens[lo : lo + COPY_CHUNK].max())
-                    for lo in range(0, reader.num_tokens, COPY_CHUNK)) + 1
+        vocab = max(int(piece.max()) for piece in in_pieces(reader.tokens, 4 * COPY_CHUNK)) + 1
     width = check_width(token_width, vocab, str(final))
     dtype = TOKEN_DTYPES[width]
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +165,7 @@ def write_pbin(
                 raise PacklabError(f"{final}: spool tokens {int(chunk.min())}..{int(chunk.max())}"
                                    f" do not fit {width}-byte tokens")
             out.write(chunk.astype(dtype))
+            RESIDENT.check()  # the spool's pages this chunk touched, released past the budget
         index = IndexWriter(out, width)
         for lo in range(0, reader.num_sequences, 1 << 20):
             index.add(np.asarray(reader.lengths[lo : lo + (1 << 20)]))
