@@ -182,8 +182,8 @@ def record_run(source: Path | None = None, target: Path | None = None) -> Path:
     source = Path(source) if source is not None else build_dir() / "results"
     target = Path(target) if target is not None else recorded_dir()
     _, meta = _complete(source)
-    if target == recorded_dir():  # the README's second whole run (a scale run has none)
-        keep_previous(target, previous_dir(), unless=meta.get("run"))
+    if target.name == recorded_dir().name:  # the README's second whole run (a scale run: none)
+        keep_previous(target, target.with_name("previous"), unless=meta.get("run"))
     _copy_run(source, target)
     return target
 
