@@ -17,7 +17,7 @@ MDS_STAMP := $(MDS_VENV)/.installed
 # the requirement lists at dotted keys of pyproject.toml, space-separated
 TOML_LIST = $(PYTHON) -c "import functools, sys, tomllib; t = tomllib.load(open('pyproject.toml', 'rb')); print(' '.join(r for key in sys.argv[1:] for r in functools.reduce(dict.get, key.split('.'), t)))"
 
-.PHONY: install run test test-fast lab lint clean mds-env
+.PHONY: install run test test-fast fuzz lab lint clean mds-env
 
 install: $(STAMP) $(MDS_STAMP)
 
@@ -73,6 +73,13 @@ test: $(STAMP) $(MDS_STAMP)
 test-fast: $(STAMP)
 	$(MAKE) --no-print-directory test PYTEST_ARGS='-m "not slow" $(PYTEST_ARGS)'
 
+
+# The long fuzz run: FUZZ_PER_FORMAT mutations of every format (tests/fuzzing.py), seeded as
+# `make test`'s are (the commit checked out) unless FUZZ_SEED=... is given; the counts per
+# format, class and outcome on stderr, as JSON on stdout. About 20 minutes here.
+FUZZ_PER_FORMAT ?= 3000
+fuzz: $(STAMP)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests $(BIN)/python tests/fuzzing.py --per-format $(FUZZ_PER_FORMAT) --json $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 
 lab: $(STAMP)
 	$(BIN)/python -m packlab.lab.jupyter
