@@ -8,8 +8,9 @@ by ``tests/nemotron_layout.py``), ``documents.jsonl`` and ``packed/`` (Megatron-
 offline packer output), ``bridge_sft/`` (Bridge's packed ``.sft`` pairs, written as Bridge
 writes them: ``tests/sft_pairs.py``); its ``s3://lab/...`` lines reach the local S3 server of
 the ``server`` fixture. ``tokenizer`` is an object with ``eos_id``, all Bridge's packed
-datasets read of one; Bridge's imports go through the stand-ins of
-``tests/megatron_bridge_stubs.py`` (listed there), as its section says.
+datasets read of one. It runs in ``.venv-bridge``, Bridge's declared stack, as the section says
+(Bridge's one stand-in there, for the LoRA layers that import Transformer Engine:
+``tests/bridge/bridge_code.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from megatron_bridge_stubs import SpoolAsTokenizedDataset, Tokenizer, import_bridge_loaders
+from bridge_code import SpoolAsTokenizedDataset, Tokenizer, import_bridge
 from nemotron_layout import (
     chat_sft_extra,
     length_mix,
@@ -74,7 +75,7 @@ def make_inputs(root: Path, bridge) -> None:
 def test_the_section_runs_as_written(server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                      ) -> None:
     """``server``: the local S3 server (bucket ``lab``) the section's ``s3://`` lines reach."""
-    bridge = import_bridge_loaders()  # its packed datasets and its loader builder
+    bridge = import_bridge()  # its packed datasets and its loader builder
     make_inputs(tmp_path, bridge)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PACKLAB_CACHE_DIR", str(tmp_path / "cache"))
