@@ -474,13 +474,16 @@ def _pickle(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None
 
 # -- forgeries: changed content with every checksum recomputed ----------------------------------
 def _forged(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None:
-    """One token changed and the shard rewritten by its own writer, or one value of a shard's
-    own manifest edited; then its receipt and dataset.json recomputed to vouch for it."""
+    """One token changed and the shard rewritten by its own writer (two turns of the classes in
+    three, so every run of a format that does not read its spool has one, whatever the seed), or
+    one value of a shard's own manifest edited; then its receipt and dataset.json recomputed to
+    vouch for it."""
     from packlab.sources import open_shard
 
     m.forged = True
     shard = rng.choice(_shards(tree, ref))
-    if not ref.reads_spool and rng.random() < 0.7:
+    turn = m.index // len(classes_for(ref))
+    if not ref.reads_spool and turn % 3 != 1:
         with open_shard(shard) as reader:
             bins = [b.copy() for b in reader.iter_bins()]
             metadata, pack_size = dict(reader.metadata), reader.pack_size
