@@ -35,11 +35,29 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--fuzz-scale", type=float, default=1.0,
                      help="multiply the mutations per format of tests/test_fuzz.py (CI: 1; "
                           "a long run: 10 or more)")
+    parser.addoption("--fuzz-seed", default=None,
+                     help="the seed of tests/test_fuzz.py's mutations (default: "
+                          "$PACKLAB_FUZZ_SEED, else the commit checked out)")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """The fuzz seed, first thing in the output: a failure reruns from it."""
+    from mutations import fuzz_seed
+
+    seed, source = fuzz_seed(config.getoption("--fuzz-seed"))
+    return f"fuzz seed: {seed} ({source}; again: --fuzz-seed {seed} or PACKLAB_FUZZ_SEED={seed})"
 
 
 @pytest.fixture(scope="session")
 def fuzz_scale(request: pytest.FixtureRequest) -> float:
     return float(request.config.getoption("--fuzz-scale"))
+
+
+@pytest.fixture(scope="session")
+def fuzz_seed(request: pytest.FixtureRequest) -> str:
+    from mutations import fuzz_seed
+
+    return fuzz_seed(request.config.getoption("--fuzz-seed"))[0]
 
 
 def write_random_spool(

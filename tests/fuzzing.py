@@ -19,8 +19,8 @@ judges the child's report (:func:`judge`):
   recording checksums to verify against), a dataset that serves other bins at all is a failure
   (``read-silent``), even when ``validate`` notices.
 
-Run it long: ``PYTHONPATH=$PWD:$PWD/tests .venv/bin/python tests/fuzzing.py --per-format 3000``
-(or ``pytest tests/test_fuzz.py --fuzz-scale 15``).
+Run it long: ``make fuzz`` (3,000 a format: ``tests/fuzzing.py --per-format 3000``, seeded as the
+tests are, or ``FUZZ_SEED=...``); one failure again: ``--seed SEED --first I --per-format 1``.
 """
 
 from __future__ import annotations
@@ -42,12 +42,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mutations import CLASSES, MARKER, Mutation, Reference, build_reference, classes_for, mutate
+from mutations import (
+    CLASSES,
+    MARKER,
+    Mutation,
+    Reference,
+    build_reference,
+    classes_for,
+    fuzz_seed,
+    mutate,
+)
 
 from packlab.bins import bin_digest
 from packlab.errors import PacklabError
 
-__all__ = ["CLASSES", "MARKER", "Mutation", "Reference", "fuzz_format", "judge"]
+__all__ = ["CLASSES", "MARKER", "Mutation", "Reference", "fuzz_format", "fuzz_seed", "judge"]
 FAILURES = ("crash", "hang", "foreign", "silent", "read-silent", "pickle-ran")
 TIMEOUT = 60.0  # seconds a child may take for one mutation
 
@@ -217,6 +226,7 @@ def judge(m: Mutation, ran: tuple[str, Any], ref: Reference, tree: Path, *,
 @dataclass
 class FuzzRun:
     format: str
+    seed: str = ""
     classes: list[str] = field(default_factory=list)  # the classes that apply to the format
     reads_spool: bool = False
     strict: bool = False  # a bin read differently is a failure even when validate notices
@@ -226,8 +236,8 @@ class FuzzRun:
 
     def table(self) -> str:
         mode = "strict: reads verified" if self.strict else "reads unverified"
-        lines = [f"{self.format}: {sum(self.counts.values())} mutations in {self.seconds:.0f} s "
-                 f"({mode})"]
+        lines = [f"{self.format}: {sum(self.counts.values())} mutations (seed {self.seed}) in "
+                 f"{self.seconds:.0f} s ({mode})"]
         for (cls, outcome), n in sorted(self.counts.items()):
             lines.append(f"  {cls:<10} {outcome:<26} {n}")
         return "\n".join(lines)
@@ -243,9 +253,10 @@ def read_options_for(format: str) -> dict[str, Any]:
     return {"verify": True} if "verify" in inspect.signature(reader.__init__).parameters else {}
 
 
-def fuzz_format(format: str, root: Path, count: int, *, first: int = 0,
+def fuzz_format(format: str, root: Path, count: int, *, seed: str, first: int = 0,
                 progress: Callable[[Verdict], None] | None = None) -> FuzzRun:
-    """Mutations ``first .. first + count`` of ``format``, each on a fresh copy of the reference."""
+    """Mutations ``first .. first + count`` of ``format`` under ``seed``, each on a fresh copy of
+    the reference."""
     began = time.monotonic()
     ref = build_reference(root, format)
     options = read_options_for(format)
@@ -259,12 +270,12 @@ def fuzz_format(format: str, root: Path, count: int, *, first: int = 0,
     # strict: the reader verifies what it returns and every shard has checksums to verify
     # against (legacy_npy_pickle has no room for one: its receipt's, checked by validate, only)
     strict = bool(options) and all(vouched for _, vouched in report["shards"].values())
-    run = FuzzRun(format, classes_for(ref), ref.reads_spool, strict)
+    run = FuzzRun(format, seed, classes_for(ref), ref.reads_spool, strict)
     for index in range(first, first + count):
         tree = root / f"case-{index}"
         shutil.copytree(ref.tree, tree, symlinks=True)
         try:
-            m = mutate(tree, ref, index)
+            m = mutate(tree, ref, index, seed)
             verdict = judge(m, run_in_child(lambda t=tree: check_tree(t, ref, options)),
                             ref, tree, strict=strict)
         finally:
@@ -287,19 +298,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-format", type=int, default=300)
     parser.add_argument("--first", type=int, default=0, help="first mutation index")
     parser.add_argument("--formats", default=",".join(format_names()))
+    parser.add_argument("--seed", help="the mutations' seed (default: $PACKLAB_FUZZ_SEED, else "
+                                       "the commit checked out)")
     parser.add_argument("--json", action="store_true", help="counts as one JSON object")
     args = parser.parse_args(argv)
+    seed, source = fuzz_seed(args.seed)
+    print(f"fuzz seed {seed} ({source}; again: --seed {seed})", file=sys.stderr)
     runs = []
     for format in args.formats.split(","):
         with tempfile.TemporaryDirectory(prefix=f"fuzz-{format}-") as tmp:
-            run = fuzz_format(format, Path(tmp), args.per_format, first=args.first)
+            run = fuzz_format(format, Path(tmp), args.per_format, seed=seed, first=args.first)
         runs.append(run)
         print(run.table(), file=sys.stderr)
         for verdict in run.failures[:20]:
             print(f"FAIL {verdict.mutation} -> {verdict.outcome}: {verdict.detail[:2000]}",
                   file=sys.stderr)
     if args.json:
-        print(json.dumps({r.format: {"seconds": round(r.seconds, 1), "strict": r.strict,
+        print(json.dumps({r.format: {"seed": r.seed, "seconds": round(r.seconds, 1),
+                                     "strict": r.strict,
                                      "counts": {f"{c}/{o}": n for (c, o), n in
                                                 sorted(r.counts.items())},
                                      "failures": len(r.failures)} for r in runs}, indent=1))

@@ -3,8 +3,11 @@
 A *reference* is a real output directory of one format (``packlab pack`` through
 :func:`packlab.pipeline.shards.write_shards`: shards, receipts, ``dataset.json``,
 ``pack_metadata.json``) beside the spool it was packed from, and the content hash of every bin
-it holds. Mutation ``i`` of a format damages a copy one way, its class and details drawn from
-a generator seeded with ``(format, i)``, so any case reruns alone.
+it holds. Mutation ``i`` of a format damages a copy one way: its class is the ``i``-th in turn
+(so every class is tried), its details are drawn from a generator seeded with ``(seed, format,
+i)``, so any case reruns alone. The run's seed (:func:`fuzz_seed`) is the commit checked out
+unless one is given (``PACKLAB_FUZZ_SEED``, ``pytest --fuzz-seed``, ``fuzzing.py --seed``): each
+commit tries other mutations, and a failure reruns from the seed it prints.
 
 Classes: ``bitflip``, ``overwrite``, ``truncate``, ``append`` (any file of the output, and of
 the spool for formats that read it; two times in three near the start or end of the file,
@@ -23,6 +26,7 @@ import os
 import pickle
 import random
 import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +90,27 @@ def build_reference(root: Path, format: str, *, num_sequences: int = 80, pack_si
 
 
 # -- mutations -------------------------------------------------------------------------------
+SEED_VARIABLE = "PACKLAB_FUZZ_SEED"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def fuzz_seed(given: str | None = None) -> tuple[str, str]:
+    """The run's seed and where it came from: ``given``, else ``$PACKLAB_FUZZ_SEED``, else the
+    commit checked out (``git rev-parse HEAD``, its first 12 digits; CI tests a clean clone of
+    the commit it lands). Without any of them, an error: a run must say what it tried."""
+    if given:
+        return given, "given"
+    if os.environ.get(SEED_VARIABLE):
+        return os.environ[SEED_VARIABLE], SEED_VARIABLE
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                              capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError) as exc:
+        raise RuntimeError(f"{ROOT}: no commit to seed the fuzzing from ({exc}); give one "
+                           f"with {SEED_VARIABLE}=... or --fuzz-seed") from exc
+    return head[:12], "git HEAD"
+
+
 @dataclass
 class Mutation:
     """What was done to the copy: its class, and a line saying exactly what."""
@@ -95,13 +120,14 @@ class Mutation:
     cls: str
     what: str = ""
     forged: bool = False  # every checksum recomputed: allowed to pass unnoticed
+    seed: str = ""
 
     def __str__(self) -> str:
-        return f"{self.format}#{self.index} {self.cls}: {self.what}"
+        return f"{self.format}#{self.index} (seed {self.seed}) {self.cls}: {self.what}"
 
 
-def rng_for(format: str, index: int) -> random.Random:
-    return random.Random(f"{format}:{index}")
+def rng_for(format: str, index: int, seed: str) -> random.Random:
+    return random.Random(f"{seed}:{format}:{index}")
 
 
 def classes_for(ref: Reference) -> list[str]:
@@ -116,12 +142,12 @@ def classes_for(ref: Reference) -> list[str]:
 _CLASSES_OF: dict[str, list[str]] = {}
 
 
-def mutate(tree: Path, ref: Reference, index: int) -> Mutation:
-    """Apply mutation ``index`` of ``ref.format`` to the copy at ``tree``."""
-    rng = rng_for(ref.format, index)
+def mutate(tree: Path, ref: Reference, index: int, seed: str) -> Mutation:
+    """Apply mutation ``index`` of ``ref.format`` under ``seed`` to the copy at ``tree``."""
+    rng = rng_for(ref.format, index, seed)
     classes = classes_for(ref)
     cls = classes[index % len(classes)]
-    m = Mutation(ref.format, index, cls)
+    m = Mutation(ref.format, index, cls, seed=seed)
     MUTATORS[cls](tree, ref, rng, m)
     return m
 
@@ -448,13 +474,16 @@ def _pickle(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None
 
 # -- forgeries: changed content with every checksum recomputed ----------------------------------
 def _forged(tree: Path, ref: Reference, rng: random.Random, m: Mutation) -> None:
-    """One token changed and the shard rewritten by its own writer, or one value of a shard's
-    own manifest edited; then its receipt and dataset.json recomputed to vouch for it."""
+    """One token changed and the shard rewritten by its own writer (two turns of the classes in
+    three, so every run of a format that does not read its spool has one, whatever the seed), or
+    one value of a shard's own manifest edited; then its receipt and dataset.json recomputed to
+    vouch for it."""
     from packlab.sources import open_shard
 
     m.forged = True
     shard = rng.choice(_shards(tree, ref))
-    if not ref.reads_spool and rng.random() < 0.7:
+    turn = m.index // len(classes_for(ref))
+    if not ref.reads_spool and turn % 3 != 1:
         with open_shard(shard) as reader:
             bins = [b.copy() for b in reader.iter_bins()]
             metadata, pack_size = dict(reader.metadata), reader.pack_size

@@ -1,6 +1,6 @@
 """Run a README section as written: its ``sh`` blocks are ``packlab`` commands, run line by
 line (each must exit 0); its ``python`` blocks run in order in one namespace. Used by the tests
-that keep a README section honest (``tests/test_readme_interop.py``, ``tests/test_readme_hf.py``)."""
+that keep a README section honest (``tests/bridge/test_readme_interop.py``, ``tests/test_readme_hf.py``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ import pytest
 from conftest import write_random_spool
 
 from packlab.errors import PacklabError
-from packlab.lab.sharding.coverage import coverage, seed_epoch
+from packlab.lab.sharding.coverage import coverage
 from packlab.lab.sharding.launch import consume, launch, run_phases
 from packlab.materialize import iter_bins
 from packlab.packing import pack
@@ -83,18 +83,11 @@ def world4(data):
     return run(data, 4, "w4", [phase(data["chunks"], epoch=2)])
 
 
-def seed_plan(data) -> ChunkPlan:
-    """Chunks of two global batches (8 = 2 x MBS x 2 ranks): where seed 003's design loses half.
-    (With 6 per chunk it happens to serve each sample once: the damage depends on the ratio,
-    notebook 08 sweeps it.)"""
-    return ChunkPlan(num_samples=data["plan"].num_samples, samples_per_chunk=8,
-                       format="jsonl", pack_size=PACK)
-
-
 @pytest.fixture(scope="module")
 def world2(data):
     """A producer slower than the ranks (deleting what they mark), a crash after 2 steps and a
-    resume; then seed 003's design under Megatron's sampler on the complete chunks."""
+    resume. (Seed 003's design on real ranks, under Megatron-Bridge's own sampler:
+    tests/bridge/test_real_ranks.py.)"""
     slow = data["root"] / "slow"
     ready = data["root"] / "ready"
     plan = data["plan"]
@@ -112,10 +105,8 @@ def world2(data):
             producer.produce(data["source"], chunks=[chunk])
             published[chunk] = time.time()
 
-    seed_dir = data["root"] / "seed_design"
-    ChunkProducer(seed_dir, seed_plan(data)).produce(data["source"])
-    results = run(data, 2, "w2", [phase(slow, epoch=0, stop_after=2, ready_dir=str(ready)),
-                                  phase(seed_dir, design="seed")], background=produce)
+    results = run(data, 2, "w2", [phase(slow, epoch=0, stop_after=2, ready_dir=str(ready))],
+                  background=produce)
     deadline = time.monotonic() + 10
     while producer.published() and time.monotonic() < deadline:
         producer.collect()
@@ -212,18 +203,6 @@ def test_a_missing_chunk_is_a_clear_timeout_not_a_hang(world3) -> None:
     assert errors[2] is not None
     assert "chunk_00002.jsonl: chunk 2 (rank 2) not published after 1 s" in errors[2]
     assert seconds < DEADLINE
-
-
-def test_seed_design_in_real_ranks_duplicates_and_loses_as_predicted(data, world2) -> None:
-    results = world2[0]
-    real = served(results, 1)
-    asked, predicted = seed_epoch(seed_plan(data), 2, MBS)
-    for rank in range(2):
-        assert real[rank].tolist() == predicted[rank].tolist()
-        assert results[rank]["phases"][1]["asked"] == asked[rank].tolist()
-    cov = coverage(real, data["plan"].num_samples)
-    assert cov.extra > 0 and cov.lost > data["plan"].num_samples // 4
-    assert cov.errors > 0  # the last, short chunk's requests on rank 1 raise IndexError
 
 
 def test_a_stuck_run_is_terminated_at_its_deadline(tmp_path: Path) -> None:

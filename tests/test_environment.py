@@ -44,7 +44,7 @@ def test_no_test_can_skip_or_pass_by_returning_early() -> None:
     rejects an example with assume(), never with a bare return (which counts it as passed)."""
     skips = re.compile(r"\bimportorskip\b|\bpytest\.skip\b|\bmark\.skip(if)?\b|\bxfail\b")
     found = []
-    for path in sorted((ROOT / "tests").glob("*.py")):
+    for path in sorted((ROOT / "tests").rglob("*.py")):
         text = path.read_text()
         found += [f"{path.name}:{n}" for n, line in enumerate(text.splitlines(), 1)
                   if skips.search(line.split("#")[0]) and path.name != Path(__file__).name]

@@ -198,7 +198,7 @@ def test_bad_batches_and_models_are_clear_errors(shards) -> None:
 @pytest.mark.parametrize("options", [{}, {"pad_to_max_length": True}])
 def test_the_model_reads_megatron_bridges_own_batch_as_packlabs(shards, options: dict) -> None:
     """``Collator(style="megatron_bridge")`` (equal to Bridge's collate_fn, tested in
-    test_megatron_bridge.py) gives the model the segments, positions and, with an EOS id no
+    tests/bridge/test_megatron_bridge.py) gives the model the segments, positions and, with an EOS id no
     token has, the loss that packlab's THD batch gives."""
     dataset = open_dataset(shards[2]["memmap_v1"])
     items = [dataset[i] for i in range(3)]

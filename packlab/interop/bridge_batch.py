@@ -2,7 +2,7 @@
 
 Equal, key for key, dtype for dtype and value for value, to what
 ``GPTSFTPackedDataset.collate_fn`` returns in megatron-bridge 0.6.2
-(``megatron/bridge/data/packing/gpt_sft.py``; ``tests/test_megatron_bridge.py`` runs both on
+(``megatron/bridge/data/packing/gpt_sft.py``; ``tests/bridge/test_megatron_bridge.py`` runs both on
 the same items). Given items with ``input_ids``, ``loss_mask`` (stored, already aligned per
 sub-sequence) and ``seq_boundaries``, for each row:
 

@@ -19,7 +19,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -49,10 +49,13 @@ def free_port() -> int:
 
 def launch(job: Job, world_size: int, config: dict[str, Any], out_dir: str | os.PathLike[str],
            *, timeout: float = 60.0,
-           background: Callable[[threading.Event], None] | None = None
-           ) -> list[dict[str, Any]]:
+           background: Callable[[threading.Event], None] | None = None,
+           preload: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Run ``job(rank, world_size, config)`` on ``world_size`` real processes; return the
     per-rank results (rank order).
+
+    ``preload``: modules the ranks' forkserver imports once, beside :data:`RANK_PRELOAD`, before
+    it forks them (the server starts at this process's first launch, with that launch's list).
 
     ``background(stop)`` runs in a thread of this process meanwhile (e.g. a producer); ``stop``
     is set once the ranks are done or dead, so it must return soon after. Raises
@@ -69,7 +72,7 @@ def launch(job: Job, world_size: int, config: dict[str, Any], out_dir: str | os.
     result = out / "result.json"
     result.unlink(missing_ok=True)
     port = free_port()
-    multiprocessing.get_context(RANK_START).set_forkserver_preload(RANK_PRELOAD)
+    multiprocessing.get_context(RANK_START).set_forkserver_preload([*RANK_PRELOAD, *preload])
     context = mp.start_processes(_rank_main, args=(world_size, port, job, config, str(out),
                                                    timeout), nprocs=world_size, join=False,
                                  start_method=RANK_START)
@@ -258,7 +261,9 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
     ``config``: ``directory``, ``micro_batch_size``, ``design`` (``rank_local`` or ``seed``),
     ``num_workers``, ``seed``, ``epoch``, ``window``, ``poll_interval``, ``timeout``,
     ``stop_after`` (steps before a simulated crash, then a resume from the checkpoint),
-    ``ready_dir`` (where to write ``rank{r}`` once reading starts).
+    ``ready_dir`` (where to write ``rank{r}`` once reading starts), ``sampler`` (the seed
+    design's batch sampler class, called as Megatron's ``MegatronPretrainingSampler``; default
+    packlab's reproduction, the tests pass Megatron-Bridge's own).
     """
     if config.get("design", "rank_local") == "seed":
         return _consume_seed(rank, world_size, config)
@@ -307,8 +312,8 @@ def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[st
     dataset = SeedLazyShardedDataset(config["directory"], plan, rank=rank,
                                      world_size=world_size, mark_completed=False,
                                      record_errors=True)
-    sampler = MegatronPretrainingSampler(len(dataset), 0, config["micro_batch_size"], rank,
-                                         world_size)
+    sampler_class = config.get("sampler", MegatronPretrainingSampler)
+    sampler = sampler_class(len(dataset), 0, config["micro_batch_size"], rank, world_size)
     ids, asked = [], []
     for batch in _loader(dataset, sampler, config):
         ids.append(batch["sample_id"])
@@ -317,4 +322,5 @@ def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[st
     served = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int64)
     seconds = time.perf_counter() - began
     return {"rank": rank, "world_size": world_size, "design": "seed",
+            "sampler": f"{sampler_class.__module__}.{sampler_class.__qualname__}",
             "sample_ids": served.tolist(), "asked": asked, "seconds": seconds}

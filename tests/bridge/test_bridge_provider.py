@@ -1,17 +1,17 @@
 """A packlab output in a Megatron-Bridge recipe: ``PacklabDatasetProvider`` through Bridge's own
 ``get_dataset_provider``, loader builder and samplers, against Bridge's own packed datasets.
 
-Bridge's code is the installed megatron-bridge 0.6.2, run in one process with a real gloo
-process group (127.0.0.1): ``get_dataset_provider`` (``data/utils.py``) adapts the provider;
-``build_train_valid_test_data_iterators`` / ``build_train_valid_test_data_loaders``
-(``data/loaders.py``) build its datasets and wrap them in Bridge's samplers
-(``data/samplers.py``: ``single``, ``cyclic``, ``batch``). The reference is Bridge's own GPT SFT
-path through the same builder: a ``GPTSFTDatasetConfig`` whose packed data is packlab's output
-(Bridge opens ``GPTSFTPackedParquetDataset`` over the Parquet shards, ``GPTSFTPackedDataset``
-over the ``.npy``), so both read the same bins. What is stubbed (modules that cannot import on
-this Python 3.11 machine, the config container Megatron-LM's training package would give,
-the CUDA flags) is listed in ``tests/megatron_bridge_stubs.py``; the samplers, the builder,
-the adapter and Bridge's datasets and ``collate_fn`` are Bridge's unmodified code.
+Bridge's code is megatron-bridge 0.6.2 on its declared stack (``.venv-bridge``), run in one
+process with a real gloo process group (127.0.0.1): ``get_dataset_provider`` (``data/utils.py``)
+adapts the provider; ``build_train_valid_test_data_iterators`` /
+``build_train_valid_test_data_loaders`` (``data/loaders.py``) build its datasets and wrap them
+in Bridge's samplers (``data/samplers.py``: ``single``, ``cyclic``, ``batch``), reading Bridge's
+own ``ConfigContainer`` (``TrainingConfig``, ``ValidationConfig``) and ``TrainState``. The
+reference is Bridge's own GPT SFT path through the same builder: a ``GPTSFTDatasetConfig`` whose
+packed data is packlab's output (Bridge opens ``GPTSFTPackedParquetDataset`` over the Parquet
+shards, ``GPTSFTPackedDataset`` over the ``.npy``), so both read the same bins. One Bridge
+module is a stand-in (its LoRA layers, which import Transformer Engine) and the builder's CUDA
+flags are made on the CPU: ``tests/bridge/bridge_code.py`` says why.
 """
 
 from __future__ import annotations
@@ -24,18 +24,15 @@ from typing import Any
 import numpy as np
 import pytest
 import torch.distributed as dist
-from conftest import BUCKET, write_random_spool
-from megatron_bridge_stubs import (
-    RecipeConfig,
+from bridge_code import (
     Tokenizer,
-    TrainingSettings,
-    TrainState,
-    ValidationSettings,
     assert_same_batch,
     cuda_flags_on_cpu,
-    import_bridge_loaders,
+    import_bridge,
+    recipe_config,
     same_item,
 )
+from conftest import BUCKET, write_random_spool
 
 from packlab.cloud import upload_layout, upload_tree
 from packlab.errors import PacklabError
@@ -57,7 +54,7 @@ LOADER = {"num_workers": 0, "pin_memory": False, "persistent_workers": False}
 
 @pytest.fixture(scope="module")
 def bridge() -> Any:
-    return import_bridge_loaders()
+    return import_bridge()
 
 
 @pytest.fixture(scope="module")
@@ -127,14 +124,17 @@ def iterators(bridge: Any, group: Any, dataset_config: Any, *, consumed: int = 0
     them: ``get_dataset_provider``, the provider bound to the tokenizer (as ``setup`` binds it),
     ``build_train_valid_test_data_iterators`` (the loaders and their samplers) resumed from
     ``consumed`` training samples."""
-    cfg = RecipeConfig(TrainingSettings(MBS, GBS, train_iters),
-                       ValidationSettings(eval_interval=4 if eval_iters else None,
-                                          eval_iters=eval_iters), dataset_config)
+    training = bridge.training
+    cfg = recipe_config(
+        bridge, train=training.TrainingConfig(micro_batch_size=MBS, global_batch_size=GBS,
+                                              train_iters=train_iters),
+        validation=training.ValidationConfig(eval_interval=4 if eval_iters else None,
+                                             eval_iters=eval_iters), dataset=dataset_config)
     dataset_config.finalize()
     build = partial(bridge.utils.get_dataset_provider(dataset_config), tokenizer=Tokenizer(EOS))
     with cuda_flags_on_cpu():
         return bridge.loaders.build_train_valid_test_data_iterators(
-            cfg, TrainState(consumed_train_samples=consumed), build, group)
+            cfg, bridge.state.TrainState(consumed_train_samples=consumed), build, group)
 
 
 def take(iterator: Any, count: int) -> list[dict[str, Any]]:

@@ -6,8 +6,9 @@ the ``tokenizer`` Bridge reads).
 
 The sections' ``sh`` blocks are ``packlab`` commands, run line by line (each must exit 0);
 their ``python`` blocks run in one namespace. Their ``s3://lab/...`` lines reach the local S3
-server of the ``server`` fixture. Bridge's imports go through the stand-ins of
-``tests/megatron_bridge_stubs.py`` (listed there), as its section says.
+server of the ``server`` fixture. It runs in ``.venv-bridge``, Bridge's declared stack, as the
+section says (Bridge's one stand-in there, for the LoRA layers that import Transformer Engine:
+``tests/bridge/bridge_code.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from megatron_bridge_stubs import import_bridge_loaders
+from bridge_code import import_bridge
 from readme_sections import run_section
 
 from packlab.materialize import iter_bins
@@ -29,7 +30,7 @@ AS_OF_TODAY = "## Megatron-Bridge and Megatron-LM, as of today"
 def test_the_section_runs_as_written(server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                      ) -> None:
     """``server``: the local S3 server (bucket ``lab``) the section's ``s3://`` lines reach."""
-    import_bridge_loaders()  # its packed datasets, packer and loader builder, importable
+    import_bridge()  # its packed datasets, packer and loader builder, from its own code
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PACKLAB_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("PACKLAB_STAGING_DIR", str(tmp_path / "staging"))

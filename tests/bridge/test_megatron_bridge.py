@@ -1,23 +1,12 @@
 """Megatron-Bridge's own code over packlab's outputs, and packlab over Bridge's own outputs.
 
-Runs the ``megatron-bridge`` 0.6.2 package (installed by ``make install``; no copy of its code
-here): its packed datasets ``GPTSFTPackedDataset`` (legacy ``.npy``) and
-``GPTSFTPackedParquetDataset``, their ``collate_fn``, the builder ``build_gpt_sft_split`` a
-recipe calls, ``PackedSequenceSpecs``, and its offline packer ``prepare_gpt_sft_packed_data``
-(with its packing algorithms and Parquet writer).
-
-What is stubbed, and why (``tests/megatron_bridge_stubs.py`` has the details): Bridge declares
-Python >= 3.12 and its package ``__init__`` files import the whole training stack, so five
-modules are replaced before import, nothing else:
-
-- the ``__init__`` of ``megatron.bridge``, ``megatron.bridge.data`` and
-  ``megatron.bridge.data.builders`` (they import model conversion, Energon and VLM builders,
-  which need megatron-core names this megatron-core lacks): bare packages over the installed
-  directories, so every submodule used is Bridge's own file;
-- ``megatron.bridge.utils.common_utils`` (imports ``megatron.training``, not installed): four
-  single-process helpers the data modules import (rank 0, local rank, print, resolve a path);
-- ``megatron.bridge.training.tokenizers.tokenizer`` (imports a megatron-core module that is
-  absent): ``MegatronTokenizer``, used only as a type annotation, is an empty class.
+Runs the ``megatron-bridge`` 0.6.2 package on its declared stack (``.venv-bridge``: Python 3.12
+and Bridge's declared requirements, ``make bridge-env``; no copy of its code here): its packed
+datasets ``GPTSFTPackedDataset`` (legacy ``.npy``) and ``GPTSFTPackedParquetDataset``, their
+``collate_fn``, the builder ``build_gpt_sft_split`` a recipe calls, ``PackedSequenceSpecs``, and
+its offline packer ``prepare_gpt_sft_packed_data`` (with its packing algorithms and Parquet
+writer). One module of Bridge's is a stand-in, the LoRA layers that import Transformer Engine
+(``tests/bridge/bridge_code.py`` says why).
 
 The tokenizer given to Bridge is an object with ``eos_id``/``eod`` (all its packed datasets
 and packer read), and Bridge's packer gets its tokenized split from a ``dataset_builder``
@@ -36,14 +25,14 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
-from megatron_bridge_stubs import (
+from bridge_code import (
     SpoolAsTokenizedDataset,
     Tokenizer,
     assert_same_batch,
     import_bridge,
     same_item,
 )
+from conftest import run_cli
 
 from packlab.bins import PackedBin
 from packlab.collate import Collator
