@@ -162,6 +162,24 @@ def test_a_damaged_manifest_is_one_error_naming_it(job, tmp_path) -> None:
             open_dataset(out)
 
 
+def test_a_job_that_is_not_an_object_is_refused_by_open_and_validate(job, tmp_path,
+                                                                      capsys) -> None:
+    """``"job": -1`` (one of the fuzzer's record mutations) is one line naming the record, from
+    Python and from ``packlab validate``, never an internal error."""
+    out = tmp_path / "out"
+    write(job, out, "memmap_v1")
+    path = out / DATASET_RECORD
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "job": -1}))
+    with pytest.raises(FormatError, match=rf"{DATASET_RECORD}: 'job' is a number, not an object"):
+        open_dataset(out)
+    from packlab.cli import main
+
+    assert main(["validate", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'job' is a number" in err[0]
+
+
 def test_a_second_job_into_one_directory_is_refused_while_the_first_writes(job, tmp_path) -> None:
     out = tmp_path / "out"
     with writing_lock(out), pytest.raises(PacklabError, match="another packlab job is writing"):

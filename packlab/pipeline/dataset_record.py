@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError, PacklabWarning
-from packlab.files import json_default, parse_versioned_json, short_hash, staged
+from packlab.files import json_default, json_kind, parse_versioned_json, short_hash, staged
 from packlab.pipeline.receipts import shard_bytes
 from packlab.storage import Location, as_location
 from packlab.version import __version__
@@ -156,6 +156,8 @@ def check_dataset_record(manifest: dict[str, Any], where: object) -> dict[str, A
             raise bad(f"{name}: no bytes/sha256 in a complete manifest")
     if _is_int(manifest.get("num_bins")) and manifest["num_bins"] != stop:
         raise bad(f"num_bins {manifest['num_bins']} but the shards hold {stop}")
+    if not isinstance(manifest.get("job", {}), dict):
+        raise bad(f"'job' is {json_kind(manifest['job'])}, not an object")
     return manifest
 
 
