@@ -35,6 +35,7 @@ from packlab.lab.measure.stages import Progress, StageResult, disk_usage, run_st
 from packlab.lab.records.at_scale import AtScale, ScalePlan
 
 PROFILE = "short"
+MIN_READS = 200  # random reads a pass takes at least, whatever its time budget
 PACKLAB = [sys.executable, "-m", "packlab.cli"]
 DISK_MARGIN = 0.85  # of the free disk a run may plan to use
 
@@ -94,11 +95,12 @@ def open_job(path: str, progress: str | None = None) -> dict[str, Any]:
 
 
 def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
-              progress: str | None = None) -> dict[str, Any]:
-    """Seeded random bins: a first pass, the same bins again (warm), then the same bins in
+              max_seconds: float = 60.0, progress: str | None = None) -> dict[str, Any]:
+    """Seeded random bins: a first pass (at most ``max_seconds``: a format that decodes a
+    block per random bin reads fewer), the same bins again (warm), then the same bins in
     batches of ``batch`` (``__getitems__``); each read delivered (copied into reused buffers,
     as a collate does: :class:`~packlab.lab.measure.delivery.Sink`), the process's resident
-    memory after each pass."""
+    memory after each pass; then the same bins through plain memory maps."""
     from packlab.lab.measure.delivery import Sink
     from packlab.samplers import has_own_blocks
     from packlab.sources import open_dataset
@@ -110,18 +112,22 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
     out: dict[str, Any] = {"samples": samples, "num_bins": len(dataset), "after_open": _rss(),
                            "keeps_blocks": has_own_blocks(dataset)}
     for k, name in enumerate(("first", "warm")):
-        times = np.empty(samples, dtype=np.int64)
-        returned = 0
+        times = np.empty(len(indices), dtype=np.int64)
+        returned, stop = 0, time.perf_counter() + max_seconds
         for i, b in enumerate(indices):
             t = time.perf_counter_ns()
             returned += sink.take(dataset[b])
             times[i] = time.perf_counter_ns() - t
             report.update(k * samples + i)
+            if k == 0 and time.perf_counter() > stop and i + 1 >= MIN_READS:
+                indices, times = indices[:i + 1], times[:i + 1]
+                out["samples"] = len(indices)
+                break
         out[name] = {"p50_us": float(np.median(times)) / 1e3,
                      "p90_us": float(np.percentile(times, 90)) / 1e3,
                      "mean_us": float(times.mean()) / 1e3, "returned_bytes": returned,
                      "after": _rss()}
-    batches = [indices[i:i + batch] for i in range(0, samples - batch + 1, batch)]
+    batches = [indices[i:i + batch] for i in range(0, len(indices) - batch + 1, batch)]
     times = np.empty(len(batches), dtype=np.int64)
     for i, group in enumerate(batches):
         t = time.perf_counter_ns()
@@ -283,6 +289,7 @@ def file_digests(root: Path) -> dict[str, str]:
 def scale_run(directory: str | os.PathLike[str], *, num_sequences: int,
               formats: Sequence[str], pack_size: int = 4096, bins_per_shard: int = 8192,
               vocab_size: int | None = None, read_samples: int = 20_000,
+              read_seconds: float = 60.0,
               loader_batch_size: int = 8, loader_workers: int = 2, world_size: int = 4,
               rank_formats: Sequence[str] = ("binidx",), resume_format: str = "binidx",
               legacy_cap_bytes: int = 6 << 30, log: Callable[[str], None] = print) -> AtScale:
@@ -313,6 +320,7 @@ def scale_run(directory: str | os.PathLike[str], *, num_sequences: int,
         for fmt in formats:
             _one_format(run, root, spool, fmt, tokens, shards, pack_size=pack_size,
                         bins_per_shard=bins_per_shard, read_samples=read_samples,
+                        read_seconds=read_seconds,
                         batch_size=loader_batch_size, workers=loader_workers,
                         world_size=world_size if fmt in rank_formats else 0,
                         resume=fmt == resume_format, log=log)
@@ -341,7 +349,8 @@ def _keep(run: AtScale, key: str, stage: StageResult, log: Callable[[str], None]
 
 
 def _one_format(run: AtScale, root: Path, spool: Path, fmt: str, tokens: int, shards: int, *,
-                pack_size: int, bins_per_shard: int, read_samples: int, batch_size: int,
+                pack_size: int, bins_per_shard: int, read_samples: int, read_seconds: float,
+                batch_size: int,
                 workers: int, world_size: int, resume: bool, log: Callable[[str], None]) -> None:
     out = root / fmt
     command = [*PACKLAB, "pack", str(spool), str(out), "--format", fmt, "--pack-size",
@@ -357,7 +366,8 @@ def _one_format(run: AtScale, root: Path, spool: Path, fmt: str, tokens: int, sh
     run.num_bins[fmt] = int(stage.result["num_bins"])
     _keep(run, f"reads:{fmt}", run_stage(
         f"random reads {fmt}", job="packlab.lab.measure.scale:reads_job",
-        kwargs={"path": str(out), "samples": min(read_samples, run.num_bins[fmt])}), log)
+        kwargs={"path": str(out), "samples": min(read_samples, run.num_bins[fmt]),
+                "max_seconds": read_seconds}), log)
     _keep(run, f"epoch:{fmt}", run_stage(
         f"epoch {fmt}", job="packlab.lab.measure.scale:epoch_job",
         kwargs={"path": str(out), "batch_size": batch_size, "workers": workers},
