@@ -337,6 +337,8 @@ CASES = [
     (["query", "SELECT 1", "--data", "{out}", "--format", "jsn"], ["did you mean 'json'?"]),
     (["convert", "{out}", "{root}/all.parquet", "--format", PARQUET],
      ["{root}/all.parquet", "a shard's name (.parquet)", "name a folder"]),
+    (["convert", "{out}", "{root}/all.sft", "--format", "megatron_sft"],
+     ["{root}/all.sft", "a shard's name (.sft)", "name a folder"]),  # a pair's prefix
     (["pack", "{spool}", "{new}", *P, "--split", "train=0.9;valid=0.1"], ["separate them with commas"]),
     (["pack", "{spool}", "{spool}", "{new}", *P], ["'spool' twice", "--names"]),
     (["convert", "{out}/shard_000000.parquet", "{root}/pair.sft", "--format", "megatron_sft"],

@@ -78,8 +78,10 @@ def convert(src: Any, dst: str, *, format: str, split: str | None = None,
 
 def _refuse_a_shards_name(dst: str, source: Source) -> None:
     """A folder of shards is not written under a one-file shard's name (``x.parquet``,
-    ``x.sft.idx``): whoever reads ``x.parquet`` expects one file."""
-    suffixes = [s for s in (get_format(n).Writer.SUFFIX for n in format_names()) if s]
+    ``x.sft.idx``, or ``x.sft``, the prefix a pair's index is named by): whoever reads
+    ``x.parquet`` expects one file."""
+    files = [s for s in (get_format(n).Writer.SUFFIX for n in format_names()) if s]
+    suffixes = [*files, *(s.removesuffix(".idx") for s in files if s.endswith(".sft.idx"))]
     named = next((s for s in suffixes if str(dst).rstrip("/").endswith(s)), None)
     if named is not None:
         count = len(source.shards)
