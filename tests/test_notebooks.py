@@ -72,3 +72,23 @@ def assert_reads_cleanly(notebook: nbformat.NotebookNode) -> None:
             if out.output_type in ("execute_result", "display_data"):
                 assert set(out.data) - {"text/plain"}, \
                     f"{where} shows a bare repr: {out.data['text/plain'][:200]}"
+
+
+def test_a_long_runs_cell_output_reaches_the_terminal_as_printed(tmp_path: Path, capfd) -> None:
+    """At a long scale the stage lines are the run's progress: papermill logs them at INFO,
+    which Python drops unless the runner gives its logger a handler."""
+    import papermill
+
+    from packlab.lab.notebooks import show_cell_output
+
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("for i in range(3):\n    print(f'[scale] stage {i}')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    show_cell_output()
+    show_cell_output()  # once is enough: a second call adds no second handler
+    papermill.execute_notebook(str(tmp_path / "in.ipynb"), str(tmp_path / "out.ipynb"),
+                               kernel_name="python3", progress_bar=False, log_output=True)
+    printed = [line for line in capfd.readouterr().err.splitlines() if "[scale]" in line]
+    assert printed == ["[scale] stage 0", "[scale] stage 1", "[scale] stage 2"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -68,6 +69,8 @@ def execute(path: Path, scale: str, out_dir: Path) -> Path:
     out = out_dir / path.name
     os.environ.setdefault("MPLCONFIGDIR", str(build_dir() / "mpl"))
     os.environ.setdefault("HF_HOME", str(build_dir() / "hf"))
+    if scale in LONG:
+        show_cell_output()
     papermill.execute_notebook(
         str(path),
         str(out),
@@ -78,6 +81,28 @@ def execute(path: Path, scale: str, out_dir: Path) -> Path:
         log_output=scale in LONG,  # a long run's stage lines reach the terminal as they come
     )
     return out
+
+
+def show_cell_output() -> None:
+    """Papermill logs a cell's output at INFO, which Python drops without a handler: one that
+    prints the lines, and only them, on stderr."""
+    logger = logging.getLogger("papermill")
+    if not any(getattr(h, "packlab", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        handler.addFilter(_cell_output)
+        handler.packlab = True  # type: ignore[attr-defined]
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
+def _cell_output(record: logging.LogRecord) -> bool:
+    """A cell's lines as printed (papermill's own messages left out)."""
+    text = record.getMessage()
+    if text.startswith(("Executing", "Input Notebook", "Output Notebook", "Ending")):
+        return False
+    record.msg, record.args = text.rstrip("\n"), ()
+    return bool(record.msg)
 
 
 def run(scale: str, only: list[str] | None = None) -> Path:
