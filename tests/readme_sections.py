@@ -21,8 +21,8 @@ RUN_BY = {
     "## Python": "tests/test_readme_python.py",
     "## Object storage, step by step": "tests/test_readme_s3.py",
     "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities":
-        "tests/test_readme_interop.py",
-    "## Megatron-Bridge and Megatron-LM, as of today": "tests/test_readme_interop.py",
+        "tests/bridge/test_readme_interop.py",
+    "## Megatron-Bridge and Megatron-LM, as of today": "tests/bridge/test_readme_interop.py",
     "## Using packlab outputs with transformers and TRL": "tests/test_readme_hf.py",
 }
 #: the sections whose blocks are the repository's own ``make`` targets and notebook runner:
