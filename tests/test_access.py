@@ -136,7 +136,7 @@ def _mapped(array: np.ndarray) -> bool:
 
 
 def test_a_read_has_its_bytes_when_it_returns(shards: dict[str, Path]) -> None:
-    """binidx reads a bin with ``pread`` into arrays of its own (packlab.mapping): when the
+    """binidx reads a bin with ``pread`` into arrays of its own (packlab.storage.reads): when the
     read returns, its bytes are in them, never pages still to fault in from the disk, so a
     benchmark's clock that stops at the return has waited for the data."""
     dataset = open_dataset(shards["binidx"])

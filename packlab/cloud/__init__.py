@@ -1,7 +1,7 @@
 """Packed shards on object storage (``s3://``, any pyarrow or fsspec filesystem).
 
 How a shard gets there and back is decided by its format's contract
-(:class:`~packlab.formats.base.FormatFacts`), never by its name:
+(:class:`~packlab.formats.shared.base.FormatFacts`), never by its name:
 
 ====================  ===========================================  ==========================================
 the format ...        write                                        read
@@ -25,7 +25,7 @@ Entry points (the facade :func:`packlab.open_dataset`, ``open_shard`` and ``open
 send URIs here): :func:`remote_writer`, :func:`remote_shard`, :func:`upload_shard`,
 :func:`download_shard`,
 :func:`upload_layout`, :func:`upload_tree`, :func:`sweep_temporaries`; DuckDB in :mod:`.sql`.
-Which store ``s3://`` means: :func:`packlab.storage.configure` (or ``AWS_ENDPOINT_URL``);
+Which store ``s3://`` means: :func:`packlab.storage.location.configure` (or ``AWS_ENDPOINT_URL``);
 for tests and notebooks, :class:`packlab.lab.s3server.S3Server` configures a local one.
 """
 

@@ -15,7 +15,7 @@ record on object storage, where a directory cannot appear in one step:
   re-uploaded shard is a new entry, never a mix of old and new files.
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
-through a temporary key and published by a server-side copy (:func:`packlab.storage.upload_file`).
+through a temporary key and published by a server-side copy (:func:`packlab.storage.location.upload_file`).
 A one-file shard with companions (``megatron_sft``: a Megatron pair and packlab's sidecar) is
 uploaded companions first and its own file last (its commit point; an old one removed first),
 and downloaded whole.
@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import (
+from packlab.formats import files_of_shard
+from packlab.storage.files import (
     DIRECTORY_RECORD,
     TMP_MARKER,
     parse_json,
@@ -44,8 +45,7 @@ from packlab.files import (
     staged,
     verify_files,
 )
-from packlab.formats import files_of_shard
-from packlab.storage import (
+from packlab.storage.location import (
     Location,
     as_location,
     cache_entry,
@@ -64,7 +64,7 @@ class NoFileList(FormatError):
 
 
 def default_cache_dir() -> Path:
-    """The verified download cache (:func:`packlab.storage.cache_root`)."""
+    """The verified download cache (:func:`packlab.storage.location.cache_root`)."""
     return cache_root()
 
 
@@ -240,10 +240,10 @@ def sweep_temporaries(uri: str | Location, *, filesystem: Any = None,
 def download_prefix(uri: str | Location, *, filesystem: Any = None,
                     cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The local copy of the Megatron prefix at ``uri`` (``PREFIX.bin``/``.idx`` and, when
-    there, packlab's mask sidecar and record: :mod:`packlab.spool_prefix`), downloaded once
+    there, packlab's mask sidecar and record: :mod:`packlab.spool.prefix`), downloaded once
     into the cache: each file checked against the record packlab's export wrote, else against
     the store's sizes (a prefix Megatron wrote records nothing more)."""
-    from packlab.spool_prefix import PREFIX_VERSION, prefix_files
+    from packlab.spool.prefix import PREFIX_VERSION, prefix_files
 
     location = resolve(uri, filesystem)
     folder = location.parent

@@ -28,13 +28,13 @@ Where the metadata lives (IPC writes the schema first, so the schema cannot hold
 The IPC footer, written at close, is what makes the file openable: a truncated file or one
 from a killed writer (which never reaches the final name anyway) does not open.
 
-The file is mapped with Python's ``mmap`` (:mod:`packlab.mapping`: advised for random access,
+The file is mapped with Python's ``mmap`` (:mod:`packlab.storage.reads`: advised for random access,
 so a cold bin reads its own pages; pyarrow's ``memory_map`` takes no advice) and handed to
 ``pa.ipc.open_file`` as a buffer, still zero-copy. Arrays returned by the reader are read-only
 views into the map; they keep the mapped buffer alive through their ``.base``, so they stay
 valid after the reader is closed and collected. On the first read an uncompressed packlab file
 decodes every record batch's list offsets into RAM and indexes the whole mapped file as flat
-columns (:mod:`packlab.formats.bintable`, the read path every memory-mapped format shares), so a
+columns (:mod:`packlab.formats.read.table`, the read path every memory-mapped format shares), so a
 read needs no decoding and a cold read waits for the bin's tokens and mask only.
 """
 
@@ -52,8 +52,15 @@ import pyarrow as pa
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import AlignedWriter, fsync_file
-from packlab.formats.arrow_lists import (
+from packlab.formats.read.table import (
+    Column,
+    Layout,
+    Maps,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
+from packlab.formats.shared.arrow_lists import (
     ARROW_ERRORS,
     DTYPES,
     MAX_LIST_VALUES,
@@ -70,17 +77,16 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, starts_with
-from packlab.formats.table import (
-    Column,
-    Layout,
-    Maps,
-    TableReads,
-    check_checksums,
-    refuse_unverifiable,
+from packlab.formats.shared.base import (
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    count_field,
+    starts_with,
 )
-from packlab.mapping import MappedFile, sequential
-from packlab.storage import Location
+from packlab.storage.files import AlignedWriter, fsync_file
+from packlab.storage.location import Location
+from packlab.storage.reads import MappedFile, sequential
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"

@@ -10,7 +10,7 @@ The writer is faithful on purpose: it accumulates Python lists of every bin and 
 at :meth:`~ShardWriter.finalize` (temporary name, atomic rename). That accumulation, O(dataset)
 memory, is what the lab measures against the streaming formats.
 
-The reader never runs pickle code (:mod:`packlab.safe_pickle`). It loads the whole file on
+The reader never runs pickle code (:mod:`packlab.codecs.safe_pickle`). It loads the whole file on
 first access (that is the format) and returns numpy arrays: int32 ``input_ids``, uint8
 ``loss_mask``, int32 ``seq_start_id``. The format has no manifest, no checksum and no
 ``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin, and for a file
@@ -18,7 +18,7 @@ Megatron-Bridge's packer wrote, ``convention="megatron_bridge"`` (its pack size 
 ``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). There is no place for a
 checksum (Megatron-Bridge unpickles the file as it is), so ``validate`` and ``verify=True``
 can only catch damage that breaks the pickle or an invariant: every bin read is checked
-against every invariant (:func:`~packlab.invariants.check_bin`, a few percent of a read that
+against every invariant (:func:`~packlab.bins.check_bin`, a few percent of a read that
 converts Python lists), whatever ``verify`` says; a flipped token digit passes unseen (one more
 reason to move off this format).
 """
@@ -30,14 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin, check_convention
+from packlab.bins import PackedBin, check_bin, check_convention
+from packlab.codecs.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
 from packlab.errors import FormatError
-from packlab.files import fsync_file
-from packlab.formats import stacks
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
-from packlab.invariants import check_bin
-from packlab.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
-from packlab.storage import Location
+from packlab.formats.shared import stacks
+from packlab.formats.shared.base import FormatFacts, ShardReader, ShardWriter
+from packlab.storage.files import fsync_file
+from packlab.storage.location import Location
 
 FORMAT = "legacy_npy_pickle"
 SUFFIX = ".npy"

@@ -3,10 +3,10 @@
 Follows Megatron-Bridge's ``src/megatron/bridge/data/packing/indexed.py`` at commit
 ``c91ec672d971adb9b155e31e2e224c036f34994e`` (pull request #5226, closed without being merged:
 no Bridge release or main branch reads the pair; Bridge reads packed Parquet,
-:data:`packlab.formats.stacks.SFT_PAIR`). A measured candidate. A shard is a Megatron-core
+:data:`packlab.formats.shared.stacks.SFT_PAIR`). A measured candidate. A shard is a Megatron-core
 IndexedDataset pair, named by its index, and packlab's sidecar beside it::
 
-    train.sft.idx      megatron-core's MMIDIDX index (packlab.mmidx): dtype code 4
+    train.sft.idx      megatron-core's MMIDIDX index (packlab.codecs.mmidx): dtype code 4
                        (int32), one sequence and one document per bin. What a path names, and
                        the shard's commit point: published last
     train.sft.bin      the items, int32 words, end to end; bin b is item b:
@@ -30,7 +30,7 @@ The record, for example::
      "fingerprints": {"bin": "5d1e...", "idx": "a07c..."}}
 
 **The files know their shard.** The pair stays Bridge's bytes, so the sidecar records its
-sizes (checked at open) and fingerprints (:mod:`packlab.formats.fingerprints`: the ``.idx``
+sizes (checked at open) and fingerprints (:mod:`packlab.formats.shared.fingerprints`: the ``.idx``
 whole, the ``.bin``'s first and last 4 KiB, checked on the first read): a ``.bin``, ``.idx``
 or sidecar exchanged with another shard's is refused before a bin is served (a sidecar written
 before fingerprints: sizes only).
@@ -49,7 +49,7 @@ refuses it; ``validate`` decodes every item). Each item is checked as it is read
 Bridge refuses (bad magic or version, a boundary count <= 0 or past the item, starts not
 from 0, not increasing or out of range), with a FormatError naming the ``.bin`` and the bin.
 On object storage the index and the sidecar are fetched once into a local cache and each read
-is one ranged GET of exactly its item (:mod:`packlab.formats.ranged`).
+is one ranged GET of exactly its item (:mod:`packlab.formats.read.ranged`).
 """
 
 from __future__ import annotations
@@ -63,12 +63,13 @@ from typing import Any
 
 import numpy as np
 
-from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
+from packlab.codecs import mmidx
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
-from packlab.formats import stacks
-from packlab.formats.base import (
+from packlab.formats.read.items import ItemIndex, ItemLayout, ItemTable
+from packlab.formats.read.table import Column, Maps, TableReads, refuse_unverifiable
+from packlab.formats.shared import stacks
+from packlab.formats.shared.base import (
     MAX_PACK_SIZE,
     FormatFacts,
     ShardReader,
@@ -76,11 +77,10 @@ from packlab.formats.base import (
     count_field,
     starts_with,
 )
-from packlab.formats.fingerprints import check_fingerprints, fingerprint
-from packlab.formats.items import ItemIndex, ItemLayout, ItemTable
-from packlab.formats.scratch import ScratchArray
-from packlab.formats.table import Column, Maps, TableReads, refuse_unverifiable
-from packlab.storage import Location, as_location, cache_entry, cache_root, fetch_files
+from packlab.formats.shared.fingerprints import check_fingerprints, fingerprint
+from packlab.formats.shared.scratch import ScratchArray
+from packlab.storage.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
+from packlab.storage.location import Location, as_location, cache_entry, cache_root, fetch_files
 
 FORMAT = "megatron_sft"
 SUFFIX = ".sft.idx"
@@ -130,7 +130,7 @@ def entry_of(path: Any) -> Any:
     ``.bin``, the prefix both share (``train.sft``), or a local folder holding one pair (the
     writer's temporary); any other name is a prefix the ``.sft`` suffixes are added to
     (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair). The same
-    kind as given: a ``Path``, or a :class:`~packlab.storage.Location`."""
+    kind as given: a ``Path``, or a :class:`~packlab.storage.location.Location`."""
     location = path if isinstance(path, Location) else Path(path)
     name = location.name
     if name.endswith(".idx"):
@@ -247,13 +247,13 @@ class Writer(SftFacts, ShardWriter):
 
 
 class Reader(SftFacts, TableReads, ShardReader):
-    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.items`).
+    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.read.items`).
 
     ``path``: the ``.idx``, the ``.bin`` or their prefix, local or on object storage.
     ``verify=True``: each bin checked against its sidecar checksum. ``pack_size``: the pack
     size of a pair without a sidecar (default: its longest bin); ``convention``: what that
     pack size counts (:data:`packlab.bins.CONVENTIONS`). ``cache_dir``: where an index on
-    object storage is kept once fetched (default: :func:`packlab.storage.cache_root`).
+    object storage is kept once fetched (default: :func:`packlab.storage.location.cache_root`).
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, verify: bool = False,

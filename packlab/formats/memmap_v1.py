@@ -24,7 +24,7 @@ rename (the design's five renames can leave a mix after a crash).
 
 Reader: the manifest at construction; in each process, on first read, every file mapped and
 every bin's structure checked over the mapped index (``packed_len``, ``seq_offsets``), through
-:mod:`packlab.formats.table` (the read path of every memory-mapped format), so the reader
+:mod:`packlab.formats.read.table` (the read path of every memory-mapped format), so the reader
 pickles without them. Bins are read-only views of the maps, valid after the reader is closed;
 ``seq_start_id`` comes back as int32 (the file's uint32 values, all below ``pack_size``). ``verify=True`` checks each
 bin's checksum and mask as it is read.
@@ -42,25 +42,9 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
+from packlab.codecs.safe_pickle import read_npy_header
 from packlab.errors import FormatError, PacklabError
-from packlab.files import (
-    HashedFile,
-    fsync_directory,
-    fsync_file,
-    parse_json,
-    short_hash,
-    verify_files,
-)
-from packlab.formats.base import (
-    SHARD_RECORD,
-    FormatFacts,
-    ShardReader,
-    ShardWriter,
-    count_field,
-    read_shard_record,
-)
-from packlab.formats.npy_identity import check_identity, npy_header
-from packlab.formats.table import (
+from packlab.formats.read.table import (
     BinIndex,
     BinTable,
     Column,
@@ -70,9 +54,25 @@ from packlab.formats.table import (
     TableReads,
     refuse_unverifiable,
 )
-from packlab.mapping import sequential
-from packlab.safe_pickle import read_npy_header
-from packlab.storage import Location
+from packlab.formats.shared.base import (
+    SHARD_RECORD,
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    count_field,
+    read_shard_record,
+)
+from packlab.formats.shared.npy_identity import check_identity, npy_header
+from packlab.storage.files import (
+    HashedFile,
+    fsync_directory,
+    fsync_file,
+    parse_json,
+    short_hash,
+    verify_files,
+)
+from packlab.storage.location import Location
+from packlab.storage.reads import sequential
 
 FORMAT = "memmap_v1"
 SUFFIX = ""
@@ -324,7 +324,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
     """Lazy, picklable reader; O(1) access to any bin through the memory maps.
 
     Bins are read-only views of the maps (valid after the reader is closed: each keeps its
-    map alive). The index stays in its mapped files (:mod:`packlab.formats.table`).
+    map alive). The index stays in its mapped files (:mod:`packlab.formats.read.table`).
     ``verify=True``: each bin read is checked against its checksum.
     """
 

@@ -25,11 +25,11 @@ from typing import Any
 
 from packlab.cloud import is_remote_source, remote_shard, remote_writer
 from packlab.cloud.datasets import RemoteDataset
-from packlab.dataset import PackedDataset
-from packlab.discovery import PathLike
 from packlab.errors import PacklabError
 from packlab.formats import detect_format as shard_format
 from packlab.formats import get_format
+from packlab.loading.dataset import PackedDataset
+from packlab.loading.discovery import PathLike
 from packlab.sources.resolve import Shard, Source, resolve_source
 
 __all__ = ["Shard", "Source", "detect_format", "local_shards", "open_dataset", "open_shard",

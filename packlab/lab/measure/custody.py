@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from packlab import spool_custody
-from packlab.files import remove
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
+from packlab.spool import custody as spool_custody
+from packlab.storage.files import remove
 
 
 @contextmanager

@@ -1,7 +1,7 @@
 """The floors a read is judged against, measured in the same run as the read.
 
 - the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
-  (where its format's :class:`~packlab.formats.table.Layout` says they are) with plain numpy
+  (where its format's :class:`~packlab.formats.read.table.Layout` says they are) with plain numpy
   memory maps and the index in RAM, all three columns copied into preallocated buffers as a
   read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
   in it: what the bytes cost through numpy, whatever the API;
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.dataset import PackedDataset
 from packlab.errors import PacklabError
-from packlab.formats.table import BinTable, CsrIndex, Layout, lookup
+from packlab.formats.read.table import BinTable, CsrIndex, Layout, lookup
 from packlab.lab.measure.delivery import percentiles
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import is_dataset, open_source, readers_of
+from packlab.loading.dataset import PackedDataset
 
 MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
 #: every floor, in the order tables and rows list them
@@ -164,7 +164,7 @@ class RawCsr:
     :class:`~packlab.lab.measure.delivery.Sink` delivers an item or a bin) into preallocated
     buffers. ``read(i)`` is
     the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
-    describe their :class:`~packlab.formats.table.Layout` (the memory-mapped formats);
+    describe their :class:`~packlab.formats.read.table.Layout` (the memory-mapped formats);
     :func:`raw_floor` gives None for the others.
     """
 

@@ -25,7 +25,7 @@ from packlab.errors import PacklabError
 from packlab.lab.measure.delivery import Budget, Sink, percentiles
 from packlab.lab.measure.pagecache import read_all
 from packlab.lab.measure.throughput import SAMPLERS, scan_rate
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler
+from packlab.loading.samplers import BlockShuffleSampler, ShuffleSampler
 
 POLICIES = ("one_row_group", "lru")
 # The RFC's row-group table (seed 001, "Row Group Size").

@@ -19,8 +19,8 @@ import numpy as np
 
 from packlab.lab.sharding.coverage import coverage, seed_epoch
 from packlab.lab.sharding.megatron_sampler import rank_indices
-from packlab.sharded.plan import ChunkPlan
-from packlab.sharded.producer import BinSource, ChunkProducer
+from packlab.loading.per_rank.plan import ChunkPlan
+from packlab.loading.per_rank.producer import BinSource, ChunkProducer
 
 
 def chunks_touched(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,

@@ -15,8 +15,8 @@ import numpy as np
 
 from packlab.lab.sharding.megatron_sampler import rank_indices
 from packlab.lab.sharding.seed_design import NOT_SERVED, served_ids
-from packlab.sharded.plan import ChunkPlan
-from packlab.sharded.sampler import RankLocalSampler
+from packlab.loading.per_rank.plan import ChunkPlan
+from packlab.loading.per_rank.sampler import RankLocalSampler
 
 
 @dataclass

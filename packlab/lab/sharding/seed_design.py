@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.sharded.chunks import load_chunk
-from packlab.sharded.plan import ChunkPlan, check_world, chunk_path, marker_path
+from packlab.loading.per_rank.chunks import load_chunk
+from packlab.loading.per_rank.plan import ChunkPlan, check_world, chunk_path, marker_path
 
 NOT_SERVED = -1  # the request raised IndexError
 
