@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "packlab"
 MAX_LINES = 2000
 # Modules whose strings coincide with a format's name but mean something else.
 NOT_FORMAT_NAMES = {
-    "packlab.loading.per_rank.chunks": "seed 003's chunk file kinds (jsonl, parquet), not shard formats",
+    "packlab.loading.per_rank.chunks": "per-rank chunk file kinds (jsonl, parquet), not shard formats",
 }
 
 # ARCHITECTURE.md, "Layers": a module may import only from its own layer or the ones before it.

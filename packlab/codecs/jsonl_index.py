@@ -1,6 +1,6 @@
 """A line index of a JSONL file: random access to record ``i`` without reading the file.
 
-After the index generator of llm_gym/Modalities (seed 004), but with a small labelled binary
+Modalities' index generator does the same, but with a small labelled binary
 file instead of a pickle, built streaming (memory bounded by one buffer of entries, never by
 the JSONL). The index sits beside the data as ``<name>.jsonl.idx``::
 

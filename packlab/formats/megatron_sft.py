@@ -23,7 +23,7 @@ IndexedDataset pair, named by its index, and packlab's sidecar beside it::
 
 The record, for example::
 
-    {"format": "megatron_sft", "packlab_version": "0.9.0", "pack_size": 4096,
+    {"format": "megatron_sft", "packlab_version": "0.1.0", "pack_size": 4096,
      "num_bins": 3, "num_tokens": 12011, "num_seqs": 17, "metadata": {},
      "bin_checksum": "xxh3_64", "bridge_commit": "c91ec672d971adb9b155e31e2e224c036f34994e",
      "pair": {"bin": {"bytes": 48164, "sha256": "..."}, "idx": {"bytes": 102, "sha256": "..."}},

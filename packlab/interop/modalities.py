@@ -1,4 +1,4 @@
-"""packlab's counterparts of Modalities' two data commands (seed 004).
+"""packlab's counterparts of Modalities' two data commands.
 
 - ``modalities data create_raw_index SRC`` -> :func:`write_raw_index` (``packlab raw-index``):
   the line index of a JSONL file in Modalities' own format, a pickled list of ``(byte_offset,

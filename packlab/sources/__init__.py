@@ -10,7 +10,7 @@ command that reads a dataset resolves it the same way.
 - :mod:`.resolve`: what a dataset path names;
 - :mod:`.outputs`: where a command writes (a local path, or a URI: staged locally and uploaded),
   and what ``--overwrite`` may replace;
-- :mod:`.checks`: ``packlab validate`` over any resolved dataset, local or remote;
+- :mod:`.validate`: ``packlab validate`` over any resolved dataset, local or remote;
 - :mod:`.describe`: ``packlab inspect``'s summary of any resolved dataset.
 - :mod:`.bridge_provider`: a Megatron-Bridge recipe's dataset provider over any of them
   (imports Megatron-Bridge; nothing else here imports it).

@@ -2,9 +2,8 @@
 derives them at load time (its pre-tokenized prefixes store no mask).
 
 Megatron-LM's pull request #5017 (``megatron/core/datasets/sft_dataset.py``: ``SFTDatasetConfig``,
-``extract_segments``, ``_split_tool_calls``; read at the pull request's head
-``97b2c55e4c373a072c36e79104bcdac1d77c022f``, July 2026; the search index holds its earlier
-stage ``1a28a58dd5e02c059509242a090b08c02e7b43d8``, whose markers have no tool calls)
+``extract_segments``, ``_split_tool_calls``; as of commit
+``97b2c55e4c373a072c36e79104bcdac1d77c022f``)
 tokenizes its marker strings once (:class:`ChatMarkers`, Nemotron-3's by default) and splits
 each conversation into segments:
 

@@ -1,8 +1,7 @@
 """A spool as a Megatron-core ``.bin/.idx`` prefix: what Megatron-LM's ``SFTDataset`` reads.
 
-Megatron-LM's pull request #5017 (``megatron/core/datasets/sft_dataset.py``, read at the pull request's head
-``97b2c55e4c373a072c36e79104bcdac1d77c022f``; the search index holds its earlier stage
-``1a28a58dd5e02c059509242a090b08c02e7b43d8``) reads pre-tokenized conversations from an
+Megatron-LM's pull request #5017 (``megatron/core/datasets/sft_dataset.py``, as of commit
+``97b2c55e4c373a072c36e79104bcdac1d77c022f``) reads pre-tokenized conversations from an
 ordinary ``IndexedDataset`` prefix, one sequence per conversation (it packs them itself and
 derives their loss masks from the chat template's role markers: :mod:`packlab.spool.masks`).
 :func:`packlab.spool.export.export_spool` writes a spool that way; :class:`packlab.spool.SpoolReader`

@@ -1,6 +1,6 @@
-"""The Modalities (formerly llm_gym) packed data file, ``.pbin``: a codec, not a shard format.
+"""The Modalities packed data file, ``.pbin``: a codec, not a shard format.
 
-Modalities' layout (seed 004; ``EmbeddedStreamData`` / ``TokenizedFileWriter`` today)::
+Modalities' layout (``EmbeddedStreamData`` / ``TokenizedFileWriter``)::
 
     data length   <Q     bytes in the data section
     token width   <I     bytes per token: 1, 2 or 4 (unsigned little-endian tokens)

@@ -338,7 +338,7 @@ def _summary(columns: BinColumns, encoding: ParquetEncoding, path: Path,
 
 
 # -- judging ---------------------------------------------------------------------------------
-# The RFC's codec table (seed 001, "Compression"): ratio to uncompressed, write, read speed.
+# The RFC's codec table (its "Compression"): ratio to uncompressed, write, read speed.
 RFC_CODEC_TABLE = {
     "zstd": (2.5, "medium", "fast"),
     "snappy": (1.5, "fast", "fast"),

@@ -1,4 +1,4 @@
-"""What integrity on read costs (issue 18, item 3): per bin, warm, measured side by side.
+"""What integrity on read costs: per bin, warm, measured side by side.
 
 One loop over the same seeded bins (the timing loop of :mod:`packlab.lab.measure.timing`),
 each step timing, on the bin it reads (delivered, as :mod:`packlab.lab.measure.latency`

@@ -7,7 +7,7 @@ caught and shared (so no rank waits on a dead peer), the group is always destroy
 and the parent joins with a deadline, then terminates whatever is left.
 
 :func:`consume` is the job the tests and notebook 08 run: one epoch on one rank through a
-DataLoader (``num_workers`` workers inside the rank), with the rank-local fix or seed 003's
+DataLoader (``num_workers`` workers inside the rank), with the rank-local fix or the proposed
 design under Megatron's sampler; optionally stopping after some steps and resuming from the
 checkpointed ``consumed_samples`` in fresh objects, as a restarted trainer would.
 """
@@ -301,7 +301,7 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
 
 
 def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
-    """Seed 003's dataset under ``MegatronPretrainingSampler`` (global indices)."""
+    """The proposed dataset under ``MegatronPretrainingSampler`` (global indices)."""
     from packlab.lab.sharding.megatron_sampler import MegatronPretrainingSampler
     from packlab.lab.sharding.seed_design import SeedLazyShardedDataset
     from packlab.loading.per_rank.dataset import wait_for_plan

@@ -1,4 +1,4 @@
-"""Seed 003's ``LazyShardedDataset`` as written, kept only to measure what it does. Do not use.
+"""The proposed ``LazyShardedDataset`` as written, kept only to measure what it does. Do not use.
 
 Its ``__getitem__(idx)`` takes a *global* index: chunk ``idx // samples_per_chunk``, offset
 ``idx % samples_per_chunk``. When that chunk is not this rank's (``chunk % world_size !=
@@ -56,7 +56,7 @@ def served_ids(indices: np.ndarray, plan: ChunkPlan, rank: int, world_size: int,
 
 
 class SeedLazyShardedDataset:
-    """Seed 003's dataset, on real chunk files (see the module docstring).
+    """The proposed dataset, on real chunk files (see the module docstring).
 
     The only change: ``max_wait_time`` must be positive (the seed's default 0 waits forever
     for a chunk that never comes, a hang). Its items carry ``sample_id`` (what was served) and

@@ -1,4 +1,4 @@
-"""Rank-sharded loading done right (issue 7, after seed 003).
+"""Per-rank loading: each data-parallel rank reads the chunk files it owns, each sample once.
 
 Each data-parallel rank reads only its own chunk files (``chunk % world_size == rank``) while
 a producer is still writing them, and every sample is served exactly once per epoch:
@@ -9,7 +9,7 @@ a producer is still writing them, and every sample is served exactly once per ep
 - :mod:`~packlab.loading.per_rank.dataset`: the rank-aware map-style dataset and completion markers;
 - :mod:`~packlab.loading.per_rank.sampler`: the rank-local index space and its sampler (the fix);
 
-The lab measures it (``packlab.lab.sharding``: seed 003's design as written, Megatron's
+The lab measures it (``packlab.lab.sharding``: a global-index design as written, Megatron's
 samplers, duplicates and losses per epoch, real ``torch.distributed`` runs).
 """
 

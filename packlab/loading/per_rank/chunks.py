@@ -3,13 +3,13 @@
 Two chunk formats, one sample (packed bin) per record:
 
 - ``jsonl``: one JSON object per line, ``{"sample_id": 1000, "input_ids": [...],
-  "loss_mask": [...], "seq_start_id": [...]}`` (seed 003's format). Read with
+  "loss_mask": [...], "seq_start_id": [...]}``. Read with
   ``pyarrow.json`` into list columns, so loading never builds a Python list per token.
 - ``parquet``: a packed Parquet shard (packlab's ``parquet`` format), with the chunk number
   and its first sample id in the shard metadata. Bins are read lazily through its reader.
 
 Either file appears under its final name only when whole (temporary name, then rename), so a
-consumer that sees the name may read it at once: no settling delay, as seed 003 needs.
+consumer that sees the name may read it at once: no settling delay.
 Every load checks that the chunk holds exactly the samples the plan gives it (a short or
 stale chunk is an error naming the file, never an offset wrapped with ``%``).
 """
@@ -103,7 +103,7 @@ def wait_for_chunk(path: Path, *, chunk: int, rank: int, poll_interval: float,
     """Return once ``path`` is published; a clear error, naming the chunk, on timeout.
 
     A chunk whose completion marker exists but whose file is gone was consumed and deleted by
-    the producer: that is an error at once (seed 003 silently served another chunk instead).
+    the producer: that is an error at once, never another chunk served in its place.
     """
     if not timeout > 0 or not poll_interval > 0:
         raise PacklabError(f"poll_interval and timeout must be positive (a finite wait, never a "

@@ -10,7 +10,7 @@ filling. So the producer publishes the plan first, in ``chunks.json``::
 Chunk ``c`` holds samples ``[c * samples_per_chunk, min((c + 1) * samples_per_chunk,
 num_samples))`` (a sample is one packed bin), in the file ``chunk_{c:05d}.jsonl`` or
 ``chunk_{c:05d}.parquet``. Rank ``r`` of ``world_size`` owns the chunks with
-``c % world_size == r`` (seed 003's modulo assignment).
+``c % world_size == r``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fix: a rank-local index space that the sampler and the dataset agree on.
 
-Seed 003 lets Megatron's sampler hand every rank *global* sample indices and then serves
+A design that lets Megatron's sampler hand every rank *global* sample indices and then serves
 whatever its own chunks hold at that offset: samples are duplicated and lost (see
 :mod:`packlab.lab.sharding.seed_design`). Here each rank numbers only the samples of its own chunks,
 ``0 .. n_rank - 1``, in production order (:class:`RankLocalIndex`); the dataset's ``len`` is

@@ -1,4 +1,4 @@
-"""The output layout a training config points at (seed 001): ``splits/``, ``runs/``, ``blend.json``.
+"""The output layout a training config points at: ``splits/``, ``runs/``, ``blend.json``.
 
 - :mod:`~packlab.pipeline.layout.splits`: train/valid/test decided per sequence, by content, seeded;
 - :mod:`~packlab.pipeline.layout.hashes`: deterministic run and configuration hashes;

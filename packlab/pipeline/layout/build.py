@@ -1,4 +1,4 @@
-"""Writing an output layout (seed 001): spools -> splits -> packed shards -> links -> blend.json.
+"""Writing an output layout: spools -> splits -> packed shards -> links -> blend.json.
 
 ::
 

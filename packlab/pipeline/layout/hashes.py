@@ -1,5 +1,5 @@
 """Deterministic names for runs and shard configurations (the ``{run_hash}`` and ``{hash}`` of
-seed 001's ``runs/{run_hash}/datasets/{name}/{hash}/``).
+the layout's ``runs/{run_hash}/datasets/{name}/{hash}/``).
 
 A hash is the SHA-256 of canonical JSON (sorted keys, no spaces), cut to 16 hex digits. Inputs
 enter by what they *are*, never by where they are: a spool by the checksums its manifest lists,
