@@ -49,6 +49,23 @@ def budget_used(packed_len: np.ndarray | int, num_seqs: np.ndarray | int, conven
     return packed_len - num_seqs if convention == "megatron_bridge" else packed_len
 
 
+def cumulative_offsets(counts: Any) -> np.ndarray:
+    """``[0, c0, c0 + c1, ...]`` as int64: where each of a run of counted things starts (the
+    last entry is their total)."""
+    out = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+def seq_boundaries(starts: np.ndarray, packed_len: int) -> np.ndarray:
+    """``list(starts) + [packed_len]`` as int32: a bin's ``seq_boundaries``, what
+    Megatron-Bridge datasets return."""
+    out = np.empty(len(starts) + 1, dtype=np.int32)
+    out[:-1] = starts
+    out[-1] = packed_len
+    return out
+
+
 class PackedBin(NamedTuple):
     input_ids: np.ndarray
     loss_mask: np.ndarray
@@ -64,10 +81,7 @@ class PackedBin(NamedTuple):
 
     def seq_boundaries(self) -> np.ndarray:
         """``list(seq_start_id) + [packed_len]`` as int32: what Megatron-Bridge datasets return."""
-        out = np.empty(self.num_seqs + 1, dtype=np.int32)
-        out[:-1] = self.seq_start_id
-        out[-1] = self.packed_len
-        return out
+        return seq_boundaries(self.seq_start_id, self.packed_len)
 
     def item(self) -> dict[str, np.ndarray]:
         """The dict a Megatron-Bridge packed dataset returns for this bin (``dataset[i]``)."""
@@ -115,6 +129,14 @@ def bin_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.
     """
     return xxh3_64_intdigest(seq_start_id,
                              xxh3_64_intdigest(loss_mask, xxh3_64_intdigest(input_ids)))
+
+
+def check_bin_checksum(packed: PackedBin, expected: int, source: object, b: int) -> None:
+    """Bin ``b`` of ``source`` against the checksum recorded when it was written: a
+    FormatError naming the bin when they differ."""
+    if bin_checksum(*packed) != expected:
+        raise FormatError(f"{source}: bin {b}: checksum mismatch: its tokens, loss mask or "
+                          "starts changed since it was written (corrupted)")
 
 
 def stored_checksum(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.ndarray,

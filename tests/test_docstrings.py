@@ -12,19 +12,11 @@ import re
 from functools import cache
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1] / "packlab"
+from test_architecture import MODULES, ROOT
+
 NAME = re.compile(r"(?<![\w.])packlab(?:\.[A-Za-z_]\w*)+")
 RELATIVE = re.compile(r":(?:mod|class|func|data|meth):`~?(\.[A-Za-z_][\w.]*)`")
 
-
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
-    if parts[-1] == "__init__":
-        parts.pop()
-    return ".".join(parts)
-
-
-MODULES = {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
 
 
 @cache

@@ -38,7 +38,6 @@ from packlab.cloud.datasets import (
     remote_shard,
 )
 from packlab.cloud.transfer import (
-    default_cache_dir,
     download_shard,
     sweep_temporaries,
     upload_shard,
@@ -47,7 +46,7 @@ from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.cloud.writers import UploadingWriter, remote_writer
 
 __all__ = [
-    "RemoteDataset", "UploadingWriter", "default_cache_dir", "download_shard", "fetch_spool",
+    "RemoteDataset", "UploadingWriter", "download_shard", "fetch_spool",
     "is_remote_source", "remote_shard", "remote_writer", "sweep_temporaries", "upload_layout",
     "upload_shard", "upload_tree",
 ]

@@ -29,7 +29,6 @@ published by rename, so processes sharing it never see a half download.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
@@ -42,6 +41,7 @@ from packlab.storage.files import (
     TMP_MARKER,
     parse_json,
     remove,
+    short_digest,
     staged,
     verify_files,
 )
@@ -63,17 +63,8 @@ class NoFileList(FormatError):
     (a Nemotron spool, for one): callers that know what the directory is say so."""
 
 
-def default_cache_dir() -> Path:
-    """The verified download cache (:func:`packlab.storage.location.cache_root`)."""
-    return cache_root()
-
-
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
-
-
-def _digest(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+    return Path(cache_dir) if cache_dir is not None else cache_root()
 
 
 # -- manifests ---------------------------------------------------------------------------------
@@ -169,7 +160,7 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
 
 def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
                         cache: Path) -> Path:
-    final = cache_entry(cache, location, _digest(raw)) / (location.name or "shard")
+    final = cache_entry(cache, location, short_digest(raw)) / (location.name or "shard")
     return fetch_files(location, manifest["files"], final, last={DIRECTORY_RECORD: raw})
 
 
@@ -257,7 +248,7 @@ def download_prefix(uri: str | Location, *, filesystem: Any = None,
         if not isinstance(record, dict) or record.get("version") != PREFIX_VERSION:
             raise FormatError(f"{folder / names['record']}: not a {PREFIX_VERSION} record")
         files = {name: record["files"].get(name) for name in record.get("files", {})}
-        version, last = _digest(raw), {names["record"]: raw}
+        version, last = short_digest(raw), {names["record"]: raw}
     else:
         files = {names[k]: None for k in ("bin", "idx")}  # the reader checks one by the other
         version = ",".join(f"{n}:{(folder / n).info().size}:{(folder / n).info().mtime_ns}"

@@ -102,6 +102,21 @@ def parse_header(raw: bytes, where: object) -> tuple[int, int, int]:
     return code, sequences, documents
 
 
+def entries_outside(pointers: np.ndarray, lengths: np.ndarray, width: int, data_bytes: int,
+                    min_length: int = 1) -> np.ndarray:
+    """Which of these entries (int64 arrays) cannot be sequences of a ``.bin`` of
+    ``data_bytes`` bytes: a negative or unaligned pointer, fewer than ``min_length`` values, or
+    past the end."""
+    return (pointers < 0) | (pointers % width != 0) | (lengths < min_length) \
+        | (pointers + lengths * width > data_bytes)
+
+
+def end_before(pointers: np.ndarray, lengths: np.ndarray, lo: int, width: int) -> int:
+    """The byte where the sequence before ``lo`` ends (0 for the first): where ``lo``'s must
+    start."""
+    return int(pointers[lo - 1] + lengths[lo - 1] * width) if lo else 0
+
+
 def first_stray(pointers: np.ndarray, lengths: np.ndarray, width: int, previous_end: int,
                 data_end: int | None) -> int:
     """The first of these sequences (int64 arrays, the ones after a sequence ending at byte

@@ -75,6 +75,7 @@ from packlab.formats.shared.base import (
     ShardReader,
     ShardWriter,
     count_field,
+    head,
     starts_with,
 )
 from packlab.formats.shared.fingerprints import check_fingerprints, fingerprint
@@ -265,7 +266,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         self.convention = check_convention(convention)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self._idx, self._side = self._local_index()
-        code, count, documents = mmidx.parse_header(_head(self._idx), self.path)
+        code, count, documents = mmidx.parse_header(head(self._idx, mmidx.HEADER_SIZE), self.path)
         if code != WORDS_CODE:
             name = mmidx.DTYPES[code].name if code in mmidx.DTYPES else "unknown"
             raise FormatError(f"{self.path}: dtype code {code} ({name}); a packed SFT pair "
@@ -499,15 +500,14 @@ class _Index(ItemIndex):
     def check(self, lo: int, hi: int, num_values: int) -> None:
         pointers = self._pointers[lo:hi].astype(np.int64)
         lengths = self._lengths[lo:hi].astype(np.int64)
-        outside = (pointers < 0) | (pointers % WORDS.itemsize != 0) | (lengths < MIN_WORDS) \
-            | (pointers + lengths * WORDS.itemsize > num_values * WORDS.itemsize)
+        outside = mmidx.entries_outside(pointers, lengths, WORDS.itemsize,
+                                        num_values * WORDS.itemsize, MIN_WORDS)
         if outside.any():
             b = int(np.argmax(outside))
             raise FormatError(f"{self.source}: bin {lo + b}: index entry (pointer "
                               f"{int(pointers[b])}, {int(lengths[b])} words) outside the .bin's "
                               f"{num_values} words or under {MIN_WORDS} words (corrupted)")
-        previous = int(self._pointers[lo - 1] + self._lengths[lo - 1] * WORDS.itemsize) \
-            if lo else 0
+        previous = mmidx.end_before(self._pointers, self._lengths, lo, WORDS.itemsize)
         end = num_values * WORDS.itemsize if hi == self.num_bins else None
         b = mmidx.first_stray(pointers, lengths, WORDS.itemsize, previous, end)
         if b >= 0:
@@ -540,14 +540,6 @@ def _record_of(raw: bytes, where: object, *, checksums: int | None = None) -> di
     if not isinstance(record, dict):
         raise FormatError(f"{where}: its record is not an object")
     return record
-
-
-def _head(file: Path) -> bytes:
-    try:
-        with open(file, "rb") as f:
-            return f.read(mmidx.HEADER_SIZE)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
 
 
 def _size(file: Any) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin, bin_digest
+from packlab.bins import PackedBin, bin_digest, cumulative_offsets
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import get_format
 from packlab.formats.shared.base import index_list
@@ -79,8 +79,7 @@ class PackedDataset:
                 check_place(shard[0], reader, expected)
         counts = np.array([r.num_bins for r in readers], dtype=np.int64)
         self.num_bins_per_shard = counts
-        self.cumulative = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-        np.cumsum(counts, out=self.cumulative[1:])
+        self.cumulative = cumulative_offsets(counts)
         self._starts = self.cumulative[:-1].tolist()  # for bisect: Python ints, no numpy call
         self._length = int(self.cumulative[-1])
         self.pack_size = max(int(r.pack_size) for r in readers)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from packlab.bins import cumulative_offsets
 from packlab.errors import FormatError, PacklabError
 from packlab.packing import mffd  # noqa: F401  (registers Modified First-Fit Decreasing)
 from packlab.packing.algorithms import ALGORITHMS, bin_totals, sequences_by_bin
@@ -255,8 +256,7 @@ def assignment_from_bins(
                 "(algorithm bug)"
             )
     order = sequences_by_bin(bin_of, counts)
-    offsets = np.zeros(counts.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
+    offsets = cumulative_offsets(counts)
     seq_indices = order if kept_index is None else kept_index[order]
     return BinAssignment(offsets, seq_indices.astype(np.int64, copy=False), pack_size, overlong)
 

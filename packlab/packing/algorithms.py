@@ -33,6 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from packlab.bins import cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.executors import interrupts_deferred
 
@@ -151,8 +152,7 @@ def _max_tree(num_leaves: int, pack_size: int, dtype: type) -> tuple[np.ndarray,
     while counts[-1] > _FANOUT:
         counts.append(-(-counts[-1] // _FANOUT))
     widths = [-(-c // _FANOUT) * _FANOUT for c in counts]
-    starts = np.zeros(len(widths) + 1, dtype=np.int64)
-    np.cumsum(widths, out=starts[1:])
+    starts = cumulative_offsets(widths)
     levels = np.zeros(int(starts[-1]), dtype=dtype)
     for k, c in enumerate(counts):
         levels[starts[k] : starts[k] + c] = pack_size

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import FormatError, PacklabError
 from packlab.packing import BinAssignment
 from packlab.spool import SpoolReader
@@ -144,8 +144,7 @@ class BinMaterializer:
             raise FormatError(f"{where}: bin {_bin_of(bounds, k)}: sequence {int(indices[k])} at "
                               f"offset {int(offsets[k])} runs past the spool's "
                               f"{spool.num_tokens} tokens (corrupted offsets.bin)")
-        ends = np.zeros(kept.shape[0] + 1, dtype=np.int64)
-        np.cumsum(kept, out=ends[1:])
+        ends = cumulative_offsets(kept)
         over = ends[bounds[1:]] - ends[bounds[:-1]] > size
         del ends
         if over.any():

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from packlab.bins import cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.packing.algorithms import (
     _compiled,
@@ -74,8 +75,7 @@ def megatron_lm_mffd(lengths: np.ndarray, pack_size: int,
 def _mffd(lengths: np.ndarray, pack_size: int, *, megatron_leftovers: bool) -> np.ndarray:
     order = decreasing_order(lengths)
     values, counts = _runs(lengths[order])
-    starts = np.zeros(values.shape[0] + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
+    starts = cumulative_offsets(counts)
     classes = size_classes(values, pack_size)
     num_large = int(counts[classes == LARGE].sum())
     head, tail = starts[:-1].copy(), starts[1:].copy()  # each group's items left: order[h:t]

@@ -64,7 +64,6 @@ from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import (
     DIRECTORY_RECORD,
     NoFileList,
-    default_cache_dir,
     download_prefix,
     download_shard,
     upload_shard,
@@ -100,7 +99,7 @@ from packlab.storage.files import (
     short_hash,
     temporary_sibling,
 )
-from packlab.storage.location import Location, is_remote, resolve
+from packlab.storage.location import Location, cache_root, is_remote, resolve
 
 FOLDER_KINDS = ("spool", "dataset", "layout")
 KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS, "file")
@@ -111,7 +110,7 @@ REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: rem
 
 def staging_root() -> Path:
     env = os.environ.get("PACKLAB_STAGING_DIR")
-    return Path(env) if env else default_cache_dir().parent / "staging"
+    return Path(env) if env else cache_root().parent / "staging"
 
 
 # -- what may be replaced ----------------------------------------------------------------------

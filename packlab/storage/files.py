@@ -141,9 +141,14 @@ def canonical(obj: Any) -> bytes:
                       default=json_default).encode()
 
 
+def short_digest(data: str | bytes, digits: int = 16) -> str:
+    """The first ``digits`` hex digits of ``data``'s sha256 (a string hashed as UTF-8)."""
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()[:digits]
+
+
 def short_hash(obj: Any, digits: int = 16) -> str:
     """A short, stable identity of a JSON-able object (run, configuration and job hashes)."""
-    return hashlib.sha256(canonical(obj)).hexdigest()[:digits]
+    return short_digest(canonical(obj), digits)
 
 
 def json_default(value: Any) -> Any:

@@ -48,7 +48,15 @@ import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
 from packlab.storage import files
-from packlab.storage.files import TMP_MARKER, HashedFile, fsync_path, publish, remove, staged
+from packlab.storage.files import (
+    TMP_MARKER,
+    HashedFile,
+    fsync_path,
+    publish,
+    remove,
+    short_digest,
+    staged,
+)
 
 CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
@@ -562,10 +570,7 @@ def download_file(source: Location, local: str | os.PathLike[str], *,
 def cache_entry(cache: Path, location: Location, version: str) -> Path:
     """The cache folder of ``location``'s bytes as of ``version`` (a record's hash, a size
     and modification time): a replaced object is a new entry, never a mix of old and new."""
-    def digest(text: str) -> str:
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    return cache / digest(location.uri) / digest(version)
+    return cache / short_digest(location.uri) / short_digest(version)
 
 
 def fetch_files(folder: Location, files: dict[str, dict[str, Any] | None], final: Path, *,

@@ -69,7 +69,6 @@ from packlab.formats.binidx.headers import (
     Sidecar,
     SumsHeader,
     VersionPrefix,
-    head,
     unpack_raw,
 )
 from packlab.formats.read.table import (
@@ -88,6 +87,7 @@ from packlab.formats.shared.base import (
     ShardReader,
     ShardWriter,
     count_field,
+    head,
     read_shard_record,
     starts_with,
 )
@@ -117,7 +117,6 @@ PREFIX = "data"  # megatron-core's path_prefix inside the shard directory
 
 # megatron-core's DType codes for the token dtypes packlab writes (and the int32 starts).
 DTYPE_CODES: dict[int, np.dtype] = {8: mmidx.DTYPES[8], 4: mmidx.DTYPES[4]}
-CODE_OF = mmidx.CODE_OF
 
 
 def detect(location: Location) -> bool:
@@ -272,7 +271,7 @@ class Writer(BinidxFacts, ShardWriter):
             self.bins_written,  # num_bins
             self.seqs_written,  # num_starts
             self.pack_size,  # pack_size
-            CODE_OF["<i4"],  # dtype code of the starts (int32)
+            mmidx.CODE_OF["<i4"],  # dtype code of the starts (int32)
             self._stamp,  # the shard's identity
         ))
         total = 0  # offsets: int64[num_bins + 1], where each bin's starts begin
@@ -323,10 +322,10 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self._local = self._local_files()
         self.record = read_manifest(self._local)
-        self.pack_size = _int_field(self.record, "pack_size", self.path)
-        self.num_bins = _int_field(self.record, "num_bins", self.path)
-        self.num_tokens = _int_field(self.record, "num_tokens", self.path)
-        self.num_seqs = _int_field(self.record, "num_seqs", self.path)
+        self.pack_size = count_field(self.record, "pack_size", self.path / RECORD)
+        self.num_bins = count_field(self.record, "num_bins", self.path / RECORD)
+        self.num_tokens = count_field(self.record, "num_tokens", self.path / RECORD)
+        self.num_seqs = count_field(self.record, "num_seqs", self.path / RECORD)
         self.vocab_size: int | None = self.record.get("vocab_size")
         if self.vocab_size is not None:
             count_field(self.record, "vocab_size", self.path / RECORD, minimum=1)
@@ -386,7 +385,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path / LOSS}: header says {nbins} bins / {ntok} tokens, "
                               f"the manifest {self.num_bins} / {self.num_tokens}")
         magic, version, nbins, nstarts, pack_size, code, *stamp = self._sidecar(SEQS, SeqHeader)
-        if magic != SeqHeader.MAGIC or code != CODE_OF["<i4"]:
+        if magic != SeqHeader.MAGIC or code != mmidx.CODE_OF["<i4"]:
             raise FormatError(f"{self.path / SEQS}: bad magic, version or dtype code "
                               f"({magic!r}, {version}, {code})")
         if (nbins, nstarts, pack_size) != (self.num_bins, self.num_seqs, self.pack_size):
@@ -528,8 +527,8 @@ class _Index(BinIndex):
         pointers = self._pointers[lo:hi].astype(np.int64)
         seqs = self._seqs[lo:hi + 1].astype(np.int64)
         end = self.num_tokens * self.width
-        outside = (pointers < 0) | (pointers % self.width != 0) | (lengths <= 0) \
-            | (pointers + lengths * self.width > end) | (seqs[:-1] >= seqs[1:])
+        outside = mmidx.entries_outside(pointers, lengths, self.width, end) \
+            | (seqs[:-1] >= seqs[1:])
         outside[0] |= lo == 0 and seqs[0] != 0
         outside[-1] |= hi == self.num_bins and seqs[-1] != self.num_seqs
         if outside.any():
@@ -538,7 +537,7 @@ class _Index(BinIndex):
                 f"{self.path}: bin {lo + b}: index entry points outside the data (pointer "
                 f"{int(pointers[b])}, length {int(lengths[b])}, starts "
                 f"{int(seqs[b])}:{int(seqs[b + 1])}; corrupted)")
-        previous = int(self._pointers[lo - 1] + self._lengths[lo - 1] * self.width) if lo else 0
+        previous = mmidx.end_before(self._pointers, self._lengths, lo, self.width)
         b = mmidx.first_stray(pointers, lengths, self.width, previous,
                               end if hi == self.num_bins else None)
         if b >= 0:
@@ -553,6 +552,3 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return read_shard_record(path, RECORD, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": LAYOUT})
 
-
-def _int_field(manifest: dict[str, Any], key: str, path: Path) -> int:
-    return count_field(manifest, key, path / RECORD)

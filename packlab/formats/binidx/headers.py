@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError
+from packlab.formats.shared.base import head
 from packlab.storage.location import Location
 
 
@@ -74,17 +75,3 @@ def unpack_raw(raw: bytes, layout: struct.Struct, file: object) -> tuple[Any, ..
         raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {layout.size}-byte header "
                           "(truncated)")
     return layout.unpack(raw[:layout.size])
-
-
-def head(file: Path | Location, size: int) -> bytes:
-    """The first ``size`` bytes of ``file`` (fewer if it is shorter; on object storage one
-    ranged GET); a FormatError when it cannot be read."""
-    if isinstance(file, Location):
-        if not file.is_file():
-            raise FormatError(f"{file}: missing (the shard is incomplete)")
-        return file.read_range(0, min(size, file.size()))
-    try:
-        with open(file, "rb") as f:
-            return f.read(size)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None

@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import CHECKSUM, PackedBin, check_csr
+from packlab.bins import CHECKSUM, PackedBin, check_csr, cumulative_offsets
 from packlab.codecs.safe_pickle import read_npy_header
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.packed_index.gather import (
@@ -512,8 +512,7 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
         raise FormatError(f"{source}: bin {b}: sequence {int(indices[bad])} is longer than "
                           f"pack_size {part.pack_size} and the policy is 'drop'")
     kept = np.minimum(seq_lengths, part.pack_size)
-    token_offsets = np.zeros(part.num_bins + 1, dtype=np.int64)
-    np.cumsum(lengths, out=token_offsets[1:])
+    token_offsets = cumulative_offsets(lengths)
     ends = np.cumsum(kept)
     starts = ends - kept - np.repeat(token_offsets[:-1], np.diff(offsets))
     check_csr(token_offsets, offsets, starts, None, pack_size=part.pack_size, source=source)

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin, bin_checksum, check_csr
+from packlab.bins import PackedBin, check_bin_checksum, check_csr, cumulative_offsets
 from packlab.errors import FormatError
 from packlab.formats.read.ranged import scanning
 from packlab.formats.read.table import (
@@ -168,9 +168,7 @@ class ItemTable:
 
     def check(self, b: int, packed: PackedBin) -> None:
         assert self.checksum is not None
-        if bin_checksum(*packed) != self.checksum(b):
-            raise FormatError(f"{self.source}: bin {b}: checksum mismatch: its tokens, loss "
-                              "mask or starts changed since it was written (corrupted)")
+        check_bin_checksum(packed, self.checksum(b), self.source, b)
 
     def check_checksums(self, recorded: Callable[[int], int]) -> None:
         """Every bin against its recorded checksum (``validate``), in one sequential pass."""
@@ -215,10 +213,8 @@ class ItemTable:
         with self._sequential():
             for lo in range(0, self.num_bins, CONTENT_CHUNK):
                 bins = [self.view(b) for b in range(lo, min(lo + CONTENT_CHUNK, self.num_bins))]
-                token_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
-                np.cumsum([p.packed_len for p in bins], out=token_offsets[1:])
-                seq_offsets = np.zeros(len(bins) + 1, dtype=np.int64)
-                np.cumsum([p.num_seqs for p in bins], out=seq_offsets[1:])
+                token_offsets = cumulative_offsets([p.packed_len for p in bins])
+                seq_offsets = cumulative_offsets([p.num_seqs for p in bins])
                 check_csr(token_offsets, seq_offsets,
                           np.concatenate([p.seq_start_id for p in bins]),
                           np.concatenate([p.loss_mask for p in bins]),

@@ -50,7 +50,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin, bin_checksum, check_csr
+from packlab.bins import (
+    PackedBin,
+    check_bin_checksum,
+    check_csr,
+    cumulative_offsets,
+    seq_boundaries,
+)
 from packlab.errors import FormatError, InvariantError
 from packlab.formats.read.ranged import RangedAdvice, RangedColumn, RangedFiles, scanning
 from packlab.formats.shared.base import index_list
@@ -315,7 +321,7 @@ class BinTable:
         ids, mask, starts = self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0], self.starts[s0:s1]
         if self.checksum is not None:
             self.check(b, _new(PackedBin, (ids, mask, starts)))
-        return {"input_ids": ids, "loss_mask": mask, "seq_boundaries": boundaries(starts, t1 - t0)}
+        return {"input_ids": ids, "loss_mask": mask, "seq_boundaries": seq_boundaries(starts, t1 - t0)}
 
     def view(self, b: int) -> PackedBin:
         """Bin ``b`` without read advice or checks (a sequential pass has the readahead)."""
@@ -333,9 +339,7 @@ class BinTable:
         """What ``verify=True`` adds per bin: its checksum against the one recorded when it was
         written (which proves its content invariants too, see the module)."""
         assert self.checksum is not None
-        if bin_checksum(*packed) != self.checksum(b):
-            raise FormatError(f"{self.source}: bin {b}: checksum mismatch: its tokens, loss "
-                              "mask or starts changed since it was written (corrupted)")
+        check_bin_checksum(packed, self.checksum(b), self.source, b)
 
     def check_checksums(self, recorded: Callable[[int], int]) -> None:
         """Every bin against its recorded checksum (``validate``), in one sequential pass."""
@@ -389,22 +393,12 @@ class BinTable:
         return tuple(self.maps.files.values())
 
 
-def boundaries(starts: np.ndarray, packed_len: int) -> np.ndarray:
-    """``list(starts) + [packed_len]`` as int32: a bin's ``seq_boundaries``."""
-    out = np.empty(len(starts) + 1, dtype=np.int32)
-    out[:-1] = starts
-    out[-1] = packed_len
-    return out
-
-
 def check_checksums(bins: Iterable[PackedBin], recorded: Iterable[int], source: str,
                     first_bin: int = 0) -> None:
     """Bins ``first_bin...`` of ``source`` against their recorded checksums (as many); the
     first that differs is a FormatError naming the bin."""
     for b, (packed, expected) in enumerate(zip(bins, recorded, strict=True)):
-        if bin_checksum(*packed) != expected:
-            raise FormatError(f"{source}: bin {first_bin + b}: checksum mismatch: its tokens, "
-                              "loss mask or starts differ from what was written (corrupted)")
+        check_bin_checksum(packed, expected, source, first_bin + b)
 
 
 def refuse_unverifiable(source: object, verify: bool, has_checksums: bool) -> None:
@@ -418,10 +412,8 @@ def refuse_unverifiable(source: object, verify: bool, has_checksums: bool) -> No
 # -- checks ------------------------------------------------------------------------------------------
 def offsets_of(runs: Runs) -> tuple[np.ndarray, np.ndarray]:
     """The CSR token and sequence offsets (int64, from 0) of a chunk of bins' runs."""
-    token_offsets = np.zeros(runs.packed_len.shape[0] + 1, dtype=np.int64)
-    np.cumsum(runs.packed_len, out=token_offsets[1:])
-    seq_offsets = np.zeros(runs.num_seqs.shape[0] + 1, dtype=np.int64)
-    np.cumsum(runs.num_seqs, out=seq_offsets[1:])
+    token_offsets = cumulative_offsets(runs.packed_len)
+    seq_offsets = cumulative_offsets(runs.num_seqs)
     return token_offsets, seq_offsets
 
 

@@ -182,6 +182,20 @@ def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
     return np.asarray(indices).reshape(-1).tolist()  # arrays, tensors, other sequences
 
 
+def head(file: Path | Location, size: int) -> bytes:
+    """The first ``size`` bytes of ``file`` (fewer if it is shorter; on object storage one
+    ranged GET); a FormatError when it cannot be read."""
+    if isinstance(file, Location):
+        if not file.is_file():
+            raise FormatError(f"{file}: missing (the shard is incomplete)")
+        return file.read_range(0, min(size, file.size()))
+    try:
+        with open(file, "rb") as f:
+            return f.read(size)
+    except OSError as exc:
+        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
+
+
 def starts_with(location: Location, magic: bytes) -> bool:
     """A file whose first bytes are ``magic``: how single-file formats recognise themselves."""
     return _bytes_at(location, 0, len(magic)) == magic

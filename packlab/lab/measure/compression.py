@@ -31,7 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.formats.parquet.encoding import (  # noqa: F401 - the recipes, re-exported
     CODECS,
@@ -139,10 +139,8 @@ def collect_columns(bins: Iterable[PackedBin]) -> BinColumns:
         starts.append(np.array(packed.seq_start_id, dtype=np.int32))
     if not ids:
         raise PacklabError("no bins to collect")
-    token_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum([a.shape[0] for a in ids], out=token_offsets[1:])
-    seq_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum([a.shape[0] for a in starts], out=seq_offsets[1:])
+    token_offsets = cumulative_offsets([a.shape[0] for a in ids])
+    seq_offsets = cumulative_offsets([a.shape[0] for a in starts])
     return BinColumns(np.concatenate(ids), np.concatenate(masks), np.concatenate(starts),
                       token_offsets, seq_offsets)
 

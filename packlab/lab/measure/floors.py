@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.formats.read.table import BinTable, CsrIndex, Layout, lookup
 from packlab.lab.measure.delivery import percentiles
@@ -57,8 +57,7 @@ class RamShard:
         self.num_bins = int(lengths.shape[0])
         if self.num_bins == 0:
             raise PacklabError(f"{self.path}: no bins to hold in RAM")
-        self.token_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.token_offsets[1:])
+        self.token_offsets = cumulative_offsets(lengths)
         self.num_tokens = int(self.token_offsets[-1])
         starts: list[np.ndarray] = []
         for b, packed in enumerate(reader.iter_bins()):
@@ -72,8 +71,7 @@ class RamShard:
             self.input_ids[lo:hi] = packed.input_ids
             self.loss_mask[lo:hi] = packed.loss_mask
             starts.append(np.asarray(packed.seq_start_id))
-        self.seq_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
-        np.cumsum([s.shape[0] for s in starts], out=self.seq_offsets[1:])
+        self.seq_offsets = cumulative_offsets([s.shape[0] for s in starts])
         self.seq_start_id = np.concatenate(starts)
         self._table: BinTable | None = None
 

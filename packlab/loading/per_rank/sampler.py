@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from packlab.bins import cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.loading.per_rank.plan import ChunkPlan, check_world
 
@@ -35,8 +36,7 @@ class RankLocalIndex:
         self.rank, self.world_size = check_world(rank, world_size)
         self.chunks = plan.rank_chunks(self.rank, self.world_size)
         self.sizes = plan.chunk_sizes()[self.chunks]
-        self.offsets = np.zeros(self.chunks.shape[0] + 1, dtype=np.int64)
-        np.cumsum(self.sizes, out=self.offsets[1:])
+        self.offsets = cumulative_offsets(self.sizes)
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
