@@ -16,7 +16,7 @@ import pytest
 from conftest import shard_per_format
 
 from packlab.formats import format_names, get_format
-from packlab.formats.read.items import ItemTable
+from packlab.formats.read.item_table import ItemTable
 from packlab.formats.read.table import BinTable, gather
 from packlab.packing import pack
 from packlab.sources import open_dataset

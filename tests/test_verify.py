@@ -3,7 +3,7 @@
 bin, the invariants checked on every read, and shards written before checksums still open.
 
 Each damaged byte is placed where the format's own description of its bins says it is (the
-:class:`~packlab.formats.bintable.Layout` of the memory-mapped formats; the column chunk of a
+:class:`~packlab.formats.read.table.Placement` of the memory-mapped formats; the column chunk of a
 Parquet row group), so the test damages the bin it names and no other.
 """
 

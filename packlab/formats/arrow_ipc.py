@@ -54,8 +54,8 @@ from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.read.table import (
     Column,
-    Layout,
     Maps,
+    Placement,
     TableReads,
     check_checksums,
     refuse_unverifiable,
@@ -205,15 +205,15 @@ class Writer(ArrowIpcFacts, ShardWriter):
         self.num_batches += 1
         buffer.clear()
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         self._flush()
         assert self._writer is not None and self._sink is not None
         self._writer.close()
         self._sink.close()
         self._writer = self._sink = None
         fsync_file(self.tmp_path)
-        manifest.update(version=VERSION, batch_size=self.batch_size, compression=self.compression)
-        return {**manifest, "num_batches": self.num_batches, "bytes": self.tmp_path.stat().st_size}
+        record.update(version=VERSION, batch_size=self.batch_size, compression=self.compression)
+        return {**record, "num_batches": self.num_batches, "bytes": self.tmp_path.stat().st_size}
 
     def _discard(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None
@@ -408,7 +408,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
     # -- the zero-copy reads: a table over the mapped file ----------------------------------------
-    def _layout(self, maps: Maps) -> Layout | None:
+    def _placement(self, maps: Maps) -> Placement | None:
         """Where every record batch's buffers are in the mapped file, when the file allows
         zero-copy reads (packlab's uncompressed files: lists of int32 / uint8 / int32 without
         nulls); None otherwise (batches are decoded into the cache). Reads each batch's
@@ -432,7 +432,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         checksum = self._checksum if self.has_checksums else None
         p = self.path
         self._source.release()  # the batches' headers it read: bins are read by pread
-        return Layout(Column(p, np.dtype("<i4"), 0, size // 4),
+        return Placement(Column(p, np.dtype("<i4"), 0, size // 4),
                       Column(p, np.dtype("|u1"), 0, size),
                       Column(p, np.dtype("<i4"), 0, size // 4),
                       ListIndex(maps, p, batches, self.num_bins), self.pack_size, str(p), checksum)

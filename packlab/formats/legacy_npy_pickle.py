@@ -12,7 +12,7 @@ memory, is what the lab measures against the streaming formats.
 
 The reader never runs pickle code (:mod:`packlab.codecs.safe_pickle`). It loads the whole file on
 first access (that is the format) and returns numpy arrays: int32 ``input_ids``, uint8
-``loss_mask``, int32 ``seq_start_id``. The format has no manifest, no checksum and no
+``loss_mask``, int32 ``seq_start_id``. The format has no record, no checksum and no
 ``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin, and for a file
 Megatron-Bridge's packer wrote, ``convention="megatron_bridge"`` (its pack size counts
 ``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). There is no place for a
@@ -75,13 +75,13 @@ class Writer(LegacyFacts, ShardWriter):
             "seq_start_id": packed.seq_start_id.tolist(),
         })
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         # np.save given a file name would append ".npy" to the temporary name: pass a handle.
         with open(self.tmp_path, "wb") as f:
             np.save(f, self.packed_data, allow_pickle=True)
         fsync_file(self.tmp_path)
         self.packed_data = []
-        return manifest  # the format has no place for it; returned to the caller only
+        return record  # the format has no place for it; returned to the caller only
 
     def _discard(self) -> None:
         self.packed_data = []

@@ -66,7 +66,7 @@ import numpy as np
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
 from packlab.codecs import mmidx
 from packlab.errors import FormatError, PacklabError
-from packlab.formats.read.items import ItemIndex, ItemLayout, ItemTable
+from packlab.formats.read.item_table import ItemIndex, ItemPlacement, ItemTable
 from packlab.formats.read.table import Column, Maps, TableReads, refuse_unverifiable
 from packlab.formats.shared import stacks
 from packlab.formats.shared.base import (
@@ -248,7 +248,7 @@ class Writer(SftFacts, ShardWriter):
 
 
 class Reader(SftFacts, TableReads, ShardReader):
-    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.read.items`).
+    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.read.item_table`).
 
     ``path``: the ``.idx``, the ``.bin`` or their prefix, local or on object storage.
     ``verify=True``: each bin checked against its sidecar checksum. ``pack_size``: the pack
@@ -379,7 +379,7 @@ class Reader(SftFacts, TableReads, ShardReader):
                                   "sidecar: remove the sidecar to read it unchecked)")
         return record
 
-    def _layout(self, maps: Maps) -> ItemLayout:
+    def _placement(self, maps: Maps) -> ItemPlacement:
         n, idx = self.num_bins, self._idx
         if self.record is not None:  # the pair is the one its sidecar was written with
             files = {"idx": (idx, True)}  # on object storage each read is one ranged GET:
@@ -393,7 +393,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         if self.has_checksums:
             assert self._side is not None
             checksum = maps.lookups(self._side, "<u8", _Sidecar.HEAD.size, n)
-        return ItemLayout(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
+        return ItemPlacement(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
                           self._decode, self._summarize,
                           self._pack_size or MAX_PACK_SIZE, str(self.bin), checksum)
 
@@ -471,7 +471,7 @@ class Reader(SftFacts, TableReads, ShardReader):
                               f"{self.num_bins} (corrupted)")
         pack_size = self.pack_size  # a pair without a sidecar: its headers read first
         maps = Maps()
-        layout = self._layout(maps)._replace(pack_size=pack_size)
+        layout = self._placement(maps)._replace(pack_size=pack_size)
         table = ItemTable.mapped(layout, maps)
         table.check_contents(token_limit=MAX_ID + 1, convention=self.convention)
         if layout.checksum is not None:

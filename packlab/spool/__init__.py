@@ -1,6 +1,6 @@
 """Spools: tokenized sequences written once, streaming, read through memory maps.
 
-Layout ``spool_v1`` (compatible with Nemotron's spool), one directory::
+Version ``spool_v1`` (compatible with Nemotron's spool), one directory::
 
     tokens.bin     int32    all tokens, concatenated
     masks.bin      uint8    1 = a token the model must learn to produce (unshifted)
@@ -8,7 +8,7 @@ Layout ``spool_v1`` (compatible with Nemotron's spool), one directory::
     lengths.bin    uint32   length of each sequence
     manifest.json  written last
 
-A literal manifest, as :class:`SpoolWriter` writes it::
+A literal record (``manifest.json``), as :class:`SpoolWriter` writes it::
 
     {"version": "spool_v1", "num_sequences": 3, "num_tokens": 17, "total_tokens": 17,
      "tokens_dtype": "int32", "mask_dtype": "uint8", "offsets_dtype": "uint64",
@@ -31,7 +31,7 @@ own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the 
 ``*_dtype`` keys above, whatever ``extra_manifest`` its caller passes (its chat SFT stage:
 ``shard_id``, ``input_files``, ``chat_template``, ``seed``, ``tokenization_stats``...) and no
 checksums. Both are read (:func:`read_spool_record`): either count key, either spelling of
-the dtypes, unknown keys kept (:func:`manifest_extra`; ``packlab inspect`` shows them). A
+the dtypes, unknown keys kept (:func:`record_extra`; ``packlab inspect`` shows them). A
 packlab manifest carries Nemotron's keys too, so a packlab spool is a Nemotron spool. Where a
 spool records no checksums, :meth:`SpoolReader.file_checksums` computes them (once) for those
 who must notice a change later (``packed_index``).
@@ -541,10 +541,10 @@ def read_spool_record(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def manifest_extra(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's keys that no spool reader needs (Nemotron's ``shard_id``,
+def record_extra(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's keys that no spool reader needs (Nemotron's ``shard_id``,
     ``input_files``, ``chat_template``, ...): kept, and shown by ``packlab inspect``."""
-    return {k: v for k, v in manifest.items() if k not in KNOWN_KEYS | RECORD_KEYS}
+    return {k: v for k, v in record.items() if k not in KNOWN_KEYS | RECORD_KEYS}
 
 
 def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:

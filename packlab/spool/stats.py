@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.spool import SpoolReader, manifest_extra
+from packlab.spool import SpoolReader, record_extra
 from packlab.storage.reads import in_pieces
 
 _SCAN = 1 << 26  # elements per chunk of a pass over tokens or masks
@@ -63,7 +63,7 @@ def describe_spool(reader: SpoolReader) -> dict[str, Any]:
         "bytes_per_token": total / max(reader.num_tokens, 1),
         "files": files,
         "source": reader.record.get("source", {}),
-        "extra": manifest_extra(reader.record),  # keys packlab does not read (Nemotron's)
+        "extra": record_extra(reader.record),  # keys packlab does not read (Nemotron's)
     }
 
 

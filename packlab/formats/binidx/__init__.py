@@ -75,8 +75,8 @@ from packlab.formats.read.table import (
     BinIndex,
     BinTable,
     Column,
-    Layout,
     Maps,
+    Placement,
     Runs,
     TableReads,
     refuse_unverifiable,
@@ -106,7 +106,7 @@ from packlab.storage.reads import load_array
 
 FORMAT = "binidx"
 SUFFIX = ""
-LAYOUT = "binidx_v1"
+VERSION = "binidx_v1"  # the record's "layout" key
 RECORD = SHARD_RECORD
 DATA = "data.bin"
 INDEX = "data.idx"
@@ -210,7 +210,7 @@ class Writer(BinidxFacts, ShardWriter):
         self._nseqs.append(np.array([packed.seq_start_id.shape[0]]))
         self._starts.append(packed.seq_start_id)
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         for scratch in (self._lengths, self._nseqs, self._starts):
             scratch.finish()
         files = {DATA: self._data.close()}
@@ -221,8 +221,8 @@ class Writer(BinidxFacts, ShardWriter):
         files[SUMS] = self._finish_sums()
         for scratch in (self._lengths, self._nseqs, self._starts):
             scratch.discard()
-        manifest.update(
-            layout=LAYOUT,
+        record.update(
+            layout=VERSION,
             token_dtype=self.token_dtype.str,
             vocab_size=self.vocab_size,
             megatron_prefix=PREFIX,
@@ -232,8 +232,8 @@ class Writer(BinidxFacts, ShardWriter):
                           INDEX: fingerprint(self.tmp_path / INDEX, whole=True)},
             files=files,
         )
-        (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
-        return manifest
+        (self.tmp_path / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        return record
 
     def _finish_loss(self) -> dict[str, Any]:
         self._loss.seek(0)
@@ -321,7 +321,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         super().__init__(path)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self._local = self._local_files()
-        self.record = read_manifest(self._local)
+        self.record = shard_record(self._local)
         self.pack_size = count_field(self.record, "pack_size", self.path / RECORD)
         self.num_bins = count_field(self.record, "num_bins", self.path / RECORD)
         self.num_tokens = count_field(self.record, "num_tokens", self.path / RECORD)
@@ -444,7 +444,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                 raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
                                   "(truncated or corrupted)")
 
-    def _layout(self, maps: Maps) -> Layout:
+    def _placement(self, maps: Maps) -> Placement:
         """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
         n, file, width = self.num_bins, self._file, self.token_dtype.itemsize
         self._check_fingerprints()
@@ -453,7 +453,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             self.check_checksums_header()
             checksum = maps.lookups(file(SUMS), "<u8", self._sums_header(), n)
         seqs_at = self.header_size[SEQS]
-        return Layout(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
+        return Placement(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
                       Column(file(LOSS), np.dtype("|u1"), self.header_size[LOSS],
                              self.num_tokens),
                       Column(file(SEQS), np.dtype("<i4"), _starts_offset(n, seqs_at),
@@ -490,7 +490,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)
         maps = Maps()
-        layout = self._layout(maps)
+        layout = self._placement(maps)
         table = BinTable.mapped(layout, maps, check=False)
         limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
         table.check_contents(token_limit=limit)  # every invariant of every bin
@@ -547,8 +547,8 @@ class _Index(BinIndex):
         return Runs(first, lengths, first, seqs[:-1], np.diff(seqs))
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def shard_record(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format; errors name the file."""
     return read_shard_record(path, RECORD, kind=FORMAT,
-                                   expect={"format": FORMAT, "layout": LAYOUT})
+                                   expect={"format": FORMAT, "layout": VERSION})
 

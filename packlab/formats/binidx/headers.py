@@ -1,7 +1,7 @@
 """The headers of a ``binidx`` shard's files (:mod:`packlab.formats.binidx` describes the
 shard): packlab's three sidecar headers (version 1, or 2 ending with the shard's identity).
 ``data.idx`` is megatron-core's MMIDIDX index, whose one home is :mod:`packlab.codecs.mmidx`;
-it and ``data.bin`` have no room for an identity of their own: the manifest records their
+it and ``data.bin`` have no room for an identity of their own: the record records their
 fingerprints (:mod:`packlab.formats.shared.fingerprints`)."""
 
 from __future__ import annotations

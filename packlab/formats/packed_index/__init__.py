@@ -88,7 +88,7 @@ from packlab.storage.reads import MappedFile
 
 FORMAT = "packed_index"
 SUFFIX = ""
-LAYOUT = "packed_index_v1"
+VERSION = "packed_index_v1"  # the record's "layout" key
 RECORD = SHARD_RECORD
 OFFSETS = "bin_offsets.npy"
 INDICES = "seq_indices.npy"
@@ -241,7 +241,7 @@ class Writer(PackedIndexFacts, ShardWriter):
         self.tokens_written = int(lengths.sum())
         self.seqs_written = int(part.seq_indices.shape[0])
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         part = self.assignment.select(self.first_bin, self.first_bin + self.bins_written)
         files = {
             OFFSETS: _save_npy(self.tmp_path / OFFSETS, part.bin_offsets, self.identity),
@@ -250,11 +250,11 @@ class Writer(PackedIndexFacts, ShardWriter):
         if self.checksums:
             files[SUMS] = _save_npy(self.tmp_path / SUMS, sequence_checksums(
                 self.spool, part.seq_indices, part.pack_size), self.identity, dtype="<u8")
-            manifest["seq_checksum"] = CHECKSUM
-        manifest["identity"] = self.identity
+            record["seq_checksum"] = CHECKSUM
+        record["identity"] = self.identity
         spool_abs = self.spool.path.resolve()
-        manifest.update(
-            layout=LAYOUT,
+        record.update(
+            layout=VERSION,
             overlong=part.overlong,
             first_bin=self.first_bin,
             spool={
@@ -264,8 +264,8 @@ class Writer(PackedIndexFacts, ShardWriter):
             },
             files=files,
         )
-        (self.tmp_path / RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
-        return manifest
+        (self.tmp_path / RECORD).write_text(json.dumps(record, indent=2) + "\n")
+        return record
 
 
 def write_packed_index(
@@ -297,7 +297,7 @@ class Reader(PackedIndexFacts, ShardReader):
     def __init__(self, path: str | os.PathLike[str], *,
                  spool: str | os.PathLike[str] | None = None, verify: bool = False) -> None:
         super().__init__(path)
-        self.record = read_manifest(self.path)
+        self.record = shard_record(self.path)
         self.verify = bool(verify)
         self.has_checksums = self.record.get("seq_checksum") == CHECKSUM
         self.identity = self.record.get("identity")  # every .npy header names it
@@ -320,7 +320,7 @@ class Reader(PackedIndexFacts, ShardReader):
 
     @classmethod
     def spool_reference(cls, shard: Path) -> dict[str, str]:
-        spool = read_manifest(Path(shard))["spool"]
+        spool = shard_record(Path(shard))["spool"]
         return {"relative": spool["relative"], "path": spool["path"]}
 
     def _handles(self) -> tuple[str, ...]:
@@ -557,11 +557,11 @@ def _load_npy(path: Path, count: int, dtype: str = "<i8", identity: object = Non
     return MappedFile(path, random=False).view(want, header.data_offset, count)
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def shard_record(path: Path) -> dict[str, Any]:
     """The shard's manifest, checked for its format and fields; errors name the file."""
     file = path / RECORD
     manifest = read_shard_record(path, RECORD, kind=FORMAT,
-                                       expect={"format": FORMAT, "layout": LAYOUT})
+                                       expect={"format": FORMAT, "layout": VERSION})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
         count_field(manifest, key, file, minimum=1)
     spool = manifest.get("spool")

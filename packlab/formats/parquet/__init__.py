@@ -193,17 +193,17 @@ class Writer(ParquetFacts, ShardWriter):
         self._buffer.clear()
         self._pool.release_unused()  # what encoding the row group took goes back now
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         self._flush()
         assert self._writer is not None
-        manifest.update(
+        record.update(
             version=VERSION, row_group_size=self.row_group_size, compression=self.compression,
             compression_level=self.compression_level, layout=self.encoding.name,
         )
-        self._writer.add_key_value_metadata({METADATA_KEY: dump_metadata(manifest)})
+        self._writer.add_key_value_metadata({METADATA_KEY: dump_metadata(record)})
         self._writer.close()
         self._writer = None
-        return {**manifest, "num_row_groups": self.num_row_groups, "bytes": self._finish_file()}
+        return {**record, "num_row_groups": self.num_row_groups, "bytes": self._finish_file()}
 
     def _discard(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None

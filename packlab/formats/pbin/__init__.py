@@ -74,8 +74,8 @@ from packlab.formats.read.table import (
     BinTable,
     Column,
     CsrIndex,
-    Layout,
     Maps,
+    Placement,
     TableReads,
     refuse_unverifiable,
 )
@@ -92,7 +92,7 @@ from packlab.storage.location import Location
 from packlab.storage.reads import MappedFile, ReadAdvice, scan
 
 FORMAT = "pbin"
-LAYOUT = "pbin_packlab_v1"
+VERSION = "pbin_packlab_v1"  # the footer's "layout" key
 TRAILER_MAGIC = b"PLKPBIN1"
 TAIL = struct.Struct("<Q8s")  # footer JSON length, magic
 _CHECK_CHUNK = 1 << 16
@@ -148,7 +148,7 @@ def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
         raise FormatError(f"{path}: packlab footer length {length} exceeds the file (corrupted)")
     f.seek(size - TAIL.size - length)
     footer = parse_json(f.read(length), path, unreadable="unreadable packlab footer")
-    if not isinstance(footer, dict) or footer.get("layout") != LAYOUT:
+    if not isinstance(footer, dict) or footer.get("layout") != VERSION:
         raise FormatError(f"{path}: packlab footer of unknown layout {footer.get('layout')!r}"
                           if isinstance(footer, dict) else f"{path}: bad packlab footer")
     footer["footer_offset"] = size - TAIL.size - length
@@ -203,7 +203,7 @@ class Writer(PbinFacts, ShardWriter):
         self._scratch["starts"].append(packed.seq_start_id)
         self._scratch["loss"].append(packed.loss_mask)
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         for scratch in self._scratch.values():
             scratch.finish()
         out = self._out
@@ -226,15 +226,15 @@ class Writer(PbinFacts, ShardWriter):
             for chunk in chunks:
                 out.write(chunk)
             sections[name] = [start - index_offset, out.bytes - start]
-        manifest.update(layout=LAYOUT, token_width=self.token_width, vocab_size=self.vocab_size,
+        record.update(layout=VERSION, token_width=self.token_width, vocab_size=self.vocab_size,
                         bin_checksum=CHECKSUM, sections=sections, sha256=out.hexdigest(),
                         sha256_of="bytes from 12 to the footer")
-        footer = json.dumps(manifest, sort_keys=True).encode()
+        footer = json.dumps(record, sort_keys=True).encode()
         out.write(footer + TAIL.pack(len(footer), TRAILER_MAGIC), hashed=False)
         finish_output(out, data_len, self.token_width)
         for scratch in self._scratch.values():
             scratch.discard()
-        return manifest
+        return record
 
     def _discard(self) -> None:
         out = getattr(self, "_out", None)
@@ -345,7 +345,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
         base = self.file.index_offset
         return {name: base + where[0] for name, where in self.footer["sections"].items()}
 
-    def _layout(self, maps: Maps) -> Layout | None:
+    def _placement(self, maps: Maps) -> Placement | None:
         """Where a packlab pbin's bins are: the trailer's offsets and starts, mapped (None for
         a plain pbin: its documents are served one by one)."""
         if self.footer is None:
@@ -355,7 +355,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
                          maps.values(p, "<i8", at["seq_offsets"], n + 1))
         checksum = (maps.lookups(p, "<u8", at["checksums"], n)
                     if self.has_checksums else None)
-        return Layout(Column(p, self.token_dtype, HEADER_SIZE, self.num_tokens),
+        return Placement(Column(p, self.token_dtype, HEADER_SIZE, self.num_tokens),
                       Column(p, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
                       Column(p, np.dtype("<i4"), at["seq_starts"], self.num_seqs),
                       index, self.pack_size, str(p), checksum)
@@ -409,7 +409,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
             return self._summary()
         self._verify_checksum()
         maps = Maps()
-        layout = self._layout(maps)
+        layout = self._placement(maps)
         assert layout is not None
         table = BinTable.mapped(layout, maps, check=False)
         table.check_contents(token_limit=self.vocab_size  # every invariant of every bin

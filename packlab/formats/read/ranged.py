@@ -1,8 +1,8 @@
 """The one read path where a shard's data files are on object storage: bins by ranged GETs.
 
 A format that reads in place (``READS_IN_PLACE``) describes its bins exactly as it does for
-local files (:mod:`packlab.formats.read.table`: a :class:`~packlab.formats.read.table.Layout` of columns
-and an index, or an :class:`~packlab.formats.read.items.ItemLayout`), with one difference: a column
+local files (:mod:`packlab.formats.read.table`: a :class:`~packlab.formats.read.table.Placement` of columns
+and an index, or an :class:`~packlab.formats.read.item_table.ItemPlacement`), with one difference: a column
 in a data file on object storage has that file's :class:`~packlab.storage.location.Location` as its
 path, not a local ``Path``. Its index files were fetched once into a local cache
 (:func:`packlab.storage.location.fetch_files`: verified against the shard's record where it has one)

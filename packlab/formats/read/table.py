@@ -1,9 +1,9 @@
 """Bins as runs of values in memory-mapped files: the one read path of every format whose bins
 are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
-whose bin is one item it decodes, through :mod:`packlab.formats.read.items`).
+whose bin is one item it decodes, through :mod:`packlab.formats.read.item_table`).
 
 Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped and a read is a
-few lookups and three slices. A format says where its bins are with a :class:`Layout`:
+few lookups and three slices. A format says where its bins are with a :class:`Placement`:
 
 - three :class:`Column` s, the whole run of token ids, loss-mask bytes and sequence starts in
   its files (a file, a dtype, a byte offset, a count);
@@ -155,7 +155,7 @@ class Locator:
                 s0, s0 + self.counts[b])
 
 
-class Layout(NamedTuple):
+class Placement(NamedTuple):
     """Where a shard's bins are, byte for byte: its three columns and its index.
 
     ``checksum``: bin ``b``'s recorded :func:`~packlab.bins.bin_checksum`, for ``verify=True``
@@ -170,7 +170,7 @@ class Layout(NamedTuple):
     checksum: Callable[[int], int] | None = None
 
     def table(self, maps: Maps, *, verify: bool) -> BinTable:
-        """The table of this layout over ``maps`` (what :class:`TableReads` reads)."""
+        """The table of this placement over ``maps`` (what :class:`TableReads` reads)."""
         return BinTable.mapped(self, maps, verify=verify)
 
 
@@ -211,7 +211,7 @@ class Maps:
             return RangedColumn(self.ranged.window(column.path), *column[1:])
         return self.values(*column)
 
-    def advice(self, layout: Layout) -> Any:
+    def advice(self, layout: Placement) -> Any:
         """The read advice of a table over ``layout``'s tokens and mask: cold pages asked for
         together (:class:`TableAdvice`), or, on object storage, the bin's runs fetched."""
         if isinstance(layout.tokens.path, Location) or isinstance(layout.mask.path, Location):
@@ -261,7 +261,7 @@ class TableAdvice(ReadAdvice):
 
 
 class BinTable:
-    """One process's reads of a shard laid out as :class:`Layout` says (see the module)."""
+    """One process's reads of a shard laid out as :class:`Placement` says (see the module)."""
 
     __slots__ = ("tokens", "mask", "starts", "index", "locate", "advice", "checksum",
                  "num_bins", "pack_size", "source", "maps")
@@ -285,7 +285,7 @@ class BinTable:
         self.locate = Locator(index, self._check_structure if check else None).locate
 
     @classmethod
-    def mapped(cls, layout: Layout, maps: Maps, *, verify: bool = False,
+    def mapped(cls, layout: Placement, maps: Maps, *, verify: bool = False,
                check: bool = True) -> BinTable:
         """The table of a shard's files as ``layout`` says (``maps``: its files, mapped)."""
         refuse_unverifiable(layout.source, verify, layout.checksum is not None)
@@ -466,19 +466,19 @@ class CsrIndex(BinIndex):
 # -- a reader whose bins are a table ---------------------------------------------------------------
 class TableReads:
     """``read_bin``, ``read_bins``, ``item_read``, ``iter_bins`` and ``packed_lengths`` of a shard
-    reader whose bins are a :class:`BinTable`. The reader gives :meth:`_layout` (called once
+    reader whose bins are a :class:`BinTable`. The reader gives :meth:`_placement` (called once
     per process, on the first read; None when its bins cannot be views: a compressed Arrow
     file, a plain Modalities file; then the ``_untabled_*`` methods serve them), ``num_bins``,
     ``verify`` and ``check_index``; its ``_handles`` name ``_table`` (dropped when pickled)."""
 
-    _table: Any = None  # a BinTable (or an ItemTable: packlab.formats.read.items)
+    _table: Any = None  # a BinTable (or an ItemTable: packlab.formats.read.item_table)
     _untabled: bool = False
     verify: bool = False
     num_bins: int
     check_index: Any  # ShardReader.check_index
 
-    def _layout(self, maps: Maps) -> Any:
-        """A :class:`Layout` (or :class:`~packlab.formats.read.items.ItemLayout`), or None."""
+    def _placement(self, maps: Maps) -> Any:
+        """A :class:`Placement` (or :class:`~packlab.formats.read.item_table.ItemPlacement`), or None."""
         raise NotImplementedError
 
     def table(self) -> Any:
@@ -486,7 +486,7 @@ class TableReads:
         when the shard's bins are not slices of its files."""
         if self._table is None and not self._untabled:
             maps = Maps()
-            layout = self._layout(maps)
+            layout = self._placement(maps)
             if layout is None:
                 self._untabled = True
                 return None
@@ -494,10 +494,10 @@ class TableReads:
             forget_after_fork(self)
         return self._table
 
-    def layout(self) -> Layout | None:
+    def layout(self) -> Placement | None:
         """Where this shard's bins are (None when they are not slices of its files): what
         the raw CSR floor reads."""
-        return self._layout(Maps())
+        return self._placement(Maps())
 
     def forget_maps(self) -> None:
         """In a forked child: map the files again on the next read (:mod:`packlab.storage.reads`)."""

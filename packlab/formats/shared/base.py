@@ -397,8 +397,8 @@ class ShardWriter(FormatFacts, ABC):
         """Append one (already checked) bin."""
 
     @abstractmethod
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Flush everything under ``self.tmp_path``, write the manifest last, return it."""
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Flush everything under ``self.tmp_path``, write the record last, return it."""
 
     def _discard(self) -> None:
         """Release open handles before the temporary is removed (override when needed)."""

@@ -9,7 +9,7 @@ after the dictionary, inside that padding::
 ``np.load`` (and every reader that parses the dictionary as a Python literal, as numpy does)
 reads the file unchanged; a reader of the shard checks the identity where it reads the header
 anyway (:func:`check_identity`), so a file exchanged with another shard's is refused before a
-bin is served. Files written before identities carry none (their manifest records none).
+bin is served. Files written before identities carry none (their record records none).
 """
 
 from __future__ import annotations

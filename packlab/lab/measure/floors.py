@@ -1,7 +1,7 @@
 """The floors a read is judged against, measured in the same run as the read.
 
 - the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
-  (where its format's :class:`~packlab.formats.read.table.Layout` says they are) with plain numpy
+  (where its format's :class:`~packlab.formats.read.table.Placement` says they are) with plain numpy
   memory maps and the index in RAM, all three columns copied into preallocated buffers as a
   read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
   in it: what the bytes cost through numpy, whatever the API;
@@ -32,7 +32,7 @@ import numpy as np
 
 from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
-from packlab.formats.read.table import BinTable, CsrIndex, Layout, lookup
+from packlab.formats.read.table import BinTable, CsrIndex, Placement, lookup
 from packlab.lab.measure.delivery import percentiles
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import is_dataset, open_source, readers_of
@@ -162,11 +162,11 @@ class RawCsr:
     :class:`~packlab.lab.measure.delivery.Sink` delivers an item or a bin) into preallocated
     buffers. ``read(i)`` is
     the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
-    describe their :class:`~packlab.formats.read.table.Layout` (the memory-mapped formats);
+    describe their :class:`~packlab.formats.read.table.Placement` (the memory-mapped formats);
     :func:`raw_floor` gives None for the others.
     """
 
-    def __init__(self, layouts: list[Layout]) -> None:
+    def __init__(self, layouts: list[Placement]) -> None:
         self.layouts = layouts
         self.runs = [layout.index.runs(0, layout.index.num_bins) for layout in layouts]
         longest = max(int(np.max(runs.packed_len)) for runs in self.runs)
@@ -201,7 +201,7 @@ class RawCsr:
         self.read_batch(indices)
         return time.perf_counter_ns() - began
 
-    def _reader_of(self, layout: Layout, runs: Any) -> Any:
+    def _reader_of(self, layout: Placement, runs: Any) -> Any:
         """The read of one shard: a closure over its maps, positions and the buffers."""
         def column(c: Any) -> np.ndarray:
             mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))

@@ -3,7 +3,7 @@ values it decodes (``megatron_sft``: Megatron-Bridge's packed items of int32 wor
 the sequence starts and the tokens with the loss-mask bit on top).
 
 What :mod:`packlab.formats.read.table` does for bins laid out as three columns, this module does
-for bins laid out as items: a format says where its items are (:class:`ItemLayout`: the
+for bins laid out as items: a format says where its items are (:class:`ItemPlacement`: the
 column of every item's values end to end, an :class:`ItemIndex` giving bin ``b``'s first value
 and count, read in place from its mapped index, and ``decode``, which checks what one item says
 about itself and returns its :class:`~packlab.bins.PackedBin`), and :class:`ItemTable` reads:
@@ -64,7 +64,7 @@ class ItemIndex(ABC):
         the bin."""
 
 
-class ItemLayout(NamedTuple):
+class ItemPlacement(NamedTuple):
     """Where a shard's items are and how one becomes a bin.
 
     ``decode(b, item)``: bin ``b`` from its item's values (a read-only array), every
@@ -86,13 +86,13 @@ class ItemLayout(NamedTuple):
 
 
 class ItemTable:
-    """One process's reads of a shard laid out as :class:`ItemLayout` says (see the module)."""
+    """One process's reads of a shard laid out as :class:`ItemPlacement` says (see the module)."""
 
     __slots__ = ("items", "index", "firsts", "counts", "locator_bytes", "decode", "summarize",
                  "checksum", "num_bins", "pack_size", "source", "maps", "advice", "width",
                  "offset", "ranged")
 
-    def __init__(self, layout: ItemLayout, maps: Maps, *, verify: bool = False) -> None:
+    def __init__(self, layout: ItemPlacement, maps: Maps, *, verify: bool = False) -> None:
         refuse_unverifiable(layout.source, verify, layout.checksum is not None)
         self.items = maps.column(layout.items)
         self.ranged = isinstance(layout.items.path, Location)
@@ -127,7 +127,7 @@ class ItemTable:
         return self.firsts[b], self.counts[b]
 
     @classmethod
-    def mapped(cls, layout: ItemLayout, maps: Maps, *, verify: bool = False) -> ItemTable:
+    def mapped(cls, layout: ItemPlacement, maps: Maps, *, verify: bool = False) -> ItemTable:
         return cls(layout, maps, verify=verify)
 
     def values(self, first: int, count: int) -> np.ndarray:
