@@ -234,8 +234,8 @@ def _named(filename: Any) -> str:
         return "(no file)"
     from pathlib import Path
 
-    from packlab.files import stands_for
     from packlab.sources.file_records import recorded_file
+    from packlab.storage.files import stands_for
 
     return str(recorded_file(stands_for(Path(os.fsdecode(filename)))))
 

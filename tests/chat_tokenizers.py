@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from packlab.corpus import build_docstring_corpus
 from packlab.tokenize import BUILTIN_TEMPLATES
+from packlab.tokenize.corpus import build_docstring_corpus
 from packlab.tokenize.train import tokenizer_folder, train_bpe_tokenizer
 
 # What each template does to an assistant message's text and which text ends the turn.

@@ -18,8 +18,8 @@ from packlab.bins import PackedBin, bin_digest, bins_equal
 from packlab.errors import FormatError
 from packlab.formats import get_format
 from packlab.lab.s3server import S3Server
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_writer
 from packlab.spool import FILES, SPOOL_RECORD, SpoolReader, SpoolWriter
 

@@ -391,8 +391,8 @@ def edit_json(path: Path, rng: random.Random, m: Mutation, tree: Path) -> None:
 def pickle_sites(tree: Path) -> list[tuple[Path, int, int]]:
     """Where pickle streams are kept in a tree: ``(file, start, end)`` (the object array of a
     pickled ``.npy``, the index of a Modalities pbin)."""
+    from packlab.codecs.safe_pickle import npy_is_pickled, read_npy_header
     from packlab.formats.pbin import PbinFile
-    from packlab.safe_pickle import npy_is_pickled, read_npy_header
 
     sites = []
     for path in sorted((tree / "out").rglob("*")):

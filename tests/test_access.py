@@ -136,7 +136,7 @@ def _mapped(array: np.ndarray) -> bool:
 
 
 def test_a_read_has_its_bytes_when_it_returns(shards: dict[str, Path]) -> None:
-    """binidx reads a bin with ``pread`` into arrays of its own (packlab.mapping): when the
+    """binidx reads a bin with ``pread`` into arrays of its own (packlab.storage.reads): when the
     read returns, its bytes are in them, never pages still to fault in from the disk, so a
     benchmark's clock that stops at the return has waited for the data."""
     dataset = open_dataset(shards["binidx"])
@@ -373,7 +373,7 @@ def test_mmap_floors_count_what_each_way_reads(tmp_path: Path) -> None:
 def test_the_raw_csr_floor_gathers_the_same_bins_from_the_same_files(
         shards: dict[str, Path], fmt: str) -> None:
     """The floor is honest only if it moves what the format returns: the same tokens, mask and
-    boundaries, gathered by numpy from the format's own files (its Layout); None for a format
+    boundaries, gathered by numpy from the format's own files (its Placement); None for a format
     that decodes or gathers (no raw layout to compare with)."""
     from packlab.lab.measure.floors import raw_floor
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab.chat_masks import ChatMarkers, MarkerTokens, derive_masks
 from packlab.errors import PacklabError
+from packlab.spool.masks import ChatMarkers, MarkerTokens, derive_masks
 
 # a character-level "tokenizer", as Megatron-LM's test uses (NullTokenizer): one id per character
 MARKERS = ChatMarkers(system_start="[S]", user_start="[U]", assistant_start="[A]", end="[E]",

@@ -651,7 +651,7 @@ def test_the_local_s3_store_prints_help_instead_of_serving() -> None:
 def test_a_jsonl_beside_its_line_index_is_read_as_jsonl(tmp_path, capsys) -> None:
     """``documents.jsonl.idx`` (packlab's line index) beside ``documents.jsonl`` does not make
     the JSONL a Megatron prefix: ``pbin`` writes the same file with the index as without."""
-    from packlab.jsonl_index import build_jsonl_index
+    from packlab.codecs.jsonl_index import build_jsonl_index
 
     docs = tmp_path / "documents.jsonl"
     docs.write_text("".join(json.dumps({"text": f"document {i}: " + "words " * i}) + "\n"

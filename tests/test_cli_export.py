@@ -13,13 +13,13 @@ from chat_tokenizers import PROBES, write_jsonl
 from conftest import BUCKET, one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
-from packlab.chat_masks import ChatMarkers, MarkerTokens
 from packlab.cloud.transfer import upload_shard
-from packlab.dataset import bin_digests
 from packlab.errors import FormatError
+from packlab.loading.dataset import bin_digests
 from packlab.sources import open_shard
 from packlab.sources.export import export
 from packlab.spool import SpoolReader
+from packlab.spool.masks import ChatMarkers, MarkerTokens
 from packlab.tokenize import marker_encoder, tokenize_chat_jsonl
 
 

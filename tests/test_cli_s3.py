@@ -16,9 +16,9 @@ import pytest
 from conftest import BUCKET, one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
-from packlab.dataset import bin_digests
 from packlab.formats import format_names, get_format
 from packlab.lab.s3server import S3Server
+from packlab.loading.dataset import bin_digests
 from packlab.spool import SpoolReader
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
@@ -29,7 +29,7 @@ FORMATS = format_names()
 def way_of_travel(name: str) -> tuple[bool, bool, bool, bool]:
     """How a format's bytes reach the store and come back: streamed or staged when written,
     read in place or fetched, a spool beside it, one file or a directory. Formats do not know
-    where their bytes live (``packlab.storage``), so every command's way to and from the store
+    where their bytes live (``packlab.storage.location``), so every command's way to and from the store
     is one per way of travel, not one per format: the command test runs one format of each
     (every format's own round trip through the store is ``test_cloud.py``'s)."""
     fmt = get_format(name)
@@ -295,7 +295,7 @@ def test_one_file_outputs_on_the_store_are_guarded_as_local_ones(server, spool, 
     """corpus, raw-index and pbin to ``s3://``: the file and its record on the store, validated
     by URI; rerun refused without --overwrite, replaced with it; a person's object at such a
     URI refused whatever the flag and kept byte for byte."""
-    from packlab.storage import put_object, resolve
+    from packlab.storage.location import put_object, resolve
 
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": [

@@ -13,8 +13,8 @@ import pytest
 from conftest import run_cli, write_random_spool
 
 from packlab import open_dataset
-from packlab.dataset import bin_digests
 from packlab.errors import FormatError
+from packlab.loading.dataset import bin_digests
 from packlab.pipeline.dataset_record import DATASET_RECORD
 from packlab.sources import resolve_source
 

@@ -13,11 +13,11 @@ import pytest
 from conftest import one_error_line, run_cli, write_empty_spool
 
 from packlab.cli import main
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_writer
 from packlab.spool import SPOOL_RECORD, SpoolReader
-from packlab.synth import synthesize
+from packlab.spool.synth import synthesize
 
 
 @pytest.fixture

@@ -11,8 +11,8 @@ from conftest import one_error_line, run_cli, write_random_spool
 
 from packlab import open_dataset
 from packlab.cli import main
-from packlab.discovery import find_shards
 from packlab.formats import format_names, get_format
+from packlab.loading.discovery import find_shards
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
 
 FORMATS = format_names()

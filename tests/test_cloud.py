@@ -20,17 +20,18 @@ import pyarrow.fs as pafs
 import pytest
 from conftest import BUCKET, write_random_spool
 
-from packlab import cloud, open_dataset, open_shard, open_writer, storage
+from packlab import cloud, open_dataset, open_shard, open_writer
 from packlab import open_dataset as open_local_dataset
 from packlab.cloud import sql
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import format_names, get_format, parquet
 from packlab.lab.s3server import HOST, CountingMiddleware, S3Server
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import write_shards
 from packlab.sources.convert import convert
 from packlab.sources.validate import validate_path
+from packlab.storage import location as storage
 
 
 @pytest.fixture(scope="module")
@@ -237,7 +238,7 @@ KILLED_WRITER = textwrap.dedent("""
     import os, signal, sys
     import numpy as np
     import packlab
-    from packlab import storage
+    from packlab.storage import location as storage
     from packlab.bins import PackedBin
     storage.configure("s3", **{endpoint!r})
     rng = np.random.default_rng(0)
@@ -456,7 +457,7 @@ def test_a_random_bin_in_place_is_one_ranged_get_of_exactly_its_bytes(
 
 # -- the layout through blend.json -------------------------------------------------------------
 def test_layout_split_resolves_through_blend_json(server, tmp_path: Path) -> None:
-    from packlab.layout import build_layout
+    from packlab.pipeline.layout import build_layout
 
     spools = [write_random_spool(tmp_path / n, num_sequences=150, max_len=300, seed=s)
               for n, s in (("chat", 1), ("code", 2))]

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab.collate import Collator, collate
 from packlab.errors import PacklabError
-from packlab.materialize import iter_bins
+from packlab.loading.collate import Collator, collate
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.spool import SpoolReader, SpoolWriter
 
 PAD = 7

@@ -15,13 +15,13 @@ from hypothesis import strategies as st
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import PacklabError
 from packlab.formats import detect_format
-from packlab.formats.arrow_lists import BinColumns
+from packlab.formats.shared.arrow_lists import BinColumns
 from packlab.interop.bridge_metadata import PACK_METADATA_FILE
 from packlab.lab.measure import compression as C
 from packlab.lab.measure import size as S
 from packlab.lab.measure.verdicts import ratio_verdict, speed_word, words_agree
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import RECEIPT_SUFFIX
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader

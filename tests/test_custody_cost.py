@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from conftest import write_random_spool
 
-from packlab import spool_custody
 from packlab.errors import FormatError
 from packlab.lab.measure.custody import _unverified, custody_cost
 from packlab.spool import SpoolReader
+from packlab.spool import custody as spool_custody
 
 
 def test_custody_cost_times_both_variants_and_restores_the_checks(tmp_path: Path) -> None:

@@ -12,20 +12,20 @@ from conftest import Child, write_random_spool
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
-from packlab.collate import Collator
-from packlab.dataset import PackedDataset
-from packlab.discovery import find_shards
 from packlab.errors import FormatError, PacklabError, PacklabWarning
 from packlab.formats import format_names
-from packlab.materialize import iter_bins
-from packlab.packing import BinAssignment, pack
-from packlab.pipeline.shards import write_shards
-from packlab.samplers import (
+from packlab.loading.collate import Collator
+from packlab.loading.dataset import PackedDataset
+from packlab.loading.discovery import find_shards
+from packlab.loading.samplers import (
     BlockShuffleSampler,
     ShuffleSampler,
     dataset_blocks,
     recommended_sampler,
 )
+from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
+from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
 
 FORMATS = format_names()

@@ -15,13 +15,13 @@ from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, PacklabError, PacklabWarning
 from packlab.formats import format_names, get_format
-from packlab.layout import build_layout
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
     read_dataset_record,
     write_dataset_record,
     writing_lock,
 )
+from packlab.pipeline.layout import build_layout
 from packlab.pipeline.receipts import receipt_path
 from packlab.pipeline.shards import plan_shards, write_shard, write_shards
 from packlab.sources.validate import validate_path

@@ -20,10 +20,10 @@ from conftest import write_random_spool
 from packlab.errors import PacklabError
 from packlab.lab.sharding.coverage import coverage
 from packlab.lab.sharding.launch import consume, launch, run_phases
-from packlab.materialize import iter_bins
+from packlab.loading.per_rank import ChunkPlan, ChunkProducer, spool_source
+from packlab.loading.per_rank.plan import chunk_path, marker_path
 from packlab.packing import pack
-from packlab.sharded import ChunkPlan, ChunkProducer, spool_source
-from packlab.sharded.plan import chunk_path, marker_path
+from packlab.packing.materialize import iter_bins
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 

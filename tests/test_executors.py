@@ -12,9 +12,9 @@ from chat_tokenizers import chat_setup, options
 from conftest import write_random_spool
 
 from packlab.cli import main
+from packlab.codecs.jsonl_index import index_path
 from packlab.errors import PacklabError
 from packlab.executors import ray_session, run_jobs
-from packlab.jsonl_index import index_path
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shard, write_shards
 from packlab.tokenize import tokenize_chat_jsonl

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from packlab import files
 from packlab.errors import PacklabError
-from packlab.files import HashedFile, Staging, is_temporary, json_default, staged
+from packlab.storage import files
+from packlab.storage.files import HashedFile, Staging, is_temporary, json_default, staged
 
 
 def test_staged_publishes_on_a_normal_exit(tmp_path: Path) -> None:

@@ -16,12 +16,12 @@ from hypothesis import strategies as st
 
 from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import sha256_file
 from packlab.formats import binidx, detect_format
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader
+from packlab.storage.files import sha256_file
 
 
 def write_shard(path: Path, spool: SpoolReader, assignment: BinAssignment, **options: object

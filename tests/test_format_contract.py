@@ -1,7 +1,7 @@
 """The format contract, held once and run over every registered format.
 
 Whatever a format is on disk, its writer and reader keep the promises of
-:mod:`packlab.formats.base`: bins read back exactly as written; a writer killed mid-shard leaves
+:mod:`packlab.formats.shared.base`: bins read back exactly as written; a writer killed mid-shard leaves
 nothing under the final name; writer memory does not grow with the shard (unless the format's
 facts say it holds everything); bins out of order or too few are refused; a forked DataLoader
 worker, a pickled reader and arrays kept after ``close`` all see the same bins; a truncated file
@@ -37,15 +37,15 @@ from conftest import (
 
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import is_temporary
 from packlab.formats import detect_format, format_names, get_format
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.lab.measure.workload import Workload, make_workload
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader
+from packlab.storage.files import is_temporary
 
 FORMATS = format_names()
 MiB = 1 << 20

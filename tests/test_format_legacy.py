@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bins_equal
+from packlab.codecs.safe_pickle import UnsafePickleError, load_pickled_npy
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format
 from packlab.formats.legacy_npy_pickle import Reader, Writer
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
 from packlab.lab.measure.workload import make_workload
-from packlab.materialize import iter_bins
 from packlab.packing import pack
-from packlab.safe_pickle import UnsafePickleError, load_pickled_npy
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
 
 

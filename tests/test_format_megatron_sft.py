@@ -25,8 +25,8 @@ from packlab.bins import PackedBin, bins_equal
 from packlab.cli import main
 from packlab.errors import FormatError, PacklabError
 from packlab.formats import get_format
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_dataset, open_shard, open_writer
 from packlab.sources.convert import convert
 from packlab.sources.validate import validate_path

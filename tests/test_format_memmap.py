@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from packlab.bins import PackedBin, bin_checksum, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import file_entry
 from packlab.formats import detect_format
 from packlab.formats.memmap_v1 import (
     CHECKSUMS,
@@ -27,9 +26,10 @@ from packlab.formats.memmap_v1 import (
 )
 from packlab.lab.measure.harness import run_job
 from packlab.lab.measure.jobs import format_imports
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
+from packlab.storage.files import file_entry
 
 
 def write_shard(path: Path, bins: list[PackedBin], pack_size: int, *, announce: bool = True) -> None:

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 
 from packlab.bins import bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import sha256_file
 from packlab.formats import detect_format, packed_index
-from packlab.formats.npy_identity import npy_header
-from packlab.materialize import iter_bins
+from packlab.formats.shared.npy_identity import npy_header
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader, SpoolWriter
+from packlab.storage.files import sha256_file
 
 
 def assert_reads_like(reader: packed_index.Reader, spool: SpoolReader,

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.formats import detect_format
-from packlab.formats.arrow_lists import dump_metadata
 from packlab.formats.parquet import OneRowGroupReader, Reader, Writer
+from packlab.formats.shared.arrow_lists import dump_metadata
 from packlab.sources import open_shard
 
 

@@ -16,11 +16,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packlab.bins import bins_equal
+from packlab.codecs.safe_pickle import UnsafePickleError
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.formats import detect_format, modalities, pbin
-from packlab.materialize import iter_bins
+from packlab.formats import detect_format, pbin
+from packlab.formats.pbin import codec as modalities
 from packlab.packing import BinAssignment, pack
-from packlab.safe_pickle import UnsafePickleError
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader
 

@@ -14,13 +14,13 @@ from hypothesis import strategies as st
 
 from packlab import open_dataset
 from packlab.bins import bin_digest
-from packlab.dataset import bin_digests
-from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import format_names, get_format
 from packlab.lab.tables import markdown_table
-from packlab.materialize import iter_bins
+from packlab.loading.dataset import bin_digests
+from packlab.loading.discovery import find_shards
 from packlab.packing import ALGORITHMS, pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_shard
 from packlab.sources.convert import convert

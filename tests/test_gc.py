@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 from conftest import as_a_terminal_job, one_error_line, run_cli, write_random_spool
 
-from packlab.files import is_temporary, process_running, temporary_owner, temporary_sibling
 from packlab.pipeline.dataset_record import read_dataset_record, writing_lock
 from packlab.sources.validate import validate_path
+from packlab.storage.files import is_temporary, process_running, temporary_owner, temporary_sibling
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,15 +24,15 @@ from transformers import DataCollatorWithFlattening
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from packlab.collate import Collator
 from packlab.errors import PacklabError
 from packlab.interop.hf_batch import hf_flattening_batch, token_labels
 from packlab.interop.hf_dataset import PrepackedExamples, hf_dataset
 from packlab.lab.hf_quiet import quiet
 from packlab.lab.train.hf_model import build_llama, id_tokenizer
 from packlab.lab.train.model import ModelConfig
-from packlab.materialize import iter_bins
+from packlab.loading.collate import Collator
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader

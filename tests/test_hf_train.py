@@ -12,7 +12,6 @@ import pytest
 import torch
 from trl import SFTTrainer
 
-from packlab.collate import Collator
 from packlab.lab.hf_quiet import quiet
 from packlab.lab.measure.trl_packing import beside_trl, trl_bfd
 from packlab.lab.train.hf_boundaries import alone_losses, boundary_check, packed_losses, settings
@@ -20,11 +19,12 @@ from packlab.lab.train.hf_model import build_llama, id_tokenizer
 from packlab.lab.train.hf_report import CURVE_TOLERANCE, TOLERANCE, hf_findings, hf_numbers
 from packlab.lab.train.hf_runs import Schedule, conversations, same_rows, train_pipelines
 from packlab.lab.train.model import ModelConfig
+from packlab.loading.collate import Collator
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader
-from packlab.synth import synth_lengths, synthesize
+from packlab.spool.synth import synth_lengths, synthesize
 
 pytestmark = pytest.mark.slow  # minutes of work: `make test-fast` leaves it out
 

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packlab.bins import check_bin, check_csr
 from packlab.errors import InvariantError, PacklabError
-from packlab.invariants import check_bin, check_csr
-from packlab.materialize import align_loss_mask
+from packlab.packing.materialize import align_loss_mask
 
 PACK = 6
 SOURCE = "shards/part-00003.x"

@@ -16,9 +16,8 @@ from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.cli import main
 from packlab.errors import FormatError, PacklabError
-from packlab.files import sha256_file
 from packlab.formats import format_names
-from packlab.layout import (
+from packlab.pipeline.layout import (
     build_layout,
     copy_layout,
     known_splits,
@@ -33,6 +32,7 @@ from packlab.layout import (
 from packlab.pipeline.receipts import RECEIPT_SUFFIX
 from packlab.sources.validate import validate_path
 from packlab.spool import SpoolReader, SpoolWriter
+from packlab.storage.files import sha256_file
 
 SPLITS = "train=0.8,valid=0.1,test=0.1"
 

@@ -1,4 +1,4 @@
-"""packlab.mapping and the memory-mapped readers built on it: a cold read fetches O(bin) pages,
+"""packlab.storage.reads and the memory-mapped readers built on it: a cold read fetches O(bin) pages,
 all of a cold bin's ranges are asked for at once, warm reads stop asking, arrays outlive maps."""
 
 from __future__ import annotations
@@ -12,18 +12,19 @@ import numpy as np
 import pytest
 from conftest import write_random_spool
 
-from packlab import mapping, open_dataset
+from packlab import open_dataset
 from packlab.bins import PackedBin, bins_equal
 from packlab.errors import FormatError
 from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import data_files
-from packlab.mapping import MappedFile, ReadAdvice, load_array, scan
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_shard
 from packlab.spool import SpoolReader
+from packlab.storage import reads as mapping
+from packlab.storage.reads import MappedFile, ReadAdvice, load_array, scan
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MAPPED_FORMATS = ["memmap_v1", "binidx", "pbin", "arrow_ipc", "packed_index"]

@@ -13,9 +13,10 @@ from conftest import write_random_spool
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from packlab.bins import check_bin, check_csr
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.invariants import check_bin, check_csr
-from packlab.materialize import (
+from packlab.packing import ALGORITHMS, BinAssignment, pack
+from packlab.packing.materialize import (
     BinMaterializer,
     align_loss_mask,
     alignment_errors,
@@ -23,7 +24,6 @@ from packlab.materialize import (
     iter_bins,
     roll_whole_bin,
 )
-from packlab.packing import ALGORITHMS, BinAssignment, pack
 from packlab.spool import FILES, SpoolReader, SpoolWriter
 
 

@@ -25,7 +25,7 @@ from packlab.lab.measure.throughput import dataloader, scan
 from packlab.lab.measure.verdicts import claim_verdict
 from packlab.lab.measure.workload import make_workload
 from packlab.lab.tables import human_bytes, records_table
-from packlab.materialize import iter_bins
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_shard, open_writer
 
 MB = 1 << 20

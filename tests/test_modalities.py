@@ -27,7 +27,7 @@ from modalities.dataloader.large_file_lines_reader import LargeFileLinesReader
 from modalities.tokenization.tokenizer_wrapper import TokenizerWrapper
 
 from packlab.formats import format_names, get_format
-from packlab.formats.modalities import HEADER_SIZE, SUFFIX, ModalitiesFile
+from packlab.formats.pbin.codec import HEADER_SIZE, SUFFIX, ModalitiesFile
 from packlab.interop.modalities import END_OF_TEXT, raw_index_path
 from packlab.sources import open_dataset, open_shard
 from packlab.tokenize import ChatTokenizer

@@ -25,8 +25,8 @@ from nemotron_layout import (
 from packlab.bins import bins_equal
 from packlab.errors import FormatError
 from packlab.formats import format_names, formats_where
-from packlab.materialize import BinMaterializer, iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import BinMaterializer, iter_bins
 from packlab.sources import open_dataset
 from packlab.spool import FILES, NEMOTRON_DTYPE_KEYS, SPOOL_RECORD, SpoolReader
 
@@ -264,7 +264,7 @@ def test_bins_of_a_nemotron_spool_match_the_materializer(big: tuple[Path, list])
 def test_spools_without_checksums_keep_distinct_identities(tmp_path: Path) -> None:
     """Two Nemotron spools of equal counts but different tokens hash apart (a layout rerun
     must never take one for the other)."""
-    from packlab.layout.hashes import spool_identity
+    from packlab.pipeline.layout.hashes import spool_identity
 
     sequences = random_sequences(length_mix(50, seed=1), seed=2)
     changed = [(t.copy(), m) for t, m in sequences]

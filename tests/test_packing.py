@@ -15,7 +15,6 @@ from conftest import one_error_line, run_cli, write_empty_spool
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab import packers
 from packlab.errors import PacklabError
 from packlab.packing import (
     ALGORITHMS,
@@ -24,8 +23,9 @@ from packlab.packing import (
     compare_algorithms,
     pack,
 )
+from packlab.packing import algorithms as packers
 from packlab.spool import FILES, SpoolReader, SpoolWriter
-from packlab.synth import synth_lengths
+from packlab.spool.synth import synth_lengths
 
 ALL = sorted(ALGORITHMS)
 FAST = settings(max_examples=60, deadline=None)
@@ -329,7 +329,7 @@ def full_scale() -> dict[str, dict]:
         import json
         from packlab.lab.measure.memory import read_status, reset_peak
         from packlab.packing import pack
-        from packlab.synth import synth_lengths
+        from packlab.spool.synth import synth_lengths
         lengths = synth_lengths(13_000_000, "chat", 0)
         out = {{}}
         for algorithm in {list(FULL_SCALE)!r}:
@@ -360,7 +360,7 @@ def test_13m_lengths_pack_under_2gb_peak_rss(algorithm: str, full_scale: dict[st
 
 @pytest.fixture
 def chat_spool(tmp_path: Path) -> SpoolReader:
-    from packlab.synth import synthesize
+    from packlab.spool.synth import synthesize
 
     return synthesize(tmp_path / "chat", num_sequences=400, seed=4)
 

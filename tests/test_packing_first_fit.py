@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab import packers
+from packlab.packing import algorithms as packers
 from packlab.packing import assignment_from_bins, pack
-from packlab.synth import synth_lengths
+from packlab.spool.synth import synth_lengths
 
 FAST = settings(max_examples=150, deadline=None)
 

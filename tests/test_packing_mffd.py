@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from packlab.mffd import LARGE, MEDIUM, SMALL, TINY, size_classes
 from packlab.packing import BinAssignment, pack
-from packlab.synth import synth_lengths
+from packlab.packing.mffd import LARGE, MEDIUM, SMALL, TINY, size_classes
+from packlab.spool.synth import synth_lengths
 
 FAST = settings(max_examples=200, deadline=None)
 VARIANTS = {"modified_first_fit_decreasing": False, "megatron_lm_mffd": True}

@@ -27,7 +27,7 @@ from packlab.lab.measure.peers.run import compare, prepare, verify
 from packlab.lab.measure.peers.summary import findings, smallest_fast, table
 from packlab.lab.measure.timing import seeded_indices
 from packlab.packing import pack
-from packlab.synth import synthesize
+from packlab.spool.synth import synthesize
 
 HERE = [n for n in peer_names() if not get_peer(n).ENVIRONMENT]
 ELSEWHERE = [n for n in peer_names() if get_peer(n).ENVIRONMENT]
@@ -42,7 +42,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
 
 
 def test_the_reference_holds_the_packed_bins(reference: Reference) -> None:
-    from packlab.materialize import iter_bins
+    from packlab.packing.materialize import iter_bins
 
     tokens = count = 0
     for i, packed in enumerate(iter_bins(reference.spool, reference.assignment)):  # reused buffers

@@ -12,14 +12,14 @@ from conftest import write_random_spool
 from packlab import open_dataset
 from packlab.bins import bin_digest
 from packlab.errors import PacklabError
-from packlab.files import sha256_file
 from packlab.formats import format_names
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.receipts import RECEIPT_SUFFIX, shard_bytes, shard_checksum
 from packlab.pipeline.shards import shard_ranges, write_shards
 from packlab.sources.validate import validate_path
 from packlab.spool import SpoolReader
+from packlab.storage.files import sha256_file
 
 FORMATS = format_names()
 

@@ -20,8 +20,8 @@ from packlab.cli import main
 from packlab.errors import FormatError, InvariantError, PacklabError
 from packlab.lab.measure.queries import measure
 from packlab.lab.tamper import RULES, break_bin
-from packlab.layout import build_layout, known_splits
 from packlab.packing import pack
+from packlab.pipeline.layout import build_layout, known_splits
 from packlab.pipeline.shards import write_shards
 from packlab.query import connect, execute, query
 from packlab.query.lazy import frames

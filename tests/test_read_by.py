@@ -17,7 +17,7 @@ import pytest
 from conftest import write_random_spool
 
 from packlab.formats import format_names, get_format
-from packlab.formats.base import READERS
+from packlab.formats.shared.base import READERS
 from packlab.sources import open_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The one read path (``packlab/formats/table.py`` and ``packlab/dataset.py``): every format
+"""The one read path (``packlab/formats/read/table.py`` and ``packlab/loading/dataset.py``): every format
 whose bins are slices of its files reads through one table; ``dataset[i]``, a batch and a
 reader's ``read_bin`` agree bin for bin with the bytes the format's own index points at; bins
 are arrays of their own, valid after close; the read advice is counted and asked for; every
@@ -16,8 +16,8 @@ import pytest
 from conftest import shard_per_format
 
 from packlab.formats import format_names, get_format
-from packlab.formats.items import ItemTable
-from packlab.formats.table import BinTable, gather
+from packlab.formats.read.item_table import ItemTable
+from packlab.formats.read.table import BinTable, gather
 from packlab.packing import pack
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader

@@ -12,7 +12,7 @@ import pytest
 from readme_sections import run_section
 
 from packlab.errors import FormatError
-from packlab.samplers import BlockShuffleSampler
+from packlab.loading.samplers import BlockShuffleSampler
 
 INTEGRITY = "### Integrity on read"
 PYTHON = "## Python\n"

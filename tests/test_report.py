@@ -179,7 +179,7 @@ def test_the_recommendation_is_set_beside_what_the_stack_reads() -> None:
     Parquet under Bridge's one-row-group policy (notebook 05's epoch, per bin) and beside the
     prefix path (an export, then index-only repacks: notebook 03), each difference judged by
     the bands."""
-    from packlab.formats import stacks
+    from packlab.formats.shared import stacks
     from packlab.lab.summaries import stack
 
     released = {f for _, f in stack.released_defaults()}

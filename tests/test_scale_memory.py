@@ -20,7 +20,7 @@ from packlab.lab.measure.stages import run_stage
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
-from packlab.synth import synthesize
+from packlab.spool.synth import synthesize
 
 MiB = 1 << 20
 READS = 4_000
@@ -42,7 +42,7 @@ def decoded_cache(out: Path) -> int:
     each as large as the largest uncompressed; nothing for other formats)."""
     import pyarrow.parquet as pq
 
-    from packlab.formats.arrow_lists import LRUCache
+    from packlab.formats.shared.arrow_lists import LRUCache
 
     sizes = [pq.ParquetFile(f).metadata.row_group(g).total_byte_size
              for f in out.glob("*.parquet") for g in range(pq.ParquetFile(f).num_row_groups)]

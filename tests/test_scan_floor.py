@@ -17,8 +17,8 @@ from conftest import shard_per_format, write_random_spool
 
 from packlab.formats import format_names
 from packlab.lab.measure.throughput import RawRead, scan_rate
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 
 # A scan through Python is many times slower than copying the same bytes out of the page
 # cache (warm, measured ~0.05-0.2 of it); cold, both wait for the device (~0.6-1.0, and a

@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.files import is_temporary
 from packlab.lab.measure.sharding import chunks_touched, sweep_chunk_sizes
 from packlab.lab.sharding.coverage import coverage, epoch_table, fixed_epoch, seed_epoch
 from packlab.lab.sharding.megatron_sampler import (
@@ -29,9 +28,7 @@ from packlab.lab.sharding.megatron_sampler import (
     random_batches,
 )
 from packlab.lab.sharding.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
-from packlab.materialize import iter_bins
-from packlab.packing import pack
-from packlab.sharded import (
+from packlab.loading.per_rank import (
     ChunkPlan,
     ChunkProducer,
     RankLocalSampler,
@@ -41,7 +38,10 @@ from packlab.sharded import (
     wait_for_chunk,
     write_chunk,
 )
-from packlab.sharded.plan import chunk_path, marker_path, write_plan
+from packlab.loading.per_rank.plan import chunk_path, marker_path, write_plan
+from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
+from packlab.storage.files import is_temporary
 
 PACK = 512
 SPC = 7  # samples per chunk (the bins of the spool below make 6-7 chunks)
@@ -293,7 +293,7 @@ def test_shuffle_is_seeded_per_epoch_and_resume_checks_the_world_size() -> None:
 def test_items_collate_into_the_thd_batch(chunks) -> None:
     """The items are what Megatron-Bridge's packed datasets return (plus ids): the THD collate
     takes them as they are."""
-    from packlab.collate import Collator
+    from packlab.loading.collate import Collator
 
     directory, _ = chunks
     dataset = RankShardedDataset(directory, rank=1, world_size=2)

@@ -13,9 +13,9 @@ from conftest import write_empty_spool, write_random_spool
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from packlab import spool_stats
 from packlab.errors import FormatError, PacklabError
 from packlab.spool import DTYPES, FILES, SPOOL_RECORD, SpoolReader, SpoolWriter
+from packlab.spool import stats as spool_stats
 
 _SETTINGS = settings(max_examples=25, deadline=None,
                      suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -14,10 +14,10 @@ import pytest
 from chat_tokenizers import PROBES, build_tokenizers, write_jsonl
 from conftest import write_random_spool
 
-from packlab.chat_masks import ChatMarkers
 from packlab.errors import FormatError, PacklabError
 from packlab.spool import SpoolReader
-from packlab.spool_export import export_spool
+from packlab.spool.export import export_spool
+from packlab.spool.masks import ChatMarkers
 from packlab.tokenize import marker_encoder, tokenize_chat_jsonl, tokenizer_spec
 
 
@@ -147,7 +147,8 @@ def test_export_holds_one_chunk_of_the_spool_at_a_time(tmp_path: Path,
     them)."""
     import tracemalloc
 
-    from packlab import files, spool_export
+    from packlab.spool import export as spool_export
+    from packlab.storage import files
 
     monkeypatch.setattr(spool_export, "_CHUNK_TOKENS", 1 << 15)
     monkeypatch.setattr(files, "WRITE_BUFFER", 1 << 16)

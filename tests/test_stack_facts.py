@@ -1,6 +1,6 @@
 """What packlab says the stack reads, checked against the facts it comes from.
 
-``packlab/formats/stacks.py`` holds what each training stack reads (released, proposed or
+``packlab/formats/shared/stacks.py`` holds what each training stack reads (released, proposed or
 planned, each at a commit and date) and each format names the inputs it is
 (``FormatFacts.STACK_INPUTS``). The README's "Megatron-Bridge and Megatron-LM, as of today"
 must say the same: its generated table is the facts', every commit and pull request its prose
@@ -14,7 +14,8 @@ import re
 
 import pytest
 
-from packlab.formats import format_names, get_format, stacks
+from packlab.formats import format_names, get_format
+from packlab.formats.shared import stacks
 from packlab.lab.summaries import stack
 from packlab.lab.summaries.record import MARKER, load_run, readme_path, recorded_dir
 

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 
 from packlab.errors import PacklabError
 from packlab.spool import SpoolReader
-from packlab.spool_stats import order0_entropy_bits, rank_frequency, token_counts
-from packlab.synth import (
+from packlab.spool.stats import order0_entropy_bits, rank_frequency, token_counts
+from packlab.spool.synth import (
     GROUP,
     LENGTH_BLOCK,
     NUM_SPECIAL,

@@ -17,9 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from packlab import cli
-from packlab.corpus import build_docstring_corpus, iter_doc_items
-from packlab.errors import FormatError, PacklabError
-from packlab.jsonl_index import (
+from packlab.codecs.jsonl_index import (
     HEADER,
     JsonlIndex,
     build_jsonl_index,
@@ -27,6 +25,7 @@ from packlab.jsonl_index import (
     iter_jsonl_lines,
     open_jsonl_index,
 )
+from packlab.errors import FormatError, PacklabError
 from packlab.spool import SpoolReader
 from packlab.tokenize import (
     ENCODINGS,
@@ -37,6 +36,7 @@ from packlab.tokenize import (
     decode,
     tokenize_chat_jsonl,
 )
+from packlab.tokenize.corpus import build_docstring_corpus, iter_doc_items
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -368,7 +368,7 @@ def test_index_build_streams_in_bounded_memory(tmp_path: Path) -> None:
     assert size > 45_000_000
     code = textwrap.dedent(f"""
         import sys
-        from packlab.jsonl_index import build_jsonl_index, JsonlIndex
+        from packlab.codecs.jsonl_index import build_jsonl_index, JsonlIndex
         def hwm():
             for row in open("/proc/self/status"):
                 if row.startswith("VmHWM:"):
@@ -415,7 +415,7 @@ def test_corpus_never_silently_shorter(tmp_path: Path, monkeypatch: pytest.Monke
     items = list(iter_doc_items(src, "demo", "1.0", "demo.mod"))
     assert [i.qualname for i in items] == ["public"]
     assert items[0].signature == "def public(x)"
-    monkeypatch.setattr("packlab.corpus.source_files", lambda: [("demo", "1.0", "demo.mod", src)])
+    monkeypatch.setattr("packlab.tokenize.corpus.source_files", lambda: [("demo", "1.0", "demo.mod", src)])
     out = tmp_path / "c.jsonl"
     with pytest.raises(PacklabError, match="only 1 records"):
         build_docstring_corpus(out, 5)

@@ -16,7 +16,7 @@ import pytest
 from chat_tokenizers import TOKENIZERS, chat, chat_setup, options
 
 from packlab import cli
-from packlab.jsonl_index import JsonlIndex, build_jsonl_index
+from packlab.codecs.jsonl_index import JsonlIndex, build_jsonl_index
 from packlab.spool import SpoolReader
 from packlab.tokenize import tokenize_chat_jsonl
 from packlab.tokenize.parallel import job_bounds

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from packlab.collate import Collator
 from packlab.errors import PacklabError
 from packlab.formats import format_names
 from packlab.lab.train import (
@@ -35,13 +34,14 @@ from packlab.lab.train.traps import (
     cross_sequence_change,
     roll_counts,
 )
-from packlab.materialize import BinMaterializer, bin_masks, roll_whole_bin
+from packlab.loading.collate import Collator
+from packlab.loading.samplers import ShuffleSampler
 from packlab.packing import BinAssignment, pack
+from packlab.packing.materialize import BinMaterializer, bin_masks, roll_whole_bin
 from packlab.pipeline.shards import write_shards
-from packlab.samplers import ShuffleSampler
 from packlab.sources import open_dataset
 from packlab.spool import SpoolReader
-from packlab.synth import synthesize
+from packlab.spool.synth import synthesize
 
 PACK_SIZE = 512
 VOCAB = 512

@@ -3,7 +3,7 @@
 bin, the invariants checked on every read, and shards written before checksums still open.
 
 Each damaged byte is placed where the format's own description of its bins says it is (the
-:class:`~packlab.formats.bintable.Layout` of the memory-mapped formats; the column chunk of a
+:class:`~packlab.formats.read.table.Placement` of the memory-mapped formats; the column chunk of a
 Parquet row group), so the test damages the bin it names and no other.
 """
 
@@ -20,12 +20,12 @@ from conftest import write_random_spool
 from packlab import open_dataset
 from packlab.bins import PackedBin, bins_equal, records_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import file_entry
 from packlab.formats import format_names, formats_where
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_shard
+from packlab.storage.files import file_entry
 
 TABLE_FORMATS = ["memmap_v1", "binidx", "arrow_ipc", "pbin"]
 DAMAGED = 5  # the bin whose bytes are flipped
@@ -221,7 +221,7 @@ def _strip_checksums(name: str, shard: Path) -> None:
     else:
         import pyarrow as pa
 
-        from packlab.formats.arrow_lists import METADATA_KEY, dump_metadata, load_metadata
+        from packlab.formats.shared.arrow_lists import METADATA_KEY, dump_metadata, load_metadata
 
         with pa.BufferReader(shard.read_bytes()) as source:  # not mapped: rewritten below
             reader = pa.ipc.open_file(source)
@@ -264,7 +264,7 @@ def test_integrity_costs_measure_every_check_and_the_rule_picks_the_defaults(
 def test_the_structure_of_every_bin_is_checked_chunk_by_chunk(monkeypatch) -> None:
     """A table checks every bin's structure a few thousand bins at a time: the same table
     whatever the chunk, and a broken bin in a later chunk named."""
-    from packlab.formats import table as tables
+    from packlab.formats.read import table as tables
 
     lengths = np.array([5, 7, 3, 9, 4])
     counts = np.array([1, 2, 1, 3, 1])
@@ -295,7 +295,7 @@ def test_sequence_checksums_read_in_windows_match_each_sequence_hashed_alone(
     put back in the order asked, equal each sequence's hash computed directly."""
     from xxhash import xxh3_64_intdigest
 
-    from packlab.formats.spool_gather import sequence_checksums
+    from packlab.formats.packed_index.gather import sequence_checksums
 
     spool = written["spool"]
     order = np.random.default_rng(4).permutation(spool.num_sequences)  # type: ignore[union-attr]

@@ -1,7 +1,7 @@
 """Packed shards on object storage (``s3://``, any pyarrow or fsspec filesystem).
 
 How a shard gets there and back is decided by its format's contract
-(:class:`~packlab.formats.base.FormatFacts`), never by its name:
+(:class:`~packlab.formats.shared.base.FormatFacts`), never by its name:
 
 ====================  ===========================================  ==========================================
 the format ...        write                                        read
@@ -25,7 +25,7 @@ Entry points (the facade :func:`packlab.open_dataset`, ``open_shard`` and ``open
 send URIs here): :func:`remote_writer`, :func:`remote_shard`, :func:`upload_shard`,
 :func:`download_shard`,
 :func:`upload_layout`, :func:`upload_tree`, :func:`sweep_temporaries`; DuckDB in :mod:`.sql`.
-Which store ``s3://`` means: :func:`packlab.storage.configure` (or ``AWS_ENDPOINT_URL``);
+Which store ``s3://`` means: :func:`packlab.storage.location.configure` (or ``AWS_ENDPOINT_URL``);
 for tests and notebooks, :class:`packlab.lab.s3server.S3Server` configures a local one.
 """
 
@@ -38,7 +38,6 @@ from packlab.cloud.datasets import (
     remote_shard,
 )
 from packlab.cloud.transfer import (
-    default_cache_dir,
     download_shard,
     sweep_temporaries,
     upload_shard,
@@ -47,7 +46,7 @@ from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.cloud.writers import UploadingWriter, remote_writer
 
 __all__ = [
-    "RemoteDataset", "UploadingWriter", "default_cache_dir", "download_shard", "fetch_spool",
+    "RemoteDataset", "UploadingWriter", "download_shard", "fetch_spool",
     "is_remote_source", "remote_shard", "remote_writer", "sweep_temporaries", "upload_layout",
     "upload_shard", "upload_tree",
 ]

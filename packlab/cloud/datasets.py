@@ -1,8 +1,8 @@
 """Reading shards that live on object storage: open one, or one dataset over many.
 
 :func:`packlab.open_dataset` returns a :class:`RemoteDataset` for URIs, the same map-style, picklable
-:class:`~packlab.dataset.PackedDataset` as for local shards. Per shard, by the format contract
-(:class:`~packlab.formats.base.FormatFacts`):
+:class:`~packlab.loading.dataset.PackedDataset` as for local shards. Per shard, by the format contract
+(:class:`~packlab.formats.shared.base.FormatFacts`):
 
 - a format whose reader ``READS_IN_PLACE`` (Parquet; ``binidx`` and ``megatron_sft``, whose
   index is fetched once into the cache) is read where it is, with ranged requests;
@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from packlab.cloud.transfer import download_prefix, download_shard, remote_record
-from packlab.dataset import PackedDataset
-from packlab.discovery import ShardRef
 from packlab.errors import FormatError
 from packlab.formats import detect_format, get_format, suffix_formats
-from packlab.formats.table import TableReads
-from packlab.storage import Location, is_remote, resolve
+from packlab.formats.read.table import TableReads
+from packlab.loading.dataset import PackedDataset
+from packlab.loading.discovery import ShardRef
+from packlab.storage.location import Location, is_remote, resolve
 
 
 def remote_shard(uri: str | Location, format: str | None = None, *, filesystem: Any = None,
@@ -72,7 +72,7 @@ def fetch_spool(location: Location, local_shard: Path, reader: Any, *,
 
 
 class RemoteDataset(PackedDataset):
-    """:class:`~packlab.dataset.PackedDataset` over remote shards (picklable; each process
+    """:class:`~packlab.loading.dataset.PackedDataset` over remote shards (picklable; each process
     opens its own readers; downloaded shards are fetched once, by the first process)."""
 
     def __init__(self, shards: Sequence[tuple[Location, str]], *,

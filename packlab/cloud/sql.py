@@ -22,11 +22,11 @@ from typing import Any
 
 from fsspec.implementations.arrow import ArrowFSWrapper
 
-from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.formats import get_format
-from packlab.layout.blend import layout_shards
-from packlab.storage import Location, as_arrow_filesystem, filesystem_for, resolve
+from packlab.loading.discovery import find_shards
+from packlab.pipeline.layout.blend import layout_shards
+from packlab.storage.location import Location, as_arrow_filesystem, filesystem_for, resolve
 
 
 def _duckdb() -> Any:

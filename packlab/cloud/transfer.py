@@ -15,7 +15,7 @@ record on object storage, where a directory cannot appear in one step:
   re-uploaded shard is a new entry, never a mix of old and new files.
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
-through a temporary key and published by a server-side copy (:func:`packlab.storage.upload_file`).
+through a temporary key and published by a server-side copy (:func:`packlab.storage.location.upload_file`).
 A one-file shard with companions (``megatron_sft``: a Megatron pair and packlab's sidecar) is
 uploaded companions first and its own file last (its commit point; an old one removed first),
 and downloaded whole.
@@ -29,23 +29,23 @@ published by rename, so processes sharing it never see a half download.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import (
+from packlab.formats import files_of_shard
+from packlab.storage.files import (
     DIRECTORY_RECORD,
     TMP_MARKER,
     parse_json,
     remove,
+    short_digest,
     staged,
     verify_files,
 )
-from packlab.formats import files_of_shard
-from packlab.storage import (
+from packlab.storage.location import (
     Location,
     as_location,
     cache_entry,
@@ -63,17 +63,8 @@ class NoFileList(FormatError):
     (a Nemotron spool, for one): callers that know what the directory is say so."""
 
 
-def default_cache_dir() -> Path:
-    """The verified download cache (:func:`packlab.storage.cache_root`)."""
-    return cache_root()
-
-
 def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else default_cache_dir()
-
-
-def _digest(text: str | bytes) -> str:
-    return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()[:16]
+    return Path(cache_dir) if cache_dir is not None else cache_root()
 
 
 # -- manifests ---------------------------------------------------------------------------------
@@ -169,7 +160,7 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
 
 def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
                         cache: Path) -> Path:
-    final = cache_entry(cache, location, _digest(raw)) / (location.name or "shard")
+    final = cache_entry(cache, location, short_digest(raw)) / (location.name or "shard")
     return fetch_files(location, manifest["files"], final, last={DIRECTORY_RECORD: raw})
 
 
@@ -240,10 +231,10 @@ def sweep_temporaries(uri: str | Location, *, filesystem: Any = None,
 def download_prefix(uri: str | Location, *, filesystem: Any = None,
                     cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The local copy of the Megatron prefix at ``uri`` (``PREFIX.bin``/``.idx`` and, when
-    there, packlab's mask sidecar and record: :mod:`packlab.spool_prefix`), downloaded once
+    there, packlab's mask sidecar and record: :mod:`packlab.spool.prefix`), downloaded once
     into the cache: each file checked against the record packlab's export wrote, else against
     the store's sizes (a prefix Megatron wrote records nothing more)."""
-    from packlab.spool_prefix import PREFIX_VERSION, prefix_files
+    from packlab.spool.prefix import PREFIX_VERSION, prefix_files
 
     location = resolve(uri, filesystem)
     folder = location.parent
@@ -257,7 +248,7 @@ def download_prefix(uri: str | Location, *, filesystem: Any = None,
         if not isinstance(record, dict) or record.get("version") != PREFIX_VERSION:
             raise FormatError(f"{folder / names['record']}: not a {PREFIX_VERSION} record")
         files = {name: record["files"].get(name) for name in record.get("files", {})}
-        version, last = _digest(raw), {names["record"]: raw}
+        version, last = short_digest(raw), {names["record"]: raw}
     else:
         files = {names[k]: None for k in ("bin", "idx")}  # the reader checks one by the other
         version = ",".join(f"{n}:{(folder / n).info().size}:{(folder / n).info().mtime_ns}"

@@ -20,21 +20,20 @@ from typing import Any
 
 from packlab.cloud.transfer import DIRECTORY_RECORD, remote_record, upload_shard
 from packlab.errors import FormatError, PacklabError
-from packlab.files import is_temporary
 from packlab.formats import get_format, is_companion, shard_entry, shard_size
-from packlab.layout.blend import (
-    BLEND_FILE,
-    SPLITS_DIR,
-    blend_format,
-    read_blend,
-    writing_blend,
-)
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
     as_writing,
     parse_dataset_record,
     read_dataset_record,
     require_complete,
+)
+from packlab.pipeline.layout.blend import (
+    BLEND_FILE,
+    SPLITS_DIR,
+    blend_format,
+    read_blend,
+    writing_blend,
 )
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
@@ -43,7 +42,8 @@ from packlab.pipeline.receipts import (
     shard_bytes,
 )
 from packlab.pipeline.shards import SHARD_NAME
-from packlab.storage import Location, put_object, resolve
+from packlab.storage.files import is_temporary
+from packlab.storage.location import Location, put_object, resolve
 
 
 def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,

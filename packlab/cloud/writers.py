@@ -1,12 +1,12 @@
 """Writers whose destination is a URI: formats that stream go there directly, others are staged.
 
 :func:`remote_writer` picks, by the format contract
-(:class:`~packlab.formats.base.FormatFacts`):
+(:class:`~packlab.formats.shared.base.FormatFacts`):
 
 - a format whose writer ``STREAMS`` (Parquet), with ``direct=True`` (the default): its own
   writer, given the remote location: the file streams to a temporary key through
   ``pyarrow.fs`` and a server-side copy publishes it (no local disk; memory one row group
-  plus an upload part; why a temporary key: :mod:`packlab.storage`);
+  plus an upload part; why a temporary key: :mod:`packlab.storage.location`);
 - any other format (or ``direct=False``): :class:`UploadingWriter`, the format's own writer on
   a local staging folder, uploaded when finalized (:func:`upload_shard`: a directory shard's
   manifest last, a file through a temporary key). Local disk: one shard.
@@ -27,15 +27,15 @@ from typing import Any
 
 from packlab.cloud.transfer import upload_shard
 from packlab.errors import PacklabError
-from packlab.files import remove
 from packlab.formats import get_format
-from packlab.storage import Location, resolve
+from packlab.storage.files import remove
+from packlab.storage.location import Location, resolve
 
 
 class UploadingWriter:
     """A shard writer of any format for a remote ``uri``: writes locally, uploads at finalize.
 
-    Same protocol as :class:`~packlab.formats.base.ShardWriter` (context manager, ``write_bin``,
+    Same protocol as :class:`~packlab.formats.shared.base.ShardWriter` (context manager, ``write_bin``,
     ``write``, ``finalize``, ``abort``; other attributes are the local writer's). Leaving the
     ``with`` block on an exception uploads nothing; the staging folder (under ``staging_dir``,
     default the system temporary folder: it must hold one shard) is removed in every case but

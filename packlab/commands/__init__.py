@@ -32,7 +32,7 @@ def nonnegative_int(text: str) -> int:
 def pack_size_int(text: str) -> int:
     """An argparse type: tokens per bin, from 1 to 2**31 - 1 (a bin's positions are int32;
     each format's own bounds are checked with the plan, before any work)."""
-    from packlab.formats.base import MAX_PACK_SIZE
+    from packlab.formats.shared.base import MAX_PACK_SIZE
 
     return int_in_range(text, 1, MAX_PACK_SIZE)
 

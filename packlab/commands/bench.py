@@ -136,11 +136,11 @@ def dataset_path(path: str, split: str | None, kind: str) -> str:
 def run(args: argparse.Namespace) -> int:
     import tempfile
 
-    from packlab.files import remove
     from packlab.progress import progress_bar
     from packlab.sources.outputs import local_copy
     from packlab.sources.resolve import resolve_source
-    from packlab.storage import is_remote
+    from packlab.storage.files import remove
+    from packlab.storage.location import is_remote
 
     paths = [dataset_path(p, args.split, args.kind) for p in args.paths]
     results = []

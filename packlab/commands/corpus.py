@@ -36,9 +36,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.corpus import build_docstring_corpus
-    from packlab.jsonl_index import SUFFIX, build_jsonl_index
+    from packlab.codecs.jsonl_index import SUFFIX, build_jsonl_index
     from packlab.sources.outputs import output
+    from packlab.tokenize.corpus import build_docstring_corpus
 
     began = time.perf_counter()
     index_out = f"{args.out}{SUFFIX}" if args.index else None

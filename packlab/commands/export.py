@@ -38,7 +38,7 @@ def add_parser(subparsers: Any) -> None:
                              "Megatron-LM's SFTDataset derives them (Nemotron-3's markers; "
                              "default: the masks of the spool or of the prefix's sidecar)")
     parser.add_argument("--marker", action="append", default=[], metavar="NAME=TEXT",
-                        help="replace one marker string of packlab.chat_masks.ChatMarkers "
+                        help="replace one marker string of packlab.spool.masks.ChatMarkers "
                              "(Nemotron-3's), e.g. end='<|im_end|>\\n' (default: none replaced)")
     for flag, text in TRAIN_FLAGS.items():
         parser.add_argument(flag, action="store_true", help=text)
@@ -67,7 +67,7 @@ def _markers(args: argparse.Namespace) -> Any:
             raise PacklabError("--marker, --no-thinking-traces, --no-tool-calls, --all-tokens "
                                "and --end-of-turn need --chat-markers TOKENIZER")
         return None
-    from packlab.chat_masks import MARKERS, ChatMarkers
+    from packlab.spool.masks import MARKERS, ChatMarkers
     from packlab.tokenize import encoder_spec, marker_encoder
 
     strings = {}

@@ -39,7 +39,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from packlab.errors import PacklabError
-    from packlab.storage import is_remote
+    from packlab.storage.location import is_remote
 
     if is_remote(args.out):  # temporaries belong to writers on this machine
         raise PacklabError(f"{args.out}: gc sweeps a local directory (the temporaries of "
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 def temporaries(root: Path) -> Iterator[Path]:
     """Temporary entries under ``root``, not following links, not looking inside one."""
-    from packlab.files import is_temporary
+    from packlab.storage.files import is_temporary
 
     for directory, subdirs, files in os.walk(root):  # links are listed, never followed
         here = Path(directory)
@@ -73,8 +73,8 @@ def temporaries(root: Path) -> Iterator[Path]:
 def sweep(root: Path, *, dry_run: bool = False) -> dict[str, Any]:
     """Remove (or with ``dry_run`` list) the temporaries under ``root`` no live writer owns."""
     from packlab.errors import PacklabError
-    from packlab.files import process_running, remove, temporary_owner
     from packlab.pipeline.dataset_record import writing_lock
+    from packlab.storage.files import process_running, remove, temporary_owner
 
     if not root.is_dir():
         raise PacklabError(f"{root}: not a directory" if root.exists() or root.is_symlink()

@@ -31,7 +31,7 @@ def inspect_path(path: str | Path, split: str | None = None) -> dict[str, Any]:
     from packlab.sources.file_records import describe_file, file_output
     from packlab.sources.outputs import spool_at
     from packlab.sources.resolve import resolve_source
-    from packlab.spool_stats import describe_spool
+    from packlab.spool.stats import describe_spool
 
     if split is None and file_output(path, check=False) is not None:
         return describe_file(path)  # a one-file output packlab wrote

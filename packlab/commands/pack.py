@@ -73,10 +73,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from packlab.formats import get_format
-    from packlab.layout.splits import parse_fractions, parse_weights
     from packlab.packing import check_algorithm
+    from packlab.pipeline.layout.splits import parse_fractions, parse_weights
     from packlab.sources.outputs import local_input, output, stage_spools
-    from packlab.storage import is_remote
+    from packlab.storage.location import is_remote
 
     get_format(args.format)  # an unknown format fails before any work
     check_algorithm(args.algorithm)
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
 
 def plan_within_limits(args: argparse.Namespace, spools: list[Any]) -> list[tuple[Any, Any]]:
     """Each spool packed (from its lengths: cheap) and the plan checked against the format's
-    bounds (:meth:`~packlab.formats.base.FormatFacts.plan_limits`) before anything is written:
+    bounds (:meth:`~packlab.formats.shared.base.FormatFacts.plan_limits`) before anything is written:
     a plan it cannot write is refused, one it should say something about is said now."""
     from packlab.formats import get_format
     from packlab.packing import pack
@@ -188,11 +188,11 @@ def shard_line(receipt: dict[str, Any]) -> str:
 
 
 def run_layout(args: argparse.Namespace, spools: list[Any], out: Any) -> dict[str, Any]:
-    from packlab.layout import build_layout
+    from packlab.pipeline.layout import build_layout
 
     names = args.names
     if names is None:  # the given spools' folder names, not their cached or staged copies'
-        from packlab.layout import dataset_names
+        from packlab.pipeline.layout import dataset_names
 
         names = dataset_names([s.rstrip("/").rsplit("/", 1)[-1] for s in args.spool])
     result = build_layout(

@@ -44,9 +44,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.files import require_file
     from packlab.sources.describe import what_is
     from packlab.sources.outputs import local_input, output, spool_at
+    from packlab.storage.files import require_file
 
     width = args.token_width if args.token_width == "auto" else _width(args.token_width)
     spool = spool_at(args.src)
@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
         local_input(args.src, what="file"), "a JSONL file of documents or a spool", what_is)
     with output(args.out, kind="packed_data", overwrite=args.overwrite) as local:
         if spool is not None:
-            from packlab.formats.modalities import write_pbin
+            from packlab.formats.pbin.codec import write_pbin
 
             summary = write_pbin(spool.path, local, token_width=width, overwrite=True)
         else:

@@ -17,8 +17,8 @@ from packlab.commands import emit, nonnegative_int, pack_size_int, warn
 
 
 def add_parser(sub: Any) -> None:
-    from packlab import packers  # noqa: F401  (registers the algorithms)
     from packlab.packing import ALGORITHMS, DEFAULT_ALGORITHM
+    from packlab.packing import algorithms as packers  # noqa: F401  (registers the algorithms)
 
     p = sub.add_parser(
         "plan",

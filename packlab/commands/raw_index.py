@@ -30,10 +30,10 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.files import require_file
     from packlab.interop.modalities import INDEX_SUFFIX, write_raw_index
     from packlab.sources.describe import what_is
     from packlab.sources.outputs import local_input, output
+    from packlab.storage.files import require_file
 
     target = args.index_path or _beside(args.jsonl, INDEX_SUFFIX)
     if target == args.jsonl:

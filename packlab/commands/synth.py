@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from packlab.commands import OUTPUT_HELP, emit, nonnegative_int, positive_int
-from packlab.spool_stats import spool_bytes
-from packlab.synth import PROFILES
+from packlab.spool.stats import spool_bytes
+from packlab.spool.synth import PROFILES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -39,7 +39,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from packlab.sources.outputs import output
-    from packlab.synth import synthesize
+    from packlab.spool.synth import synthesize
 
     began = time.perf_counter()
     with output(args.out, kind="spool", overwrite=args.overwrite) as local:

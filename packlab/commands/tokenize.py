@@ -54,9 +54,9 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from packlab.files import require_file
     from packlab.sources.describe import what_is
     from packlab.sources.outputs import local_input, output
+    from packlab.storage.files import require_file
     from packlab.tokenize import tokenize_chat_jsonl
 
     began = time.perf_counter()

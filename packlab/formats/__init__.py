@@ -1,9 +1,9 @@
 """The shard formats: one module each, a writer and a reader, registered here.
 
 Each module under ``packlab/formats/`` defines ``FORMAT`` (its name), ``Writer`` (a
-:class:`~packlab.formats.base.ShardWriter`) and ``Reader`` (a
-:class:`~packlab.formats.base.ShardReader`). What the format *is* lives on those two classes,
-as the attributes of :class:`~packlab.formats.base.FormatFacts` they share (``SUFFIX``,
+:class:`~packlab.formats.shared.base.ShardWriter`) and ``Reader`` (a
+:class:`~packlab.formats.shared.base.ShardReader`). What the format *is* lives on those two classes,
+as the attributes of :class:`~packlab.formats.shared.base.FormatFacts` they share (``SUFFIX``,
 ``RECORD``, ``RECORD_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``RAW_RUNS``,
 ``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``BUFFERED_BINS``, ``detect``);
 everything else in packlab reads them
@@ -40,7 +40,7 @@ from types import ModuleType
 import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
-from packlab.storage import Location, as_location
+from packlab.storage.location import Location, as_location
 
 # Detection order matters: the most specific formats first.
 _MODULES: dict[str, str] = {
@@ -83,7 +83,7 @@ def get_format(name: str) -> ModuleType:
 
 
 def formats_where(fact: str) -> list[str]:
-    """The formats for which a :class:`~packlab.formats.base.FormatFacts` attribute is true."""
+    """The formats for which a :class:`~packlab.formats.shared.base.FormatFacts` attribute is true."""
     return [n for n in format_names() if getattr(get_format(n).Reader, fact)]
 
 
@@ -105,7 +105,7 @@ def directory_shard_files() -> set[str]:
 
 def detect_format(path: str | os.PathLike[str] | Location) -> str:
     """The name of the format of the shard at ``path`` (a local path or a
-    :class:`~packlab.storage.Location`); a clear error if none claims it. Only the formats of
+    :class:`~packlab.storage.location.Location`); a clear error if none claims it. Only the formats of
     its kind are asked (a file: one-file formats; a folder: directory formats), each reading a
     few bytes at most (one ranged request on object storage). A pair named by another of its
     names (its ``.bin``, its prefix) is the pair's format."""

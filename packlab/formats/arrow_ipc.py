@@ -28,13 +28,13 @@ Where the metadata lives (IPC writes the schema first, so the schema cannot hold
 The IPC footer, written at close, is what makes the file openable: a truncated file or one
 from a killed writer (which never reaches the final name anyway) does not open.
 
-The file is mapped with Python's ``mmap`` (:mod:`packlab.mapping`: advised for random access,
+The file is mapped with Python's ``mmap`` (:mod:`packlab.storage.reads`: advised for random access,
 so a cold bin reads its own pages; pyarrow's ``memory_map`` takes no advice) and handed to
 ``pa.ipc.open_file`` as a buffer, still zero-copy. Arrays returned by the reader are read-only
 views into the map; they keep the mapped buffer alive through their ``.base``, so they stay
 valid after the reader is closed and collected. On the first read an uncompressed packlab file
 decodes every record batch's list offsets into RAM and indexes the whole mapped file as flat
-columns (:mod:`packlab.formats.bintable`, the read path every memory-mapped format shares), so a
+columns (:mod:`packlab.formats.read.table`, the read path every memory-mapped format shares), so a
 read needs no decoding and a cold read waits for the bin's tokens and mask only.
 """
 
@@ -52,8 +52,15 @@ import pyarrow as pa
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
-from packlab.files import AlignedWriter, fsync_file
-from packlab.formats.arrow_lists import (
+from packlab.formats.read.table import (
+    Column,
+    Maps,
+    Placement,
+    TableReads,
+    check_checksums,
+    refuse_unverifiable,
+)
+from packlab.formats.shared.arrow_lists import (
     ARROW_ERRORS,
     DTYPES,
     MAX_LIST_VALUES,
@@ -70,17 +77,16 @@ from packlab.formats.arrow_lists import (
     parse_error,
     schema_with_metadata,
 )
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter, count_field, starts_with
-from packlab.formats.table import (
-    Column,
-    Layout,
-    Maps,
-    TableReads,
-    check_checksums,
-    refuse_unverifiable,
+from packlab.formats.shared.base import (
+    FormatFacts,
+    ShardReader,
+    ShardWriter,
+    count_field,
+    starts_with,
 )
-from packlab.mapping import MappedFile, sequential
-from packlab.storage import Location
+from packlab.storage.files import AlignedWriter, fsync_file
+from packlab.storage.location import Location
+from packlab.storage.reads import MappedFile, sequential
 
 FORMAT = "arrow_ipc"
 SUFFIX = ".arrow"
@@ -199,15 +205,15 @@ class Writer(ArrowIpcFacts, ShardWriter):
         self.num_batches += 1
         buffer.clear()
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         self._flush()
         assert self._writer is not None and self._sink is not None
         self._writer.close()
         self._sink.close()
         self._writer = self._sink = None
         fsync_file(self.tmp_path)
-        manifest.update(version=VERSION, batch_size=self.batch_size, compression=self.compression)
-        return {**manifest, "num_batches": self.num_batches, "bytes": self.tmp_path.stat().st_size}
+        record.update(version=VERSION, batch_size=self.batch_size, compression=self.compression)
+        return {**record, "num_batches": self.num_batches, "bytes": self.tmp_path.stat().st_size}
 
     def _discard(self) -> None:
         writer, self._writer = getattr(self, "_writer", None), None
@@ -402,7 +408,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
     # -- the zero-copy reads: a table over the mapped file ----------------------------------------
-    def _layout(self, maps: Maps) -> Layout | None:
+    def _placement(self, maps: Maps) -> Placement | None:
         """Where every record batch's buffers are in the mapped file, when the file allows
         zero-copy reads (packlab's uncompressed files: lists of int32 / uint8 / int32 without
         nulls); None otherwise (batches are decoded into the cache). Reads each batch's
@@ -426,7 +432,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         checksum = self._checksum if self.has_checksums else None
         p = self.path
         self._source.release()  # the batches' headers it read: bins are read by pread
-        return Layout(Column(p, np.dtype("<i4"), 0, size // 4),
+        return Placement(Column(p, np.dtype("<i4"), 0, size // 4),
                       Column(p, np.dtype("|u1"), 0, size),
                       Column(p, np.dtype("<i4"), 0, size // 4),
                       ListIndex(maps, p, batches, self.num_bins), self.pack_size, str(p), checksum)

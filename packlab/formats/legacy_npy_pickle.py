@@ -10,15 +10,15 @@ The writer is faithful on purpose: it accumulates Python lists of every bin and 
 at :meth:`~ShardWriter.finalize` (temporary name, atomic rename). That accumulation, O(dataset)
 memory, is what the lab measures against the streaming formats.
 
-The reader never runs pickle code (:mod:`packlab.safe_pickle`). It loads the whole file on
+The reader never runs pickle code (:mod:`packlab.codecs.safe_pickle`). It loads the whole file on
 first access (that is the format) and returns numpy arrays: int32 ``input_ids``, uint8
-``loss_mask``, int32 ``seq_start_id``. The format has no manifest, no checksum and no
+``loss_mask``, int32 ``seq_start_id``. The format has no record, no checksum and no
 ``pack_size``: pass ``pack_size=`` to the reader, else it is the longest bin, and for a file
 Megatron-Bridge's packer wrote, ``convention="megatron_bridge"`` (its pack size counts
 ``packed_len - num_seqs``: :data:`packlab.bins.CONVENTIONS`). There is no place for a
 checksum (Megatron-Bridge unpickles the file as it is), so ``validate`` and ``verify=True``
 can only catch damage that breaks the pickle or an invariant: every bin read is checked
-against every invariant (:func:`~packlab.invariants.check_bin`, a few percent of a read that
+against every invariant (:func:`~packlab.bins.check_bin`, a few percent of a read that
 converts Python lists), whatever ``verify`` says; a flipped token digit passes unseen (one more
 reason to move off this format).
 """
@@ -30,14 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin, check_convention
+from packlab.bins import PackedBin, check_bin, check_convention
+from packlab.codecs.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
 from packlab.errors import FormatError
-from packlab.files import fsync_file
-from packlab.formats import stacks
-from packlab.formats.base import FormatFacts, ShardReader, ShardWriter
-from packlab.invariants import check_bin
-from packlab.safe_pickle import load_pickled_npy, npy_is_pickled, read_npy_header
-from packlab.storage import Location
+from packlab.formats.shared import stacks
+from packlab.formats.shared.base import FormatFacts, ShardReader, ShardWriter
+from packlab.storage.files import fsync_file
+from packlab.storage.location import Location
 
 FORMAT = "legacy_npy_pickle"
 SUFFIX = ".npy"
@@ -76,13 +75,13 @@ class Writer(LegacyFacts, ShardWriter):
             "seq_start_id": packed.seq_start_id.tolist(),
         })
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         # np.save given a file name would append ".npy" to the temporary name: pass a handle.
         with open(self.tmp_path, "wb") as f:
             np.save(f, self.packed_data, allow_pickle=True)
         fsync_file(self.tmp_path)
         self.packed_data = []
-        return manifest  # the format has no place for it; returned to the caller only
+        return record  # the format has no place for it; returned to the caller only
 
     def _discard(self) -> None:
         self.packed_data = []

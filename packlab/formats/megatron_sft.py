@@ -3,10 +3,10 @@
 Follows Megatron-Bridge's ``src/megatron/bridge/data/packing/indexed.py`` at commit
 ``c91ec672d971adb9b155e31e2e224c036f34994e`` (pull request #5226, closed without being merged:
 no Bridge release or main branch reads the pair; Bridge reads packed Parquet,
-:data:`packlab.formats.stacks.SFT_PAIR`). A measured candidate. A shard is a Megatron-core
+:data:`packlab.formats.shared.stacks.SFT_PAIR`). A measured candidate. A shard is a Megatron-core
 IndexedDataset pair, named by its index, and packlab's sidecar beside it::
 
-    train.sft.idx      megatron-core's MMIDIDX index (packlab.mmidx): dtype code 4
+    train.sft.idx      megatron-core's MMIDIDX index (packlab.codecs.mmidx): dtype code 4
                        (int32), one sequence and one document per bin. What a path names, and
                        the shard's commit point: published last
     train.sft.bin      the items, int32 words, end to end; bin b is item b:
@@ -23,14 +23,14 @@ IndexedDataset pair, named by its index, and packlab's sidecar beside it::
 
 The record, for example::
 
-    {"format": "megatron_sft", "packlab_version": "0.9.0", "pack_size": 4096,
+    {"format": "megatron_sft", "packlab_version": "0.1.0", "pack_size": 4096,
      "num_bins": 3, "num_tokens": 12011, "num_seqs": 17, "metadata": {},
      "bin_checksum": "xxh3_64", "bridge_commit": "c91ec672d971adb9b155e31e2e224c036f34994e",
      "pair": {"bin": {"bytes": 48164, "sha256": "..."}, "idx": {"bytes": 102, "sha256": "..."}},
      "fingerprints": {"bin": "5d1e...", "idx": "a07c..."}}
 
 **The files know their shard.** The pair stays Bridge's bytes, so the sidecar records its
-sizes (checked at open) and fingerprints (:mod:`packlab.formats.fingerprints`: the ``.idx``
+sizes (checked at open) and fingerprints (:mod:`packlab.formats.shared.fingerprints`: the ``.idx``
 whole, the ``.bin``'s first and last 4 KiB, checked on the first read): a ``.bin``, ``.idx``
 or sidecar exchanged with another shard's is refused before a bin is served (a sidecar written
 before fingerprints: sizes only).
@@ -49,7 +49,7 @@ refuses it; ``validate`` decodes every item). Each item is checked as it is read
 Bridge refuses (bad magic or version, a boundary count <= 0 or past the item, starts not
 from 0, not increasing or out of range), with a FormatError naming the ``.bin`` and the bin.
 On object storage the index and the sidecar are fetched once into a local cache and each read
-is one ranged GET of exactly its item (:mod:`packlab.formats.ranged`).
+is one ranged GET of exactly its item (:mod:`packlab.formats.read.ranged`).
 """
 
 from __future__ import annotations
@@ -63,24 +63,25 @@ from typing import Any
 
 import numpy as np
 
-from packlab import mmidx
 from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, stored_checksum
+from packlab.codecs import mmidx
 from packlab.errors import FormatError, PacklabError
-from packlab.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
-from packlab.formats import stacks
-from packlab.formats.base import (
+from packlab.formats.read.item_table import ItemIndex, ItemPlacement, ItemTable
+from packlab.formats.read.table import Column, Maps, TableReads, refuse_unverifiable
+from packlab.formats.shared import stacks
+from packlab.formats.shared.base import (
     MAX_PACK_SIZE,
     FormatFacts,
     ShardReader,
     ShardWriter,
     count_field,
+    head,
     starts_with,
 )
-from packlab.formats.fingerprints import check_fingerprints, fingerprint
-from packlab.formats.items import ItemIndex, ItemLayout, ItemTable
-from packlab.formats.scratch import ScratchArray
-from packlab.formats.table import Column, Maps, TableReads, refuse_unverifiable
-from packlab.storage import Location, as_location, cache_entry, cache_root, fetch_files
+from packlab.formats.shared.fingerprints import check_fingerprints, fingerprint
+from packlab.formats.shared.scratch import ScratchArray
+from packlab.storage.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
+from packlab.storage.location import Location, as_location, cache_entry, cache_root, fetch_files
 
 FORMAT = "megatron_sft"
 SUFFIX = ".sft.idx"
@@ -130,7 +131,7 @@ def entry_of(path: Any) -> Any:
     ``.bin``, the prefix both share (``train.sft``), or a local folder holding one pair (the
     writer's temporary); any other name is a prefix the ``.sft`` suffixes are added to
     (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair). The same
-    kind as given: a ``Path``, or a :class:`~packlab.storage.Location`."""
+    kind as given: a ``Path``, or a :class:`~packlab.storage.location.Location`."""
     location = path if isinstance(path, Location) else Path(path)
     name = location.name
     if name.endswith(".idx"):
@@ -247,13 +248,13 @@ class Writer(SftFacts, ShardWriter):
 
 
 class Reader(SftFacts, TableReads, ShardReader):
-    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.items`).
+    """A pair read as Bridge reads it, item by item (:mod:`packlab.formats.read.item_table`).
 
     ``path``: the ``.idx``, the ``.bin`` or their prefix, local or on object storage.
     ``verify=True``: each bin checked against its sidecar checksum. ``pack_size``: the pack
     size of a pair without a sidecar (default: its longest bin); ``convention``: what that
     pack size counts (:data:`packlab.bins.CONVENTIONS`). ``cache_dir``: where an index on
-    object storage is kept once fetched (default: :func:`packlab.storage.cache_root`).
+    object storage is kept once fetched (default: :func:`packlab.storage.location.cache_root`).
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, verify: bool = False,
@@ -265,7 +266,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         self.convention = check_convention(convention)
         self.cache_dir = None if cache_dir is None else str(cache_dir)
         self._idx, self._side = self._local_index()
-        code, count, documents = mmidx.parse_header(_head(self._idx), self.path)
+        code, count, documents = mmidx.parse_header(head(self._idx, mmidx.HEADER_SIZE), self.path)
         if code != WORDS_CODE:
             name = mmidx.DTYPES[code].name if code in mmidx.DTYPES else "unknown"
             raise FormatError(f"{self.path}: dtype code {code} ({name}); a packed SFT pair "
@@ -378,7 +379,7 @@ class Reader(SftFacts, TableReads, ShardReader):
                                   "sidecar: remove the sidecar to read it unchecked)")
         return record
 
-    def _layout(self, maps: Maps) -> ItemLayout:
+    def _placement(self, maps: Maps) -> ItemPlacement:
         n, idx = self.num_bins, self._idx
         if self.record is not None:  # the pair is the one its sidecar was written with
             files = {"idx": (idx, True)}  # on object storage each read is one ranged GET:
@@ -392,7 +393,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         if self.has_checksums:
             assert self._side is not None
             checksum = maps.lookups(self._side, "<u8", _Sidecar.HEAD.size, n)
-        return ItemLayout(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
+        return ItemPlacement(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
                           self._decode, self._summarize,
                           self._pack_size or MAX_PACK_SIZE, str(self.bin), checksum)
 
@@ -470,7 +471,7 @@ class Reader(SftFacts, TableReads, ShardReader):
                               f"{self.num_bins} (corrupted)")
         pack_size = self.pack_size  # a pair without a sidecar: its headers read first
         maps = Maps()
-        layout = self._layout(maps)._replace(pack_size=pack_size)
+        layout = self._placement(maps)._replace(pack_size=pack_size)
         table = ItemTable.mapped(layout, maps)
         table.check_contents(token_limit=MAX_ID + 1, convention=self.convention)
         if layout.checksum is not None:
@@ -499,15 +500,14 @@ class _Index(ItemIndex):
     def check(self, lo: int, hi: int, num_values: int) -> None:
         pointers = self._pointers[lo:hi].astype(np.int64)
         lengths = self._lengths[lo:hi].astype(np.int64)
-        outside = (pointers < 0) | (pointers % WORDS.itemsize != 0) | (lengths < MIN_WORDS) \
-            | (pointers + lengths * WORDS.itemsize > num_values * WORDS.itemsize)
+        outside = mmidx.entries_outside(pointers, lengths, WORDS.itemsize,
+                                        num_values * WORDS.itemsize, MIN_WORDS)
         if outside.any():
             b = int(np.argmax(outside))
             raise FormatError(f"{self.source}: bin {lo + b}: index entry (pointer "
                               f"{int(pointers[b])}, {int(lengths[b])} words) outside the .bin's "
                               f"{num_values} words or under {MIN_WORDS} words (corrupted)")
-        previous = int(self._pointers[lo - 1] + self._lengths[lo - 1] * WORDS.itemsize) \
-            if lo else 0
+        previous = mmidx.end_before(self._pointers, self._lengths, lo, WORDS.itemsize)
         end = num_values * WORDS.itemsize if hi == self.num_bins else None
         b = mmidx.first_stray(pointers, lengths, WORDS.itemsize, previous, end)
         if b >= 0:
@@ -540,14 +540,6 @@ def _record_of(raw: bytes, where: object, *, checksums: int | None = None) -> di
     if not isinstance(record, dict):
         raise FormatError(f"{where}: its record is not an object")
     return record
-
-
-def _head(file: Path) -> bytes:
-    try:
-        with open(file, "rb") as f:
-            return f.read(mmidx.HEADER_SIZE)
-    except OSError as exc:
-        raise FormatError(f"{file}: cannot read: {exc.strerror}") from None
 
 
 def _size(file: Any) -> int:

@@ -1,6 +1,6 @@
 """Format ``memmap_v1`` (RFC Option A): a directory of padded fixed-shape ``.npy`` arrays.
 
-One shard is one directory (manifest ``format`` is ``memmap_padded_v1``, as in the design)::
+One shard is one directory (record ``format`` is ``memmap_padded_v1``, as in the design)::
 
     input_ids.npy    <i4 [num_bins, pack_size]   tokens, zero padded after packed_len
     loss_mask.npy    |u1 [num_bins, pack_size]   0/1, zero padded
@@ -22,9 +22,9 @@ bins need not be known up front: when it is not, the header is rewritten at fina
 file hashed once more. The directory is built under a temporary name and published with ONE
 rename (the design's five renames can leave a mix after a crash).
 
-Reader: the manifest at construction; in each process, on first read, every file mapped and
+Reader: the record at construction; in each process, on first read, every file mapped and
 every bin's structure checked over the mapped index (``packed_len``, ``seq_offsets``), through
-:mod:`packlab.formats.table` (the read path of every memory-mapped format), so the reader
+:mod:`packlab.formats.read.table` (the read path of every memory-mapped format), so the reader
 pickles without them. Bins are read-only views of the maps, valid after the reader is closed;
 ``seq_start_id`` comes back as int32 (the file's uint32 values, all below ``pack_size``). ``verify=True`` checks each
 bin's checksum and mask as it is read.
@@ -42,16 +42,19 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
+from packlab.codecs.safe_pickle import read_npy_header
 from packlab.errors import FormatError, PacklabError
-from packlab.files import (
-    HashedFile,
-    fsync_directory,
-    fsync_file,
-    parse_json,
-    short_hash,
-    verify_files,
+from packlab.formats.read.table import (
+    BinIndex,
+    BinTable,
+    Column,
+    Maps,
+    Placement,
+    Runs,
+    TableReads,
+    refuse_unverifiable,
 )
-from packlab.formats.base import (
+from packlab.formats.shared.base import (
     SHARD_RECORD,
     FormatFacts,
     ShardReader,
@@ -59,20 +62,17 @@ from packlab.formats.base import (
     count_field,
     read_shard_record,
 )
-from packlab.formats.npy_identity import check_identity, npy_header
-from packlab.formats.table import (
-    BinIndex,
-    BinTable,
-    Column,
-    Layout,
-    Maps,
-    Runs,
-    TableReads,
-    refuse_unverifiable,
+from packlab.formats.shared.npy_identity import check_identity, npy_header
+from packlab.storage.files import (
+    HashedFile,
+    fsync_directory,
+    fsync_file,
+    parse_json,
+    short_hash,
+    verify_files,
 )
-from packlab.mapping import sequential
-from packlab.safe_pickle import read_npy_header
-from packlab.storage import Location
+from packlab.storage.location import Location
+from packlab.storage.reads import sequential
 
 FORMAT = "memmap_v1"
 SUFFIX = ""
@@ -128,10 +128,10 @@ def human_bytes(n: float) -> str:
 
 
 def detect(location: Location) -> bool:
-    """A directory whose manifest says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
+    """A directory whose record says ``memmap_padded_v1`` (or, unreadable, beside input_ids.npy)."""
     try:
-        manifest = parse_json((location / RECORD).read_bytes(), location / RECORD)
-        return isinstance(manifest, dict) and manifest.get("format") == RECORD_FORMAT
+        record = parse_json((location / RECORD).read_bytes(), location / RECORD)
+        return isinstance(record, dict) and record.get("format") == RECORD_FORMAT
     except FormatError:
         return (location / FILES["input_ids"]).is_file()  # unfinished or damaged: the reader says
 
@@ -191,7 +191,7 @@ class NpyStream:
         self.values += values.size
 
     def close(self) -> dict[str, Any]:
-        """Finish the file; the manifest entry (bytes, sha256)."""
+        """Finish the file; the record entry (bytes, sha256)."""
         entry = self.file.close()
         header = npy_header(self.dtype, (self.values // self.row_size, *self.row_shape),
                             self.identity)
@@ -271,15 +271,15 @@ class Writer(MemmapFacts, ShardWriter):
         self._checksum[0] = stored_checksum(self._ids_row[:n], self._mask_row[:n], starts, "<i4")
         self._streams["checksums"].write(self._checksum)
 
-    def _close(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _close(self, record: dict[str, Any]) -> dict[str, Any]:
         files = {stream.path.name: stream.close() for stream in self._streams.values()}
-        manifest = {
-            **manifest,
+        record = {
+            **record,
             "format": RECORD_FORMAT,
             "packlab_format": FORMAT,
             "version": VERSION,
             "dtypes": {name: dt.str for name, dt in DTYPES.items()},
-            # the keys the design's reader and manifest use, kept for compatibility
+            # the keys the design's reader and record use, kept for compatibility
             "dtype": DTYPES["input_ids"].str,
             "loss_mask_dtype": "<u1",
             "index_dtype": DTYPES["packed_len"].str,
@@ -289,42 +289,42 @@ class Writer(MemmapFacts, ShardWriter):
             "files": files,
         }
         manifest_path = self.tmp_path / RECORD
-        manifest_path.write_text(json.dumps(manifest, indent=2) + "\n")
+        manifest_path.write_text(json.dumps(record, indent=2) + "\n")
         fsync_file(manifest_path)
         fsync_directory(self.tmp_path)
-        return manifest
+        return record
 
     def _discard(self) -> None:
         for stream in getattr(self, "_streams", {}).values():
             stream.discard()
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
-    """The shard's manifest, checked; every error names the file."""
+def shard_record(path: Path) -> dict[str, Any]:
+    """The shard's record, checked; every error names the file."""
     manifest_path = path / RECORD
-    manifest = read_shard_record(path, RECORD, kind="memmap",
+    record = read_shard_record(path, RECORD, kind="memmap",
                                        expect={"format": RECORD_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
-        count_field(manifest, key, manifest_path)
-    if manifest["num_bins"] == 0 or manifest["pack_size"] == 0:
+        count_field(record, key, manifest_path)
+    if record["num_bins"] == 0 or record["pack_size"] == 0:
         raise FormatError(f"{manifest_path}: empty shard (num_bins or pack_size is 0)")
-    dtypes = manifest.get("dtypes")
+    dtypes = record.get("dtypes")
     if dtypes != {name: dt.str for name, dt in DTYPES.items()}:
         raise FormatError(f"{manifest_path}: dtypes {dtypes}, this packlab reads "
                           f"{ {name: dt.str for name, dt in DTYPES.items()} }")
-    files = manifest.get("files")
-    expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in manifest else set())
+    files = record.get("files")
+    expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in record else set())
     if not isinstance(files, dict) or set(files) != expected:
         raise FormatError(f"{manifest_path}: 'files' must list {', '.join(sorted(expected))}")
-    records_checksum(manifest, manifest_path)
-    return manifest
+    records_checksum(record, manifest_path)
+    return record
 
 
 class Reader(MemmapFacts, TableReads, ShardReader):
     """Lazy, picklable reader; O(1) access to any bin through the memory maps.
 
     Bins are read-only views of the maps (valid after the reader is closed: each keeps its
-    map alive). The index stays in its mapped files (:mod:`packlab.formats.table`).
+    map alive). The index stays in its mapped files (:mod:`packlab.formats.read.table`).
     ``verify=True``: each bin read is checked against its checksum.
     """
 
@@ -335,7 +335,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
 
     def __init__(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         super().__init__(path)
-        self.record = read_manifest(self.path)
+        self.record = shard_record(self.path)
         self.num_bins = int(self.record["num_bins"])
         self.pack_size = int(self.record["pack_size"])
         self.num_tokens = int(self.record["num_tokens"])
@@ -355,7 +355,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
 
-    def _layout(self, maps: Maps) -> Layout:
+    def _placement(self, maps: Maps) -> Placement:
         """Where the bins are: the headers checked, the index mapped where it is."""
         at = self._check_headers()
         p, n = self.path, self.num_bins
@@ -369,7 +369,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
 
         index = _Index(maps, column("packed_len", n), column("seq_offsets", n + 1),
                        self.pack_size, self.num_seqs, str(p))
-        return Layout(column("input_ids", size), column("loss_mask", size),
+        return Placement(column("input_ids", size), column("loss_mask", size),
                       column("seq_starts", self.num_seqs, np.dtype("<i4")), index,
                       self.pack_size, str(p), checksum)
 
@@ -396,7 +396,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
         verify_files(self.path, self.record["files"], checksums=True)
         maps = Maps()
-        layout = self._layout(maps)
+        layout = self._placement(maps)
         table = BinTable.mapped(layout, maps, check=False)
         table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin
         if int(table.packed_lengths().sum()) != self.num_tokens:
@@ -412,7 +412,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
                 "bin_checksums": self.has_checksums}
 
     def _check_headers(self) -> dict[str, int]:
-        """Every data file's .npy header against the manifest; where each file's data starts."""
+        """Every data file's .npy header against the record; where each file's data starts."""
         data_at = {}
         for name, shape in self.shapes().items():
             file = self.path / FILES[name]
@@ -436,7 +436,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         read); a shard written before identities were recorded has none to check."""
         check_identity(file, header, self.record.get("identity"))
 
-    def _check_padding(self, maps: Maps, layout: Layout, lengths: np.ndarray) -> None:
+    def _check_padding(self, maps: Maps, layout: Placement, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""
         p = self.pack_size
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * p))

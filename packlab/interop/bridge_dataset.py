@@ -19,7 +19,7 @@ datasets (``GPTSFTPackedDataset`` over a ``.npy``, ``GPTSFTPackedParquetDataset`
   ``RandomState(seed)``, leaving the global generator alone.
 
 ``collate_fn`` is Bridge 0.6.2's packed batch (:mod:`packlab.interop.bridge_batch`, a
-:class:`~packlab.collate.Collator` of style ``"megatron_bridge"``). An item is the packlab
+:class:`~packlab.loading.collate.Collator` of style ``"megatron_bridge"``). An item is the packlab
 dataset's own (``{"input_ids", "loss_mask", "seq_boundaries"}``, numpy arrays where Bridge
 returns lists: its ``collate_fn`` and packlab's take either).
 """

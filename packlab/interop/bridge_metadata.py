@@ -34,8 +34,8 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import FormatError, PacklabError
-from packlab.files import staged
 from packlab.packing import BinAssignment
+from packlab.storage.files import staged
 
 PACK_METADATA_FILE = "pack_metadata.json"
 KEYS = ("dataset_max_seqlen", "max_samples_per_bin", "packing_factor", "packing_efficiency",

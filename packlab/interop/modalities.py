@@ -1,4 +1,4 @@
-"""packlab's counterparts of Modalities' two data commands (seed 004).
+"""packlab's counterparts of Modalities' two data commands.
 
 - ``modalities data create_raw_index SRC`` -> :func:`write_raw_index` (``packlab raw-index``):
   the line index of a JSONL file in Modalities' own format, a pickled list of ``(byte_offset,
@@ -14,7 +14,7 @@
   with an offline BPE encoding, the end-of-document token appended unless the document
   already ends with it, records whose text encodes to nothing skipped (Modalities skips them
   too); the token width from the vocabulary (1, 2 or 4 bytes, Modalities' rule). From a spool,
-  :func:`packlab.formats.modalities.write_pbin` (one document per sequence, no EOD added).
+  :func:`packlab.formats.pbin.codec.write_pbin` (one document per sequence, no EOD added).
 
 Modalities reads both with its own code (``tests/test_modalities.py``).
 """
@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from packlab.codecs.jsonl_index import iter_jsonl_lines, parse_json_line
 from packlab.errors import PacklabError
-from packlab.files import HashedFile, json_kind, refuse_existing, require_file, staged
-from packlab.formats.modalities import (
+from packlab.formats.pbin.codec import (
     TOKEN_DTYPES,
     IndexWriter,
     check_width,
     finish_output,
     open_output,
 )
-from packlab.jsonl_index import iter_jsonl_lines, parse_json_line
+from packlab.storage.files import HashedFile, json_kind, refuse_existing, require_file, staged
 from packlab.tokenize import ChatTokenizer
 
 INDEX_SUFFIX = ".idx"

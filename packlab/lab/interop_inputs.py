@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.spool import SpoolReader
 
 ROW_GROUP = 1000

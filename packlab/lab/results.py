@@ -25,8 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packlab.files import json_default
 from packlab.lab.records.base import Record
+from packlab.storage.files import json_default
 
 _REPO = Path(__file__).resolve().parents[2]  # packlab/lab/results.py -> the checkout
 #: the id of the ``python -m packlab.lab.notebooks run`` a notebook runs in (kept in its results, so

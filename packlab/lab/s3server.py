@@ -20,7 +20,7 @@ Usage::
 
 The port is chosen by the child (it binds port 0 and reports the number on its first line),
 so two servers never race for a port. ``S3Server.configure()`` (done by ``start``) points
-:mod:`packlab.storage` at it, so ``s3://`` URIs resolve to this server in this process;
+:mod:`packlab.storage.location` at it, so ``s3://`` URIs resolve to this server in this process;
 ``stop`` restores the previous configuration.
 
 Run by hand (``python -m packlab.lab.s3server --help``): ``--port`` and ``--bucket`` to try
@@ -256,14 +256,14 @@ class S3Server:
         return f"http://{self.endpoint}"
 
     def options(self) -> dict[str, Any]:
-        """The S3 settings that reach this server (see :func:`packlab.storage.configure`)."""
+        """The S3 settings that reach this server (see :func:`packlab.storage.location.configure`)."""
         return {"endpoint_override": self.endpoint, "scheme": "http", "access_key": ACCESS_KEY,
                 "secret_key": SECRET_KEY, "region": REGION}
 
     def environment(self) -> dict[str, str]:
         """The environment a separate process (``packlab`` on the command line, a worker)
         needs for ``s3://`` to reach this server: the endpoint (read by
-        :mod:`packlab.storage`) and the keys (read by pyarrow)."""
+        :mod:`packlab.storage.location`) and the keys (read by pyarrow)."""
         return {"AWS_ENDPOINT_URL_S3": f"http://{self.endpoint}", "AWS_ACCESS_KEY_ID": ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": SECRET_KEY, "AWS_DEFAULT_REGION": REGION}
 
@@ -282,7 +282,7 @@ class S3Server:
             self.port = self._read_port(self.process)
             self._wait_ready()
             if self._configure:
-                from packlab import storage
+                from packlab.storage import location as storage
 
                 self._previous = storage.configure("s3", **self.options())
         except BaseException:
@@ -330,7 +330,7 @@ class S3Server:
             if process.stdout is not None:
                 process.stdout.close()
         if self._configure and self._previous is not None:
-            from packlab import storage
+            from packlab.storage import location as storage
 
             storage.configure("s3", **self._previous, replace=True)
             self._previous = None

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError, PacklabWarning
-from packlab.files import json_default, json_kind, parse_versioned_json, short_hash, staged
 from packlab.pipeline.receipts import shard_bytes
-from packlab.storage import Location, as_location
+from packlab.storage.files import json_default, json_kind, parse_versioned_json, short_hash, staged
+from packlab.storage.location import Location, as_location
 from packlab.version import __version__
 
 DATASET_RECORD = "dataset.json"

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError, PacklabError
-from packlab.files import DIRECTORY_RECORD, parse_json, sha256_file, staged
 from packlab.formats import get_format, record_companion, shard_size
-from packlab.storage import Location, as_location
+from packlab.storage.files import DIRECTORY_RECORD, parse_json, sha256_file, staged
+from packlab.storage.location import Location, as_location
 
 RECEIPT_SUFFIX = ".receipt.json"
 VERIFY_MODES = ("receipt", "full")

@@ -21,9 +21,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packlab.files import short_hash, staged
 from packlab.formats import get_format
 from packlab.pipeline.dataset_record import read_dataset_record
+from packlab.storage.files import short_hash, staged
 
 NOTES_DIR = ".packlab-references"
 

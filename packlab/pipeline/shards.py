@@ -44,15 +44,14 @@ from typing import Any
 
 from packlab.errors import FormatError, PacklabError
 from packlab.executors import check_stop, run_jobs
-from packlab.files import TMP_MARKER, is_temporary, remove, sha256_file
 from packlab.formats import delete_shard, get_format, is_companion
 from packlab.interop.bridge_metadata import (
     PACK_METADATA_FILE,
     metadata_of_assignment,
     write_pack_metadata,
 )
-from packlab.materialize import BinMaterializer
 from packlab.packing import BinAssignment
+from packlab.packing.materialize import BinMaterializer
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
     completed,
@@ -70,6 +69,7 @@ from packlab.pipeline.receipts import (
 from packlab.pipeline.references import record_spool_use
 from packlab.progress import shared_counter
 from packlab.spool import SpoolReader
+from packlab.storage.files import TMP_MARKER, is_temporary, remove, sha256_file
 
 SHARD_NAME = re.compile(r"^shard_(\d{6,})")
 EXISTING = ("refuse", "overwrite", "reuse")

@@ -8,11 +8,12 @@ tokens that carry loss.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+from packlab.storage.files import short_digest
 
 CARD_SQL = """
 SELECT split, count(DISTINCT shard) AS shards, count(*) AS bins,
@@ -114,7 +115,7 @@ def normalize(rows: list[tuple[Any, ...]]) -> list[list[Any]]:
 
 def digest(rows: list[tuple[Any, ...]]) -> str:
     text = json.dumps(normalize(rows), separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return short_digest(text)
 
 
 def answer(engine: str, question: str, data: Any, *, split: str | None = None

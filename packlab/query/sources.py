@@ -24,7 +24,7 @@ from packlab.formats import files_of_shard, formats_where, get_format
 from packlab.progress import progress_bar
 from packlab.sources import open_shard, resolve_source
 from packlab.sources.convert import convert_reader
-from packlab.storage import as_location
+from packlab.storage.location import as_location
 
 PathLike = str | os.PathLike[str]
 

@@ -40,7 +40,7 @@ from packlab.cloud import sql as remote_sql
 from packlab.errors import PacklabError, one_line
 from packlab.progress import progress_enabled
 from packlab.query.sources import PathLike, Shard, resolve_sources, sql_readable
-from packlab.storage import is_remote
+from packlab.storage.location import is_remote
 
 VIEWS = ("shards", "bins", "sequences", "violations", "tokens")
 

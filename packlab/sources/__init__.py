@@ -10,7 +10,7 @@ command that reads a dataset resolves it the same way.
 - :mod:`.resolve`: what a dataset path names;
 - :mod:`.outputs`: where a command writes (a local path, or a URI: staged locally and uploaded),
   and what ``--overwrite`` may replace;
-- :mod:`.checks`: ``packlab validate`` over any resolved dataset, local or remote;
+- :mod:`.validate`: ``packlab validate`` over any resolved dataset, local or remote;
 - :mod:`.describe`: ``packlab inspect``'s summary of any resolved dataset.
 - :mod:`.bridge_provider`: a Megatron-Bridge recipe's dataset provider over any of them
   (imports Megatron-Bridge; nothing else here imports it).
@@ -25,11 +25,11 @@ from typing import Any
 
 from packlab.cloud import is_remote_source, remote_shard, remote_writer
 from packlab.cloud.datasets import RemoteDataset
-from packlab.dataset import PackedDataset
-from packlab.discovery import PathLike
 from packlab.errors import PacklabError
 from packlab.formats import detect_format as shard_format
 from packlab.formats import get_format
+from packlab.loading.dataset import PackedDataset
+from packlab.loading.discovery import PathLike
 from packlab.sources.resolve import Shard, Source, resolve_source
 
 __all__ = ["Shard", "Source", "detect_format", "local_shards", "open_dataset", "open_shard",

@@ -35,10 +35,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from packlab.collate import Collator
 from packlab.errors import PacklabError
 from packlab.interop.bridge_dataset import BridgeSFTDataset
 from packlab.interop.bridge_metadata import read_pack_metadata
+from packlab.loading.collate import Collator
 from packlab.sources import open_dataset
 from packlab.sources.resolve import resolve_source
 

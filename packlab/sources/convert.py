@@ -30,9 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import PacklabError
-from packlab.files import remove, sha256_file
 from packlab.formats import delete_shard, format_names, get_format, shard_size
-from packlab.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.dataset_record import (
     DATASET_RECORD,
     completed,
@@ -41,6 +39,7 @@ from packlab.pipeline.dataset_record import (
     write_dataset_record,
     writing_lock,
 )
+from packlab.pipeline.layout.blend import LINK_SEPARATOR
 from packlab.pipeline.receipts import (
     finish_receipt,
     receipt_path,
@@ -52,6 +51,7 @@ from packlab.progress import progress_bar
 from packlab.sources import open_shard, open_writer
 from packlab.sources.outputs import output
 from packlab.sources.resolve import Shard, Source, resolve_source
+from packlab.storage.files import remove, sha256_file
 
 
 def convert(src: Any, dst: str, *, format: str, split: str | None = None,

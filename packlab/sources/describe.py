@@ -16,8 +16,8 @@ from typing import Any
 
 from packlab.errors import PacklabError
 from packlab.formats import detect_format, shard_size
-from packlab.layout.blend import is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
+from packlab.pipeline.layout.blend import is_layout
 from packlab.sources import open_shard
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source

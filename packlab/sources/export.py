@@ -1,7 +1,7 @@
 """``export``: a spool (local or on object storage) written as a Megatron-core ``.bin/.idx``
 prefix, local or on object storage, through :func:`packlab.sources.outputs.output` as every
 writing command writes (a URI is staged, then uploaded; ``--overwrite`` replaces only a prefix
-packlab exported). The work is :func:`packlab.spool_export.export_spool`.
+packlab exported). The work is :func:`packlab.spool.export.export_spool`.
 
 The output is named by its prefix (``OUT`` for ``OUT.bin``/``OUT.idx``); its ``.idx`` is what
 ``output`` guards and publishes, last: on object storage the record, the ``.bin`` and the mask
@@ -14,14 +14,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from packlab.chat_masks import MarkerTokens
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json
 from packlab.sources.outputs import REFUSAL, output, spool_at
 from packlab.spool import SpoolReader
-from packlab.spool_export import export_spool
-from packlab.spool_prefix import PREFIX_VERSION, SUFFIXES, prefix_files
-from packlab.storage import Location, is_remote, resolve, upload_file
+from packlab.spool.export import export_spool
+from packlab.spool.masks import MarkerTokens
+from packlab.spool.prefix import PREFIX_VERSION, SUFFIXES, prefix_files
+from packlab.storage.files import parse_json
+from packlab.storage.location import Location, is_remote, resolve, upload_file
 
 
 def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | None = None,

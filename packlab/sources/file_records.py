@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import FormatError
-from packlab.files import parse_versioned_json, sha256_file, staged
-from packlab.storage import (
+from packlab.storage.files import parse_versioned_json, sha256_file, staged
+from packlab.storage.location import (
     Location,
     as_location,
     cache_entry,
@@ -189,21 +189,21 @@ def describe_file(path: Any, *, check: bool = False) -> dict[str, Any]:
 
 def _contents(path: Path, kind: str) -> dict[str, Any]:
     if kind == "packed_data":
-        from packlab.formats.modalities import ModalitiesFile
+        from packlab.formats.pbin.codec import ModalitiesFile
 
         pbin = ModalitiesFile(path)
         return {"documents": len(pbin), "num_tokens": pbin.num_tokens,
                 "token_width": pbin.token_width}
     if kind == "raw_index":
-        from packlab.formats.modalities import parse_index
+        from packlab.formats.pbin.codec import parse_index
 
         return {"records": int(parse_index(path.read_bytes(), source=str(path)).shape[0])}
     if kind == "jsonl_index":
-        from packlab.jsonl_index import JsonlIndex
+        from packlab.codecs.jsonl_index import JsonlIndex
 
         jsonl = path.with_name(path.name[: -len(path.suffix)])
         with JsonlIndex(jsonl, path) as index:
             return {"records": len(index), "indexes": str(jsonl)}
-    from packlab.jsonl_index import iter_jsonl_lines
+    from packlab.codecs.jsonl_index import iter_jsonl_lines
 
     return {"records": sum(1 for _ in iter_jsonl_lines(path))}

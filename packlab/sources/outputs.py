@@ -64,27 +64,15 @@ from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import (
     DIRECTORY_RECORD,
     NoFileList,
-    default_cache_dir,
     download_prefix,
     download_shard,
     upload_shard,
 )
 from packlab.cloud.upload import upload_layout, upload_tree
 from packlab.errors import FormatError, PacklabError
-from packlab.files import (
-    TMP_MARKER,
-    check_path_name,
-    is_temporary,
-    left_by_a_dead_writer,
-    parse_json,
-    publish,
-    remove,
-    short_hash,
-    temporary_sibling,
-)
 from packlab.formats import detect_format, get_format, shard_entry
-from packlab.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.dataset_record import DATASET_RECORD
+from packlab.pipeline.layout.blend import BLEND_FILE, RUNS_DIR, is_layout
 from packlab.pipeline.references import spool_users
 from packlab.pipeline.shards import OWN_FILES, SHARD_NAME, sweep_own_temporaries
 from packlab.sources.file_records import (
@@ -99,8 +87,19 @@ from packlab.sources.file_records import (
 from packlab.sources.resolve import Source
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool import SpoolReader, is_spool_record
-from packlab.spool_prefix import prefix_files, prefix_of
-from packlab.storage import Location, is_remote, resolve
+from packlab.spool.prefix import prefix_files, prefix_of
+from packlab.storage.files import (
+    TMP_MARKER,
+    check_path_name,
+    is_temporary,
+    left_by_a_dead_writer,
+    parse_json,
+    publish,
+    remove,
+    short_hash,
+    temporary_sibling,
+)
+from packlab.storage.location import Location, cache_root, is_remote, resolve
 
 FOLDER_KINDS = ("spool", "dataset", "layout")
 KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS, "file")
@@ -111,7 +110,7 @@ REFUSAL = ("--overwrite replaces only packlab's own output of the same kind: rem
 
 def staging_root() -> Path:
     env = os.environ.get("PACKLAB_STAGING_DIR")
-    return Path(env) if env else default_cache_dir().parent / "staging"
+    return Path(env) if env else cache_root().parent / "staging"
 
 
 # -- what may be replaced ----------------------------------------------------------------------
@@ -417,7 +416,7 @@ def _file_output(final: Path, kind: str) -> Iterator[Path]:
 def _upload_file(local: Path, location: Location, kind: str) -> None:
     """A one-file output sent to the store: its record put as ``"writing"`` first, the file
     through a temporary key, the record finished last."""
-    from packlab.storage import upload_file
+    from packlab.storage.location import upload_file
 
     made = identity(local)
     write_file_record(location, new_file_record(location, kind=kind, state="writing",
@@ -513,7 +512,7 @@ def spool_at(path: str) -> SpoolReader | None:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
     verified cache first), or None when ``path`` is no spool: a folder whose manifest says
     ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
-    what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool_prefix`)."""
+    what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool.prefix`)."""
     prefix = _prefix_at(path)
     if prefix is not None:
         return SpoolReader(prefix)

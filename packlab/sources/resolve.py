@@ -22,7 +22,7 @@ a run folder                  ``ROOT/runs/<run_hash>``, ``ROOT/runs``, or any fo
 ============================  ==================================================================
 
 The result, a :class:`Source`, lists its shards (:class:`Shard`: path or
-:class:`~packlab.storage.Location`, format, place in its dataset, split and dataset
+:class:`~packlab.storage.location.Location`, format, place in its dataset, split and dataset
 names) and remembers the layout it came from, so ``validate`` can check counts against
 ``blend.json``. Nothing here reads a bin.
 """
@@ -35,10 +35,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from packlab.discovery import PathLike, ShardRef, dataset_directories, find_shards
 from packlab.errors import FormatError, PacklabError
-from packlab.files import parse_json
-from packlab.layout.blend import (
+from packlab.loading.discovery import PathLike, ShardRef, dataset_directories, find_shards
+from packlab.pipeline.layout.blend import (
     LINK_SEPARATOR,
     SPLITS_DIR,
     is_layout,
@@ -46,8 +45,9 @@ from packlab.layout.blend import (
     layout_shards,
     read_blend,
 )
-from packlab.layout.build import CONFIG_FILE
-from packlab.storage import Location, as_location, resolve
+from packlab.pipeline.layout.build import CONFIG_FILE
+from packlab.storage.files import parse_json
+from packlab.storage.location import Location, as_location, resolve
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Shard:
 
     @property
     def ref(self) -> ShardRef:
-        """``(path, format)`` with ``bins``, as :class:`~packlab.dataset.PackedDataset` takes."""
+        """``(path, format)`` with ``bins``, as :class:`~packlab.loading.dataset.PackedDataset` takes."""
         return ShardRef(self.path, self.format, self.bins, self.sha256)
 
     @property
@@ -116,7 +116,7 @@ def resolve_source(path: PathLike | Location | Sequence[PathLike | Location], *,
                    filesystem: Any = None) -> Source:
     """Resolve ``path`` (see the module docstring) into a :class:`Source`; one clear error
     (naming the path) for anything that is not a dataset or not whole. A local path and a URI
-    go the same way, through their :class:`~packlab.storage.Location`."""
+    go the same way, through their :class:`~packlab.storage.location.Location`."""
     if isinstance(path, list | tuple):
         if not path:
             raise PacklabError("no shards: an empty list of paths")

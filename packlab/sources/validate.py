@@ -21,10 +21,9 @@ from typing import Any
 
 from packlab.cloud.datasets import fetch_spool
 from packlab.cloud.transfer import download_shard
-from packlab.dataset import check_place
 from packlab.errors import FormatError, PacklabError, one_line
-from packlab.files import sha256_file
 from packlab.formats import get_format
+from packlab.loading.dataset import check_place
 from packlab.pipeline.dataset_record import DATASET_RECORD, read_dataset_record
 from packlab.pipeline.receipts import (
     RECEIPT_SUFFIX,
@@ -37,7 +36,8 @@ from packlab.sources.file_records import describe_file, file_output
 from packlab.sources.outputs import spool_at
 from packlab.sources.resolve import Shard, Source, resolve_source
 from packlab.spool import SPOOL_RECORD
-from packlab.storage import Location
+from packlab.storage.files import sha256_file
+from packlab.storage.location import Location
 
 
 def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None = None

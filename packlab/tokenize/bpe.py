@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError
-from packlab.files import json_kind
+from packlab.storage.files import json_kind
 
 # One past the largest id each encoding defines (BPE ranks and its own special tokens); fixed
 # here so encoding never loads the Python rank tables (a test checks them against bpe-openai).

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError, one_line
-from packlab.files import read_json, sha256_file
+from packlab.storage.files import read_json, sha256_file
 from packlab.tokenize.bpe import message_objects
 from packlab.tokenize.chat_template import (
     TemplateFailed,

@@ -1,6 +1,6 @@
 """Tokenizing on many cores (``--workers N``) or on Ray (``--executor ray``), into one spool.
 
-The JSONL's line index (:mod:`packlab.jsonl_index`: the fresh ``CHAT.jsonl.idx`` beside it, or
+The JSONL's line index (:mod:`packlab.codecs.jsonl_index`: the fresh ``CHAT.jsonl.idx`` beside it, or
 one built for this run in the temporary folder) cuts the records into jobs of about equal bytes
 (``JOBS_PER_WORKER`` per worker, none over ``MAX_JOB_BYTES`` of JSONL). Each job tokenizes its
 records with the same loop as a one-process run (:func:`~packlab.tokenize.records.encode_into`)
@@ -21,12 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from packlab.codecs.jsonl_index import JsonlIndex, build_jsonl_index, index_path
 from packlab.errors import FormatError, PacklabError
 from packlab.executors import iter_jobs
-from packlab.files import remove, temporary_sibling
-from packlab.jsonl_index import JsonlIndex, build_jsonl_index, index_path
 from packlab.progress import progress_bar
 from packlab.spool import DTYPES, FILES, SpoolReader, SpoolWriter
+from packlab.storage.files import remove, temporary_sibling
 from packlab.tokenize.records import Spec, Stats, encode_into, iter_index_records, load_encoder
 
 JOBS_PER_WORKER = 4  # more jobs than workers: a slow job does not leave the others idle

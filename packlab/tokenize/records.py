@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from packlab.codecs.jsonl_index import JsonlIndex, iter_jsonl_lines, parse_json_line
 from packlab.errors import PacklabError
-from packlab.jsonl_index import JsonlIndex, iter_jsonl_lines, parse_json_line
 from packlab.spool import SpoolWriter
 from packlab.tokenize.bpe import ChatTokenizer
 from packlab.tokenize.chat_template import Unlocated
@@ -153,7 +153,7 @@ def marker_encoder(spec: Spec) -> Callable[[str], list[int]]:
     """How a chat marker string (``"<|im_start|>assistant\\n"``) becomes token ids with the
     tokenizer ``spec`` names: special-token strings matched as the special tokens (as
     Megatron-LM's config tokenizes its markers with the model's tokenizer), the text between
-    them encoded as text. For :mod:`packlab.chat_masks`."""
+    them encoded as text. For :mod:`packlab.spool.masks`."""
     encoder = load_encoder(spec)
     if isinstance(encoder, HFChatTokenizer):
         tokenizer = encoder.tokenizer

@@ -22,12 +22,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from packlab.codecs.jsonl_index import count_lines
 from packlab.errors import PacklabError
 from packlab.executors import EXECUTORS
-from packlab.files import require_file
-from packlab.jsonl_index import count_lines
 from packlab.progress import progress, progress_enabled
 from packlab.spool import SpoolReader, SpoolWriter
+from packlab.storage.files import require_file
 from packlab.tokenize.hf import tokenizer_spec
 from packlab.tokenize.parallel import tokenize_in_parts
 from packlab.tokenize.records import (

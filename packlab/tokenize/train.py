@@ -1,7 +1,7 @@
 """A real Hugging Face tokenizer, built offline: byte-level BPE trained on the chat corpus.
 
 Nothing may be downloaded, so tests and notebooks train one (about a second for the docstring
-corpus of :mod:`packlab.corpus`) with the ``tokenizers`` library, shaped like Llama-3's
+corpus of :mod:`packlab.tokenize.corpus`) with the ``tokenizers`` library, shaped like Llama-3's
 ``tokenizer.json``: the Llama-3 pre-tokenizer regex (contractions, letter runs, digits in
 groups of up to three, punctuation, newlines), then byte-level mapping (no unknown token: any
 text encodes, and decodes back exactly), a BPE model, a byte-level decoder, and the special
@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from packlab.codecs.jsonl_index import iter_jsonl_lines, parse_json_line
 from packlab.errors import PacklabError
-from packlab.files import staged
-from packlab.jsonl_index import iter_jsonl_lines, parse_json_line
+from packlab.storage.files import staged
 from packlab.tokenize.hf import CONFIG_FILE, TOKENIZER_FILE, builtin_template
 
 SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",

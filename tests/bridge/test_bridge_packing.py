@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from bridge_code import import_bridge
 
-from packlab import packers
-from packlab.synth import synth_lengths
+from packlab.packing import algorithms as packers
+from packlab.spool.synth import synth_lengths
 
 
 @pytest.fixture(scope="module")

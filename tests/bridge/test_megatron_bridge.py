@@ -35,7 +35,6 @@ from bridge_code import (
 from conftest import run_cli
 
 from packlab.bins import PackedBin
-from packlab.collate import Collator
 from packlab.errors import InvariantError
 from packlab.formats import format_names
 from packlab.interop.bridge_metadata import (
@@ -43,6 +42,7 @@ from packlab.interop.bridge_metadata import (
     metadata_of_bins,
     read_pack_metadata,
 )
+from packlab.loading.collate import Collator
 from packlab.sources import open_dataset, open_shard
 from packlab.spool import SpoolReader, SpoolWriter
 
@@ -334,8 +334,8 @@ def test_a_copy_without_metadata_is_refused_in_fixed_shape_mode(packed: dict[str
 
 
 def test_each_convention_names_what_its_pack_size_counts(packed: dict[str, Path]) -> None:
+    from packlab.bins import check_bin
     from packlab.errors import PacklabError
-    from packlab.invariants import check_bin
 
     ids, mask, starts = np.arange(10), np.zeros(10, dtype=np.uint8), np.array([0, 4, 7])
     check_bin(ids, mask, starts, pack_size=7, convention="megatron_bridge")  # 10 - 3 = 7

@@ -19,8 +19,8 @@ import pytest
 from bridge_code import import_bridge
 from readme_sections import run_section
 
-from packlab.materialize import iter_bins
 from packlab.packing import pack
+from packlab.packing.materialize import iter_bins
 from packlab.spool import SpoolReader
 
 TITLE = "## Using packlab outputs in Megatron-Bridge, Nemotron and Modalities"

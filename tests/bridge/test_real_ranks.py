@@ -19,8 +19,8 @@ from conftest import write_random_spool
 
 from packlab.lab.sharding.coverage import coverage, seed_epoch
 from packlab.lab.sharding.launch import launch
+from packlab.loading.per_rank import ChunkPlan, ChunkProducer, spool_source
 from packlab.packing import pack
-from packlab.sharded import ChunkPlan, ChunkProducer, spool_source
 
 pytestmark = pytest.mark.slow  # real ranks: `make test-fast` leaves it out
 

@@ -17,8 +17,8 @@ import sys
 import traceback
 from typing import Any
 
-from packlab.files import json_default
 from packlab.lab.measure.memory import PhaseRecorder, RssPoller
+from packlab.storage.files import json_default
 
 DEFAULT_IMPORTS = ("numpy", "pyarrow", "packlab", "packlab.formats", "packlab.bins")
 

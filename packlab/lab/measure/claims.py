@@ -1,4 +1,4 @@
-"""The RFC's memory claims (seed 002, "Memory Impact") against what was measured.
+"""The RFC's memory claims (its "Memory Impact") against what was measured.
 
 The RFC's table is back-of-envelope, at 50k bins of 2048 tokens. A claim about the legacy
 format is an estimate, a claim about a new format is a bound; both are judged by the one rule

@@ -1,6 +1,6 @@
 """How small can packed bins be and still read fast: Parquet encodings measured side by side.
 
-A :class:`~packlab.formats.parquet_layout.ParquetEncoding` is one recipe for writing the same
+A :class:`~packlab.formats.parquet.encoding.ParquetEncoding` is one recipe for writing the same
 bins as Parquet (codec and level, column encodings and types, page size); the ``parquet``
 writer takes the same recipes (its ``layout=``), so what wins here is what the format writes.
 The RFC's recipe, what Nemotron writes today and packlab's ``parquet`` writer wrote before its
@@ -11,7 +11,7 @@ dictionary encoding everywhere, int32 tokens.
 arrays the Parquet reader decodes into), times the write and a full decode of every row group
 to numpy (what packlab's reader does on a cache miss, page checksums verified), and reads the
 column sizes from the footer. The files carry packlab's footer metadata, so
-``packlab.formats.open_shard`` reads them as ordinary ``parquet`` shards: an encoding that wins
+:func:`packlab.open_shard` reads them as ordinary ``parquet`` shards: an encoding that wins
 here is one the format can adopt without a reader change.
 
 The reference line is the order-0 entropy of the tokens
@@ -31,21 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from packlab.bins import PackedBin
+from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
-from packlab.files import publish, remove, temporary_sibling
-from packlab.formats.arrow_lists import (
-    ARROW_ERRORS,
-    COLUMNS,
-    MAX_LIST_VALUES,
-    METADATA_KEY,
-    BinColumns,
-    decode,
-    dump_metadata,
-    from_numpy,
-    parse_error,
-)
-from packlab.formats.parquet_layout import (  # noqa: F401 - the recipes, re-exported
+from packlab.formats.parquet.encoding import (  # noqa: F401 - the recipes, re-exported
     CODECS,
     DEFAULT_LAYOUT,
     LAYOUTS,
@@ -56,8 +44,20 @@ from packlab.formats.parquet_layout import (  # noqa: F401 - the recipes, re-exp
     TOKEN_TYPES,
     ParquetEncoding,
 )
+from packlab.formats.shared.arrow_lists import (
+    ARROW_ERRORS,
+    COLUMNS,
+    MAX_LIST_VALUES,
+    METADATA_KEY,
+    BinColumns,
+    decode,
+    dump_metadata,
+    from_numpy,
+    parse_error,
+)
 from packlab.lab.measure.size import RAW_BYTES_PER_SEQ, RAW_BYTES_PER_TOKEN
 from packlab.lab.measure.verdicts import holds, ratio_verdict, speed_word, words_agree
+from packlab.storage.files import publish, remove, temporary_sibling
 from packlab.version import __version__
 
 # The codec sweep the issue asks for: (codec, level); None is pyarrow's default level.
@@ -139,10 +139,8 @@ def collect_columns(bins: Iterable[PackedBin]) -> BinColumns:
         starts.append(np.array(packed.seq_start_id, dtype=np.int32))
     if not ids:
         raise PacklabError("no bins to collect")
-    token_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum([a.shape[0] for a in ids], out=token_offsets[1:])
-    seq_offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum([a.shape[0] for a in starts], out=seq_offsets[1:])
+    token_offsets = cumulative_offsets([a.shape[0] for a in ids])
+    seq_offsets = cumulative_offsets([a.shape[0] for a in starts])
     return BinColumns(np.concatenate(ids), np.concatenate(masks), np.concatenate(starts),
                       token_offsets, seq_offsets)
 
@@ -338,7 +336,7 @@ def _summary(columns: BinColumns, encoding: ParquetEncoding, path: Path,
 
 
 # -- judging ---------------------------------------------------------------------------------
-# The RFC's codec table (seed 001, "Compression"): ratio to uncompressed, write, read speed.
+# The RFC's codec table (its "Compression"): ratio to uncompressed, write, read speed.
 RFC_CODEC_TABLE = {
     "zstd": (2.5, "medium", "fast"),
     "snappy": (1.5, "fast", "fast"),

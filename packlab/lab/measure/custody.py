@@ -1,4 +1,4 @@
-"""What the chain of custody costs a pack run (issue 25, item 2): the same plan written by
+"""What the chain of custody costs a pack run: the same plan written by
 :func:`packlab.pipeline.shards.write_shards` with the spool's verification (``lengths.bin``
 and ``offsets.bin`` whole, the range checksums of every sequence the plan reads:
 :meth:`SpoolReader.verify_index`, :meth:`SpoolReader.verify_sequences`) and without it (both
@@ -19,11 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from packlab import spool_custody
-from packlab.files import remove
 from packlab.packing import pack
 from packlab.pipeline.shards import write_shards
 from packlab.spool import SpoolReader
+from packlab.spool import custody as spool_custody
+from packlab.storage.files import remove
 
 
 @contextmanager

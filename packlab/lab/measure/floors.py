@@ -1,7 +1,7 @@
 """The floors a read is judged against, measured in the same run as the read.
 
 - the **raw CSR floor** (:class:`RawCsr`): the same bins gathered from the shard's own files
-  (where its format's :class:`~packlab.formats.table.Layout` says they are) with plain numpy
+  (where its format's :class:`~packlab.formats.read.table.Placement` says they are) with plain numpy
   memory maps and the index in RAM, all three columns copied into preallocated buffers as a
   read is delivered (int64 tokens, uint8 mask, int32 boundaries), by a loop with nothing else
   in it: what the bytes cost through numpy, whatever the API;
@@ -30,13 +30,13 @@ from typing import Any
 
 import numpy as np
 
-from packlab.bins import PackedBin
-from packlab.dataset import PackedDataset
+from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
-from packlab.formats.table import BinTable, CsrIndex, Layout, lookup
+from packlab.formats.read.table import BinTable, CsrIndex, Placement, lookup
 from packlab.lab.measure.delivery import percentiles
 from packlab.lab.measure.pagecache import drop_until_cold, resident_pages
 from packlab.lab.measure.reading import is_dataset, open_source, readers_of
+from packlab.loading.dataset import PackedDataset
 
 MMAP_MODES = ("pread", "mmap", "mmap_random", "mmap_random_willneed")
 #: every floor, in the order tables and rows list them
@@ -57,8 +57,7 @@ class RamShard:
         self.num_bins = int(lengths.shape[0])
         if self.num_bins == 0:
             raise PacklabError(f"{self.path}: no bins to hold in RAM")
-        self.token_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
-        np.cumsum(lengths, out=self.token_offsets[1:])
+        self.token_offsets = cumulative_offsets(lengths)
         self.num_tokens = int(self.token_offsets[-1])
         starts: list[np.ndarray] = []
         for b, packed in enumerate(reader.iter_bins()):
@@ -72,8 +71,7 @@ class RamShard:
             self.input_ids[lo:hi] = packed.input_ids
             self.loss_mask[lo:hi] = packed.loss_mask
             starts.append(np.asarray(packed.seq_start_id))
-        self.seq_offsets = np.zeros(self.num_bins + 1, dtype=np.int64)
-        np.cumsum([s.shape[0] for s in starts], out=self.seq_offsets[1:])
+        self.seq_offsets = cumulative_offsets([s.shape[0] for s in starts])
         self.seq_start_id = np.concatenate(starts)
         self._table: BinTable | None = None
 
@@ -164,11 +162,11 @@ class RawCsr:
     :class:`~packlab.lab.measure.delivery.Sink` delivers an item or a bin) into preallocated
     buffers. ``read(i)`` is
     the raw single read, ``read_batch(indices)`` a loop of them. For sources whose readers
-    describe their :class:`~packlab.formats.table.Layout` (the memory-mapped formats);
+    describe their :class:`~packlab.formats.read.table.Placement` (the memory-mapped formats);
     :func:`raw_floor` gives None for the others.
     """
 
-    def __init__(self, layouts: list[Layout]) -> None:
+    def __init__(self, layouts: list[Placement]) -> None:
         self.layouts = layouts
         self.runs = [layout.index.runs(0, layout.index.num_bins) for layout in layouts]
         longest = max(int(np.max(runs.packed_len)) for runs in self.runs)
@@ -203,7 +201,7 @@ class RawCsr:
         self.read_batch(indices)
         return time.perf_counter_ns() - began
 
-    def _reader_of(self, layout: Layout, runs: Any) -> Any:
+    def _reader_of(self, layout: Placement, runs: Any) -> Any:
         """The read of one shard: a closure over its maps, positions and the buffers."""
         def column(c: Any) -> np.ndarray:
             mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))

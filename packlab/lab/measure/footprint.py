@@ -61,7 +61,7 @@ def write_memory(
     The figure is the write phase's own growth (its peak over the memory at its start).
     """
     report = profile("packlab.lab.measure.jobs:write_shard", format, str(spool), str(assignment),
-                     str(out_path), options or {}, imports=[*format_imports(format), "packlab.materialize"],
+                     str(out_path), options or {}, imports=[*format_imports(format), "packlab.packing.materialize"],
                      tracemalloc=tracemalloc, timeout=timeout)
     out: dict[str, Any] = {"format": format, "path": str(out_path), **report["result"]}
     out.update(_flatten("write", report["phases"]["write"], phase_growth=True))

@@ -98,7 +98,7 @@ def _preload() -> list[str]:
     """What the forkserver imports once: the libraries and every format module (code)."""
     from packlab.formats import _MODULES
 
-    names = ["packlab.lab.measure.child", "packlab.lab.measure.jobs", "packlab.materialize", "numpy",
+    names = ["packlab.lab.measure.child", "packlab.lab.measure.jobs", "packlab.packing.materialize", "numpy",
              "pyarrow", "pyarrow.compute", "pyarrow.parquet", *_MODULES.values()]
     if importlib.util.find_spec("pandas") is not None:
         names.append("pandas")  # pyarrow imports it on the first to_numpy()

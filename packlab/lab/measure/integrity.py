@@ -1,4 +1,4 @@
-"""What integrity on read costs (issue 18, item 3): per bin, warm, measured side by side.
+"""What integrity on read costs: per bin, warm, measured side by side.
 
 One loop over the same seeded bins (the timing loop of :mod:`packlab.lab.measure.timing`),
 each step timing, on the bin it reads (delivered, as :mod:`packlab.lab.measure.latency`
@@ -7,13 +7,13 @@ delivers):
 - ``read``: ``dataset[i]`` as opened by default (``verify=False``);
 - ``verified``: ``dataset[i]`` opened with ``verify=True`` (the per-bin checksum for the
   memory-mapped formats, each sequence's for ``packed_index``; page CRCs for Parquet);
-- ``check_bin``: :func:`packlab.invariants.check_bin` on the bin just read: what checking every
+- ``check_bin``: :func:`packlab.bins.check_bin` on the bin just read: what checking every
   invariant on every read would add;
 - ``xxh3`` and ``crc32``: the bin's bytes (tokens, mask, boundaries) hashed by each, the
   cost of the checksum alone.
 
 Beside them, once: ``structure_ns_per_bin``, what checking every bin's structure costs when a
-reader builds its table (:mod:`packlab.formats.table`: once per process, before any bin
+reader builds its table (:mod:`packlab.formats.read.table`: once per process, before any bin
 is returned; None for formats without a table). :func:`defaults_rule` turns the figures into
 the defaults: a check is on by default when it costs at most ``budget`` (10%) of a read.
 """
@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 from xxhash import xxh3_64_intdigest
 
+from packlab.bins import check_bin
 from packlab.errors import PacklabError
-from packlab.invariants import check_bin
 from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.reading import data_files, format_of, open_source, readers_of, warm
 from packlab.lab.measure.timing import Lane, interleaved, seeded_indices

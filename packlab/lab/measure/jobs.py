@@ -19,9 +19,9 @@ Via = str  # "reader" (packlab.open_shard) or "dataset" (packlab.open_dataset)
 
 
 def resolve_via(via: str) -> str:
-    """``auto`` means the dataset when :mod:`packlab.dataset` exists, else the shard reader."""
+    """``auto`` means the dataset when :mod:`packlab.loading.dataset` exists, else the shard reader."""
     if via == "auto":
-        return "dataset" if importlib.util.find_spec("packlab.dataset") is not None else "reader"
+        return "dataset" if importlib.util.find_spec("packlab.loading.dataset") is not None else "reader"
     if via not in ("reader", "dataset"):
         from packlab.errors import PacklabError
 
@@ -43,7 +43,7 @@ def format_imports(format: str, via: str = "reader") -> list[str]:
         if importlib.util.find_spec("pandas") is not None:
             modules.append("pandas")
     if via == "dataset":
-        modules.append("packlab.dataset")
+        modules.append("packlab.loading.dataset")
     return modules
 
 
@@ -107,8 +107,8 @@ def write_shard(
     Bins come from packlab's materializer one at a time, as a pipeline writes them (it reads
     the spool by ``pread``: the figure is the writer's memory, nothing of the spool's)."""
     from packlab.formats import get_format
-    from packlab.materialize import BinMaterializer
     from packlab.packing import BinAssignment
+    from packlab.packing.materialize import BinMaterializer
     from packlab.spool import SpoolReader
 
     reader = SpoolReader(spool)

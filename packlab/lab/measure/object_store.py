@@ -1,7 +1,7 @@
 """What object storage costs, counted by the server (notebook 09): per random Parquet access,
 to open a dataset, and to write a shard directly or locally then uploaded.
 
-Counts (requests, bytes) come from :meth:`packlab.s3server.S3Server.measure`, so they are
+Counts (requests, bytes) come from :meth:`packlab.lab.s3server.S3Server.measure`, so they are
 what crossed the wire. Times are wall seconds against a server on this machine: no network
 latency, so they rank paths but do not predict S3. :func:`modelled_seconds` turns counts into
 a stated model (a first-byte latency per request plus bytes over a bandwidth) for that.
@@ -19,8 +19,8 @@ import numpy as np
 
 from packlab.formats import get_format
 from packlab.formats.parquet import TAIL_BYTES
-from packlab.materialize import iter_bins
 from packlab.packing import BinAssignment
+from packlab.packing.materialize import iter_bins
 from packlab.sources import open_dataset, open_shard, open_writer
 from packlab.spool import SpoolReader
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from packlab.packing import PackingReport, compare_algorithms
-from packlab.synth import synth_lengths
+from packlab.spool.synth import synth_lengths
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from packlab.errors import PacklabError
 from packlab.formats import files_of_shard
-from packlab.storage import as_location
+from packlab.storage.location import as_location
 
 PAGE = mmap.PAGESIZE
 _MADV_DONTNEED = 4

@@ -2,7 +2,7 @@
 (``packlab export``, the report's export/read-back figures).
 
 Timed once each, in this process, on files just written (page cache warm): the export
-(:func:`packlab.spool_export.export_spool`), a read of every sequence's tokens and masks back
+(:func:`packlab.spool.export.export_spool`), a read of every sequence's tokens and masks back
 from the prefix (the sidecar) and from the spool itself through the same reader (every value
 summed), the masks derived from the chat role markers (numba's compilation done before the
 timer), and the full check of the prefix (checksums, structure).
@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from packlab.chat_masks import MarkerTokens
 from packlab.spool import SpoolReader
-from packlab.spool_export import export_spool, sequence_chunks
+from packlab.spool.export import export_spool, sequence_chunks
+from packlab.spool.masks import MarkerTokens
 
 
 def read_all(reader: SpoolReader) -> int:

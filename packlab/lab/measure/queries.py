@@ -16,8 +16,8 @@ from packlab.query.questions import QUESTIONS, digest
 
 ENGINES = ("duckdb", "polars")
 ENGINE_IMPORTS = {
-    "duckdb": ["duckdb", "packlab.query.views", "packlab.query.questions", "packlab.dataset"],
-    "polars": ["polars", "packlab.query.lazy", "packlab.query.questions", "packlab.dataset"],
+    "duckdb": ["duckdb", "packlab.query.views", "packlab.query.questions", "packlab.loading.dataset"],
+    "polars": ["polars", "packlab.query.lazy", "packlab.query.questions", "packlab.loading.dataset"],
 }
 
 

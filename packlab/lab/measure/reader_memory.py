@@ -1,6 +1,6 @@
 """What a reader of a memory-mapped format costs as its shard grows (notebook 04).
 
-Such a reader keeps its per-bin index in its files' pages (:mod:`packlab.formats.table`), so
+Such a reader keeps its per-bin index in its files' pages (:mod:`packlab.formats.read.table`), so
 the memory it owns, its anonymous RSS, should not grow with the number of bins: every rank and
 DataLoader worker opens its own readers, and what one copies is paid by each. Measured from a
 thousand to hundreds of thousands of bins of a small pack size (the index is per bin: a bin's
@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
-from packlab.files import remove
 from packlab.formats import formats_where
 from packlab.lab.measure.pagecache import PAGE, drop_until_cold, resident_map, shard_files
 from packlab.lab.measure.sweep import memory_sweep, shard_path
 from packlab.sources import open_dataset
+from packlab.storage.files import remove
 
 
 def reader_memory(directory: str | os.PathLike[str], sizes: Sequence[int], *,

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from packlab.dataset import PackedDataset
 from packlab.lab.measure.delivery import Sink
 from packlab.lab.measure.jobs import open_items, resolve_via
 from packlab.lab.measure.pagecache import read_all, shard_files
-from packlab.samplers import dataset_blocks, fixed_blocks, reader_blocks
+from packlab.loading.dataset import PackedDataset
+from packlab.loading.samplers import dataset_blocks, fixed_blocks, reader_blocks
 
 CACHES = ("warm", "cold")
 

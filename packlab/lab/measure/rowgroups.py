@@ -4,7 +4,7 @@
   one-row-group cache with a uniform shuffle; packlab's LRU reader with the block-shuffle
   sampler), row-group decodes counted;
 - :func:`row_group_miss`: a random bin whose row group is not decoded yet;
-- :func:`row_group_sweep`: one shard per row-group size (seed 001, "Row Group Size"): write
+- :func:`row_group_sweep`: one shard per row-group size (the RFC's "Row Group Size"): write
   memory, a miss, a block-shuffled epoch and a scan; judged by
   :func:`packlab.lab.measure.access_report.row_group_findings`.
 
@@ -25,10 +25,10 @@ from packlab.errors import PacklabError
 from packlab.lab.measure.delivery import Budget, Sink, percentiles
 from packlab.lab.measure.pagecache import read_all
 from packlab.lab.measure.throughput import SAMPLERS, scan_rate
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler
+from packlab.loading.samplers import BlockShuffleSampler, ShuffleSampler
 
 POLICIES = ("one_row_group", "lru")
-# The RFC's row-group table (seed 001, "Row Group Size").
+# The RFC's row-group table (its "Row Group Size").
 RFC_ROW_GROUPS: dict[int, dict[str, Any]] = {
     100: {"write_memory": 2e6, "read_latency": "Lower", "best_for": "Random access heavy"},
     1000: {"write_memory": 20e6, "read_latency": "Medium", "best_for": "Balanced workloads"},

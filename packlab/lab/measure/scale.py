@@ -59,7 +59,7 @@ def pilot_bytes_per_sequence(directory: Path, pack_size: int, vocab_size: int | 
     (padded memmap_v1 or binidx), from a pilot spool of 20,000 sequences."""
     from packlab.packing import pack
     from packlab.spool import SpoolReader
-    from packlab.synth import synthesize
+    from packlab.spool.synth import synthesize
 
     pilot = directory / "pilot"
     shutil.rmtree(pilot, ignore_errors=True)
@@ -102,7 +102,7 @@ def reads_job(path: str, samples: int, seed: int = 0, batch: int = 8,
     as a collate does: :class:`~packlab.lab.measure.delivery.Sink`), the process's resident
     memory after each pass; then the same bins through plain memory maps."""
     from packlab.lab.measure.delivery import Sink
-    from packlab.samplers import has_own_blocks
+    from packlab.loading.samplers import has_own_blocks
     from packlab.sources import open_dataset
 
     dataset = open_dataset(path)
@@ -164,12 +164,12 @@ def epoch_job(path: str, batch_size: int = 8, workers: int = 2, seed: int = 0,
               rank: int = 0, world_size: int = 1, progress: str | None = None
               ) -> dict[str, Any]:
     """One epoch through a torch DataLoader with the format's recommended sampler
-    (:func:`packlab.samplers.recommended_sampler`), collated into THD batches; a rank of
+    (:func:`packlab.loading.samplers.recommended_sampler`), collated into THD batches; a rank of
     ``world_size`` reads its share of every global batch, as Megatron's samplers give it."""
     import torch
 
-    from packlab.collate import Collator
-    from packlab.samplers import recommended_sampler
+    from packlab.loading.collate import Collator
+    from packlab.loading.samplers import recommended_sampler
     from packlab.sources import open_dataset
 
     dataset = open_dataset(path)
@@ -236,8 +236,8 @@ def legacy_job(spool: str, pack_size: int, out: str, progress: str | None = None
     (the writer keeps them all as Python lists until it saves), bins reported as they are
     kept: under a memory cap the stage stops it and the last report says where."""
     from packlab.formats.legacy_npy_pickle import Writer
-    from packlab.materialize import BinMaterializer
     from packlab.packing import pack
+    from packlab.packing.materialize import BinMaterializer
     from packlab.spool import SpoolReader
 
     reader = SpoolReader(spool)

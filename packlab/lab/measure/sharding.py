@@ -1,8 +1,8 @@
 """The measurements of notebook 08, as tested functions (the notebook only calls and plots).
 
 - :func:`chunks_touched`: which chunks each rank's Megatron indices fall in, against the
-  chunks it owns: the answer to seed 003's open question in one table;
-- :func:`sweep_chunk_sizes`: seed 003's losses and duplicates as samples-per-chunk varies
+  chunks it owns: the answer to the proposal's open question in one table;
+- :func:`sweep_chunk_sizes`: the proposed losses and duplicates as samples-per-chunk varies
   against one global batch (``micro_batch_size * world_size``);
 - :func:`protocol_run`: one real ``torch.distributed`` run with a producer slower than the
   ranks, then more phases (fix with 0 / N workers, the seed design) on complete chunks.
@@ -19,8 +19,8 @@ import numpy as np
 
 from packlab.lab.sharding.coverage import coverage, seed_epoch
 from packlab.lab.sharding.megatron_sampler import rank_indices
-from packlab.sharded.plan import ChunkPlan
-from packlab.sharded.producer import BinSource, ChunkProducer
+from packlab.loading.per_rank.plan import ChunkPlan
+from packlab.loading.per_rank.producer import BinSource, ChunkProducer
 
 
 def chunks_touched(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
@@ -43,7 +43,7 @@ def chunks_touched(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
 def sweep_chunk_sizes(num_samples: int, world_size: int, micro_batch_size: int,
                       chunk_sizes: list[int], *, sampler: str = "single"
                       ) -> list[dict[str, Any]]:
-    """Seed 003's design over one epoch for each samples-per-chunk value."""
+    """The proposed design over one epoch for each samples-per-chunk value."""
     rows = []
     for spc in chunk_sizes:
         plan = ChunkPlan(num_samples=num_samples, samples_per_chunk=int(spc), format="jsonl")
@@ -62,7 +62,7 @@ def protocol_run(root: Path, source: BinSource, plan: ChunkPlan, *, world_size: 
                  ) -> dict[str, Any]:
     """A real run: phase 0 reads chunks a slow producer publishes every ``delay`` s (deleting
     the ones marked completed); then the fix with 0 and ``num_workers`` workers on complete
-    chunks; then seed 003's design (on ``seed_plan`` chunks, if given)."""
+    chunks; then the proposed design (on ``seed_plan`` chunks, if given)."""
     from packlab.lab.sharding.launch import launch, run_phases
 
     slow, ready, complete = root / "slow", root / "ready", root / "complete"

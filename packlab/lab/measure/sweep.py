@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from packlab.errors import PacklabError
-from packlab.files import remove
 from packlab.formats import format_names, get_format
 from packlab.lab.measure.footprint import load_memory, write_memory
 from packlab.lab.measure.pagecache import shard_files
 from packlab.lab.measure.workload import make_workload
+from packlab.storage.files import remove
 
 METRICS = ("peak_rss_growth_bytes", "peak_anon_growth_bytes", "peak_file_growth_bytes",
            "arrow_pool_peak_bytes", "python_heap_peak_bytes", "seconds", "modules_imported")

@@ -45,7 +45,7 @@ from packlab.lab.measure.reading import (
     stream,
     warm,
 )
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler, has_own_blocks
+from packlab.loading.samplers import BlockShuffleSampler, ShuffleSampler, has_own_blocks
 
 SAMPLERS = ("shuffle", "block")
 LOADER_BINS = 2000  # bins the command's DataLoader reads per worker count, by default
@@ -221,7 +221,7 @@ def loader_rates(
     except ImportError:
         raise PacklabError("the DataLoader benchmark needs torch (pip install packlab[torch])"
                            ) from None
-    from packlab.collate import collate
+    from packlab.loading.collate import collate
 
     rows = []
     for n in workers:

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from packlab.files import sha256_file, staged
+from packlab.storage.files import sha256_file, staged
 from packlab.tokenize import (
     ChatTokenizer,
     HFChatTokenizer,

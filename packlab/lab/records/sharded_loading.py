@@ -1,4 +1,4 @@
-"""Notebook 08's record: seed 003's rank-sharded design under Megatron's sampler, the fix."""
+"""Notebook 08's record: the proposed rank-sharded design under Megatron's sampler, the fix."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Counting what an epoch served: how many samples twice (or more), how many never.
 
 :func:`coverage` takes the sample ids each rank served; :func:`seed_epoch` and
-:func:`fixed_epoch` build those ids for seed 003's design under a Megatron sampler and for
+:func:`fixed_epoch` build those ids for the proposed design under a Megatron sampler and for
 packlab's rank-local fix, without I/O (the real-process tests check the same numbers on files).
 """
 
@@ -15,8 +15,8 @@ import numpy as np
 
 from packlab.lab.sharding.megatron_sampler import rank_indices
 from packlab.lab.sharding.seed_design import NOT_SERVED, served_ids
-from packlab.sharded.plan import ChunkPlan
-from packlab.sharded.sampler import RankLocalSampler
+from packlab.loading.per_rank.plan import ChunkPlan
+from packlab.loading.per_rank.sampler import RankLocalSampler
 
 
 @dataclass
@@ -93,7 +93,7 @@ def lost_by_owner(served: Sequence[np.ndarray], plan: ChunkPlan, world_size: int
 def seed_epoch(plan: ChunkPlan, world_size: int, micro_batch_size: int, *,
                sampler: str = "single", epoch: int = 0,
                available: np.ndarray | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """(asked, served) global ids per rank: seed 003's dataset under a Megatron sampler over
+    """(asked, served) global ids per rank: the proposed dataset under a Megatron sampler over
     ``len = num_samples`` (the kindest ``max_total_samples``)."""
     asked, served = [], []
     for rank in range(world_size):

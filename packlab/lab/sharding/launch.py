@@ -7,7 +7,7 @@ caught and shared (so no rank waits on a dead peer), the group is always destroy
 and the parent joins with a deadline, then terminates whatever is left.
 
 :func:`consume` is the job the tests and notebook 08 run: one epoch on one rank through a
-DataLoader (``num_workers`` workers inside the rank), with the rank-local fix or seed 003's
+DataLoader (``num_workers`` workers inside the rank), with the rank-local fix or the proposed
 design under Megatron's sampler; optionally stopping after some steps and resuming from the
 checkpointed ``consumed_samples`` in fresh objects, as a restarted trainer would.
 """
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from packlab.errors import PacklabError, one_line
-from packlab.files import staged
+from packlab.storage.files import staged
 
 Job = Callable[[int, int, dict[str, Any]], dict[str, Any]]
 
@@ -37,7 +37,7 @@ Job = Callable[[int, int, dict[str, Any]], dict[str, Any]]
 # the server forks before it runs anything.
 RANK_START = "forkserver"
 RANK_PRELOAD = ["torch", "torch.distributed", "torch.utils.data", "packlab.lab.sharding.launch",
-                "packlab.sharded.dataset", "packlab.sharded.sampler"]
+                "packlab.loading.per_rank.dataset", "packlab.loading.per_rank.sampler"]
 
 
 def free_port() -> int:
@@ -177,9 +177,9 @@ def run_phases(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, 
 
 
 def collate_in_worker(items: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`~packlab.sharded.dataset.collate_ids` plus the pid of the process that ran it
+    """:func:`~packlab.loading.per_rank.dataset.collate_ids` plus the pid of the process that ran it
     (a DataLoader worker when ``num_workers > 0``)."""
-    from packlab.sharded.dataset import collate_ids
+    from packlab.loading.per_rank.dataset import collate_ids
 
     return {**collate_ids(items), "worker_pid": os.getpid()}
 
@@ -200,8 +200,8 @@ def _loader(dataset: Any, batch_sampler: Any, config: dict[str, Any]) -> Any:
 
 def _rank_local(rank: int, world_size: int, config: dict[str, Any], consumed: int
                 ) -> tuple[Any, Any, Any]:
-    from packlab.sharded.dataset import RankShardedDataset
-    from packlab.sharded.sampler import RankLocalSampler
+    from packlab.loading.per_rank.dataset import RankShardedDataset
+    from packlab.loading.per_rank.sampler import RankLocalSampler
 
     dataset = RankShardedDataset(config["directory"], poll_interval=config.get(
         "poll_interval", 0.02), timeout=config.get("timeout", 30.0),
@@ -301,10 +301,10 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
 
 
 def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
-    """Seed 003's dataset under ``MegatronPretrainingSampler`` (global indices)."""
+    """The proposed dataset under ``MegatronPretrainingSampler`` (global indices)."""
     from packlab.lab.sharding.megatron_sampler import MegatronPretrainingSampler
     from packlab.lab.sharding.seed_design import SeedLazyShardedDataset
-    from packlab.sharded.dataset import wait_for_plan
+    from packlab.loading.per_rank.dataset import wait_for_plan
 
     began = time.perf_counter()
     plan = wait_for_plan(Path(config["directory"]), poll_interval=0.02,

@@ -1,4 +1,4 @@
-"""Seed 003's ``LazyShardedDataset`` as written, kept only to measure what it does. Do not use.
+"""The proposed ``LazyShardedDataset`` as written, kept only to measure what it does. Do not use.
 
 Its ``__getitem__(idx)`` takes a *global* index: chunk ``idx // samples_per_chunk``, offset
 ``idx % samples_per_chunk``. When that chunk is not this rank's (``chunk % world_size !=
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from packlab.bins import PackedBin
-from packlab.sharded.chunks import load_chunk
-from packlab.sharded.plan import ChunkPlan, check_world, chunk_path, marker_path
+from packlab.loading.per_rank.chunks import load_chunk
+from packlab.loading.per_rank.plan import ChunkPlan, check_world, chunk_path, marker_path
 
 NOT_SERVED = -1  # the request raised IndexError
 
@@ -56,7 +56,7 @@ def served_ids(indices: np.ndarray, plan: ChunkPlan, rank: int, world_size: int,
 
 
 class SeedLazyShardedDataset:
-    """Seed 003's dataset, on real chunk files (see the module docstring).
+    """The proposed dataset, on real chunk files (see the module docstring).
 
     The only change: ``max_wait_time`` must be positive (the seed's default 0 waits forever
     for a chunk that never comes, a hang). Its items carry ``sample_id`` (what was served) and

@@ -1,7 +1,7 @@
 """packlab's answer beside what the training stack reads today, with the run's numbers.
 
 Two things, both printed by the report and the README: what each stack reads, released,
-proposed or planned (:func:`stack_inputs_table`, from :mod:`packlab.formats.stacks`), and
+proposed or planned (:func:`stack_inputs_table`, from :mod:`packlab.formats.shared.stacks`), and
 packlab's recommendation for local training set beside packed Parquet as Megatron-Bridge reads
 it (its one-row-group cache under a shuffled epoch, notebook 05) and beside the planned prefix
 path (a spool exported once as a Megatron prefix, repacked by index; notebook 03)
@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from packlab.formats import format_names, get_format, stacks
+from packlab.formats import format_names, get_format
+from packlab.formats.shared import stacks
 from packlab.lab.measure.verdicts import NOT_MEASURED
 from packlab.lab.records import RandomAccess, WriteFormats, of_run
 from packlab.lab.summaries import decide, front

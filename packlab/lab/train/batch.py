@@ -2,7 +2,7 @@
 
 Two collate styles build a packed batch, and a trainer must read both the same way:
 
-- packlab's own (:func:`packlab.collate.collate`): ``cu_seqlens`` int32, each row ``-1``
+- packlab's own (:func:`packlab.loading.collate.collate`): ``cu_seqlens`` int32, each row ``-1``
   terminated (and, with ``cu_seqlens_size``, padded by repeating its last value first); with
   ``pad_seq_to_mult`` the physical offsets are ``cu_seqlens`` and the logical ones
   ``cu_seqlens_unpadded``;
@@ -27,8 +27,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from packlab.collate import Collator
 from packlab.errors import PacklabError
+from packlab.loading.collate import Collator
 
 #: the batch keys holding physical cumulative offsets, in the order they are looked for
 OFFSET_KEYS = ("cu_seqlens_q_padded", "cu_seqlens_q", "cu_seqlens")

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from packlab.collate import Collator
 from packlab.interop.hf_batch import IGNORE_INDEX
 from packlab.lab.train.hf_model import CPU_ATTENTIONS
 from packlab.lab.train.hf_report import TOLERANCE
+from packlab.loading.collate import Collator
 
 #: the ways of calling the model that lose the boundaries, measured with ``sdpa``
 TRAPS: dict[str, dict[str, Any]] = {

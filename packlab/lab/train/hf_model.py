@@ -4,7 +4,7 @@ Nothing is downloaded: the model is a ``LlamaConfig`` built here from the plain-
 :class:`~packlab.lab.train.model.ModelConfig` (a few layers, a small width, CPU, float32) with
 weights fixed by its seed, and the tokenizer a ``tokenizers`` word-level
 vocabulary whose tokens are the ids themselves (``"<17>"`` is id 17) plus the synthetic
-profiles' special tokens (:func:`packlab.synth.special_tokens`). Text never goes through it:
+profiles' special tokens (:func:`packlab.spool.synth.special_tokens`). Text never goes through it:
 TRL's ``SFTTrainer`` asks its processing class only for the pad and EOS tokens, and the model's
 config agrees with it on both (so TRL has nothing to realign).
 """
@@ -18,7 +18,7 @@ import torch
 from packlab.errors import PacklabError
 from packlab.lab import hf_quiet  # noqa: F401  (tqdm.auto settled before transformers loads)
 from packlab.lab.train.model import ModelConfig
-from packlab.synth import special_tokens
+from packlab.spool.synth import special_tokens
 
 #: attention implementations that run on CPU, in the order they are tried
 CPU_ATTENTIONS = ("sdpa", "eager", "flex_attention")

@@ -51,7 +51,7 @@ def boundary_text(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def hf_findings(n: Mapping[str, Any]) -> list[dict[str, str]]:
-    """The claims of issue 26 against what the runs measured."""
+    """The Hugging Face study's claims against what the runs measured."""
     trl_rows = n["rows"]["trl_packs"]
     steps = len(n["losses"]["trl_packs"])
     kept = _rows_of(n, traps=False)

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from packlab.collate import Collator
 from packlab.interop.hf_dataset import PrepackedExamples, hf_dataset
 from packlab.lab.hf_quiet import quiet
 from packlab.lab.train.hf_model import build_llama, id_tokenizer
 from packlab.lab.train.model import ModelConfig, deterministic
+from packlab.loading.collate import Collator
 from packlab.spool import SpoolReader
 
 

@@ -91,7 +91,7 @@ def findings(
     trap: Mapping[str, Any],
     attention: Mapping[str, Any],
 ) -> list[dict[str, str]]:
-    """The claims of issue 14 against what the runs measured."""
+    """The training study's claims against what the runs measured."""
     worst = max(s["wait_added"] for s in spread.values())
     memory = memory_split(rows)
     startup = startup_split(rows)

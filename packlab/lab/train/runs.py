@@ -33,7 +33,7 @@ from packlab.lab.measure.jobs import format_imports
 from packlab.lab.train.batch import make_collator, thd_view
 from packlab.lab.train.loop import train
 from packlab.lab.train.model import ModelConfig, build_model, deterministic, masked_loss
-from packlab.samplers import BlockShuffleSampler, ShuffleSampler
+from packlab.loading.samplers import BlockShuffleSampler, ShuffleSampler
 from packlab.sources import local_shards, open_dataset
 
 

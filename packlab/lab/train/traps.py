@@ -1,7 +1,7 @@
 """The two ways a packed trainer goes wrong without noticing, made measurable.
 
 **The loss-mask trap.** The design documents' materialize example rolls the whole bin's raw
-mask right by one (:func:`packlab.materialize.roll_whole_bin`) instead of aligning it per
+mask right by one (:func:`packlab.packing.materialize.roll_whole_bin`) instead of aligning it per
 sub-sequence. :class:`RolledMaskDataset` serves the same bins with that mask, so a run can
 train on it; :func:`roll_counts` counts, over the bins a run trained, what the roll changes:
 targets it adds and misses among the positions a THD batch holds, the loss bits it borrows
@@ -29,8 +29,8 @@ import torch
 from packlab.errors import PacklabError
 from packlab.lab.train.batch import ThdView, thd_view
 from packlab.lab.train.model import TinyDecoder, build_model, masked_loss
-from packlab.materialize import BinMaterializer, bin_masks
 from packlab.packing import BinAssignment
+from packlab.packing.materialize import BinMaterializer, bin_masks
 from packlab.spool import SpoolReader
 
 

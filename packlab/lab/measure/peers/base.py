@@ -22,7 +22,7 @@ import numpy as np
 
 from packlab.bins import PackedBin
 from packlab.errors import PacklabError
-from packlab.formats.arrow_lists import BinColumns
+from packlab.formats.shared.arrow_lists import BinColumns
 from packlab.lab.measure.delivery import returned_arrays
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -69,7 +69,7 @@ def reference_from(spool: Any, assignment: Any) -> Reference:
     """The bins of ``assignment`` over ``spool`` (a :class:`packlab.spool.SpoolReader`),
     materialized once into RAM."""
     from packlab.lab.measure.compression import collect_columns
-    from packlab.materialize import iter_bins
+    from packlab.packing.materialize import iter_bins
 
     return Reference(collect_columns(iter_bins(spool, assignment)), int(assignment.pack_size),
                      spool.vocab_size, spool, assignment)

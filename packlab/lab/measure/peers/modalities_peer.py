@@ -1,7 +1,7 @@
 """Modalities 0.5: a plain packed data file (``.pbin``), one document per bin, tokens only.
 
 The file Modalities' ``pack_encoded_data`` writes (header, tokens in the vocabulary's width,
-pickled ``(offset, length)`` index: :mod:`packlab.formats.modalities`), with no packlab
+pickled ``(offset, length)`` index: :mod:`packlab.formats.pbin.codec`), with no packlab
 trailer; read by Modalities' own ``PackedMemMapDatasetBase(path, sample_key="input_ids")``,
 which returns the tokens as int64.
 """
@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packlab.files import staged
-from packlab.formats.modalities import (
+from packlab.formats.pbin.codec import (
     TOKEN_DTYPES,
     IndexWriter,
     finish_output,
@@ -21,6 +20,7 @@ from packlab.formats.modalities import (
     token_width_for,
 )
 from packlab.lab.measure.peers.base import TOKENS_ONLY, Opened, Peer, Reference
+from packlab.storage.files import staged
 
 FILE = "bins.pbin"
 

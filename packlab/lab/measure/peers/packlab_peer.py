@@ -14,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 
-from packlab.discovery import find_shards
 from packlab.errors import PacklabError
 from packlab.lab.measure.peers.base import Opened, Peer, Reference
 from packlab.lab.measure.reading import data_files
+from packlab.loading.discovery import find_shards
 from packlab.pipeline.shards import write_shards
 from packlab.sources import open_dataset
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from packlab.formats.arrow_lists import BinColumns
+from packlab.formats.shared.arrow_lists import BinColumns
 from packlab.lab.measure.peers.base import Opened, Peer, Reference
 
 ARRAYS = BinColumns._fields
