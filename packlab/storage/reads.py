@@ -141,15 +141,21 @@ class FileColumn:
 _OPENED: weakref.WeakValueDictionary[tuple[int, ...], ReadFile] = weakref.WeakValueDictionary()
 
 
-def opened(path: str | os.PathLike[str]) -> ReadFile:
-    """This process's :class:`ReadFile` of ``path``, shared by every reader that asks while one
-    holds it: the same file (device, inode, size, modification time) is opened once, a file
-    replaced since is opened anew."""
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int, int, int]:
+    """What makes two opens the same file: device, inode, size and modification time (a file
+    replaced or rewritten since is another)."""
     try:
         st = os.stat(path)
     except OSError as exc:
         raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def opened(path: str | os.PathLike[str]) -> ReadFile:
+    """This process's :class:`ReadFile` of ``path``, shared by every reader that asks while one
+    holds it: the same file (device, inode, size, modification time) is opened once, a file
+    replaced since is opened anew."""
+    key = file_identity(path)
     file = _OPENED.get(key)
     if file is None:
         file = _OPENED[key] = ReadFile(path)
@@ -348,11 +354,7 @@ def mapped(path: str | os.PathLike[str]) -> MappedFile:
     that asks while one holds it: the same file (device, inode, size, modification time) is
     mapped once, a file replaced since is mapped anew. Its descriptor closes when the last
     reader lets it go; nobody closes it by hand."""
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise FormatError(f"{path}: cannot open: {exc.strerror}") from None
-    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = file_identity(path)
     file = _SHARED.get(key)
     if file is None:
         file = _SHARED[key] = MappedFile(path)

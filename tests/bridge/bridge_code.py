@@ -95,33 +95,6 @@ def cuda_flags_on_cpu() -> Iterator[None]:
         torch.tensor = real
 
 
-class Tokenizer:
-    """What Bridge's packed datasets and packer read of a tokenizer: the EOS id."""
-
-    def __init__(self, eos_id: int) -> None:
-        self.eos_id = eos_id
-        self.eod = eos_id
-
-
-class SpoolAsTokenizedDataset:
-    """A packlab spool as the tokenized split Bridge's offline packer asks its
-    ``dataset_builder`` for: items ``{"input_ids", "loss_mask"}`` (lists, the mask unshifted,
-    as Bridge's SFT datasets give it), a ``tokenizer`` with ``eod`` and
-    ``pad_seq_length_to_mult``."""
-
-    def __init__(self, spool: Any, eos_id: int, pad_seq_length_to_mult: int) -> None:
-        self.spool = spool
-        self.tokenizer = Tokenizer(eos_id)
-        self.pad_seq_length_to_mult = pad_seq_length_to_mult
-
-    def __len__(self) -> int:
-        return self.spool.num_sequences
-
-    def __getitem__(self, i: int) -> dict[str, list[int]]:
-        tokens, mask = self.spool.read_sequence(i)
-        return {"input_ids": tokens.tolist(), "loss_mask": mask.tolist()}
-
-
 def same_item(theirs: dict[str, Any], ours: dict[str, Any]) -> bool:
     """Two packed items equal key for key and value for value (lists or arrays alike)."""
     import numpy as np

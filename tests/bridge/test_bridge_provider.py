@@ -25,7 +25,6 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 from bridge_code import (
-    Tokenizer,
     assert_same_batch,
     cuda_flags_on_cpu,
     import_bridge,
@@ -39,6 +38,7 @@ from packlab.errors import PacklabError
 from packlab.formats import format_names
 from packlab.interop.bridge_dataset import BridgeSFTDataset, bridge_samples_mapping
 from packlab.interop.bridge_metadata import PACK_METADATA_FILE
+from packlab.lab.interop_inputs import BridgeTokenizer
 from packlab.lab.sharding.launch import free_port
 from packlab.sources import open_dataset
 
@@ -131,7 +131,7 @@ def iterators(bridge: Any, group: Any, dataset_config: Any, *, consumed: int = 0
         validation=training.ValidationConfig(eval_interval=4 if eval_iters else None,
                                              eval_iters=eval_iters), dataset=dataset_config)
     dataset_config.finalize()
-    build = partial(bridge.utils.get_dataset_provider(dataset_config), tokenizer=Tokenizer(EOS))
+    build = partial(bridge.utils.get_dataset_provider(dataset_config), tokenizer=BridgeTokenizer(EOS))
     with cuda_flags_on_cpu():
         return bridge.loaders.build_train_valid_test_data_iterators(
             cfg, bridge.state.TrainState(consumed_train_samples=consumed), build, group)
@@ -167,7 +167,7 @@ def test_get_dataset_provider_adapts_the_provider(bridge: Any, provider_class: t
     assert isinstance(provider, bridge.base.DatasetProvider)
     build = bridge.utils.get_dataset_provider(provider)
     assert build.__name__ == "protocol_adapter"  # Bridge's adapter, not one of its builders
-    train, valid, test = build([100, 0, 0], provider, tokenizer=Tokenizer(EOS))
+    train, valid, test = build([100, 0, 0], provider, tokenizer=BridgeTokenizer(EOS))
     assert valid is None and test is None
     ours = open_dataset(out["binidx"])
     assert isinstance(train, BridgeSFTDataset) and len(train) == len(ours)
@@ -183,7 +183,7 @@ def test_the_samples_mapping_is_bridges(bridge: Any, out: dict[str, Path], refer
     generator; packlab draws the same permutations and leaves the global generator alone."""
     data = out["parquet"] if reference == "parquet" else npy_file(out)
     theirs = bridge.builders.build_gpt_sft_split(
-        str(data), tokenizer=Tokenizer(EOS), seq_length=PACK, memmap_workers=1, seed=SEED,
+        str(data), tokenizer=BridgeTokenizer(EOS), seq_length=PACK, memmap_workers=1, seed=SEED,
         packed_sequence_size=PACK, pack_metadata_path=data.parent / PACK_METADATA_FILE,
         dataset_kwargs={"max_num_samples": samples})
     state = np.random.get_state()[1].copy()
@@ -251,9 +251,9 @@ def test_negative_indices_are_bridges_padding_samples(bridge: Any, provider_clas
     provider's dataset gives Bridge's own batches, padding rows training nothing."""
     provider = provider_class(path=str(out["memmap_v1"]), seq_length=PACK, seed=SEED)
     (ours, _, _) = provider.build_datasets(bridge.base.DatasetBuildContext(0, 0, 0,
-                                                                           Tokenizer(EOS)))
+                                                                           BridgeTokenizer(EOS)))
     theirs = bridge.builders.build_gpt_sft_split(
-        str(out["parquet"]), tokenizer=Tokenizer(EOS), seq_length=PACK, memmap_workers=1,
+        str(out["parquet"]), tokenizer=BridgeTokenizer(EOS), seq_length=PACK, memmap_workers=1,
         seed=SEED, packed_sequence_size=PACK, pad_seq_to_mult=1)
     assert len(ours) == len(theirs) and len(ours) % GBS != 0
     padded = 0
@@ -313,7 +313,7 @@ def test_a_layout_gives_its_splits(bridge: Any, provider_class: type, group: Any
     provider = provider_class(path=str(layout), seq_length=PACK, seed=SEED, **LOADER,
                               dataloader_type=dataloader_type)
     train, valid, test = provider.build_datasets(
-        bridge.base.DatasetBuildContext(0, 0, 0, Tokenizer(EOS)))
+        bridge.base.DatasetBuildContext(0, 0, 0, BridgeTokenizer(EOS)))
     assert test is None
     for dataset, split in ((train, "train"), (valid, "valid")):
         expected = open_dataset(layout, split=split)
@@ -336,7 +336,7 @@ def test_object_storage_trains_as_local(bridge: Any, provider_class: type, out: 
     upload_tree(out["parquet"], f"s3://{BUCKET}/bridge/parquet")
     upload_tree(out["binidx"], f"s3://{BUCKET}/bridge/binidx")
     upload_layout(layout, f"s3://{BUCKET}/bridge/layout")
-    context = bridge.base.DatasetBuildContext(0, 0, 0, Tokenizer(EOS))
+    context = bridge.base.DatasetBuildContext(0, 0, 0, BridgeTokenizer(EOS))
     for name, local in (("parquet", out["parquet"]), ("binidx", out["binidx"]),
                         ("layout", layout)):
         remote = provider_class(path=f"s3://{BUCKET}/bridge/{name}", seq_length=PACK,
@@ -357,7 +357,7 @@ def test_object_storage_trains_as_local(bridge: Any, provider_class: type, out: 
 # -- what it refuses -------------------------------------------------------------------------
 def test_bad_settings_are_one_clear_line(bridge: Any, provider_class: type,
                                          out: dict[str, Path], layout: Path) -> None:
-    context = bridge.base.DatasetBuildContext(10, 0, 0, Tokenizer(EOS))
+    context = bridge.base.DatasetBuildContext(10, 0, 0, BridgeTokenizer(EOS))
     cases = [
         ({"path": str(out["pbin"]), "seq_length": PACK - 2},
          r"pbin: bins of up to 512 tokens \(511 positions\) do not fit seq_length 510"),

@@ -10,7 +10,7 @@ writer). One module of Bridge's is a stand-in, the LoRA layers that import Trans
 
 The tokenizer given to Bridge is an object with ``eos_id``/``eod`` (all its packed datasets
 and packer read), and Bridge's packer gets its tokenized split from a ``dataset_builder``
-that serves a packlab spool's sequences (``SpoolAsTokenizedDataset``): the packing, padding,
+that serves a packlab spool's sequences (``TokenizedSpool``): the packing, padding,
 loss alignment and writing are Bridge's.
 """
 
@@ -26,8 +26,6 @@ import numpy as np
 import pytest
 import torch
 from bridge_code import (
-    SpoolAsTokenizedDataset,
-    Tokenizer,
     assert_same_batch,
     import_bridge,
     same_item,
@@ -42,6 +40,7 @@ from packlab.interop.bridge_metadata import (
     metadata_of_bins,
     read_pack_metadata,
 )
+from packlab.lab.interop_inputs import BridgeTokenizer, TokenizedSpool
 from packlab.loading.collate import Collator
 from packlab.sources import open_dataset, open_shard
 from packlab.spool import SpoolReader, SpoolWriter
@@ -93,7 +92,7 @@ def bridge_split(bridge: Any, path: Path, **options: Any) -> Any:
     dataset_kwargs = {key: options.pop(key) for key in ("pad_to_max_length", "answer_only_loss")
                       if key in options}
     return bridge.builders.build_gpt_sft_split(
-        str(path), tokenizer=Tokenizer(EOS), seq_length=PACK_SIZE, memmap_workers=1, seed=0,
+        str(path), tokenizer=BridgeTokenizer(EOS), seq_length=PACK_SIZE, memmap_workers=1, seed=0,
         packed_sequence_size=PACK_SIZE, pad_seq_to_mult=options.pop("pad_seq_to_mult", 1),
         dataset_kwargs=dataset_kwargs, **options)
 
@@ -233,14 +232,14 @@ def bridge_packed(bridge: Any, spool: SpoolReader, tmp_path_factory: pytest.Temp
 
     def make(suffix: str, mult: int) -> tuple[Path, Path]:
         if (suffix, mult) not in made:
-            def builder(path: Path, **kwargs: Any) -> SpoolAsTokenizedDataset:
-                return SpoolAsTokenizedDataset(
+            def builder(path: Path, **kwargs: Any) -> TokenizedSpool:
+                return TokenizedSpool(
                     spool, EOS, kwargs["dataset_kwargs"]["pad_seq_length_to_mult"])
 
             data, meta = root / f"train_{mult}.{suffix}", root / f"metadata_{mult}_{suffix}.json"
             bridge.offline.prepare_gpt_sft_packed_data(
                 input_path=root / "train.jsonl", output_path=data, output_metadata_path=meta,
-                packed_sequence_size=PACK_SIZE, tokenizer=Tokenizer(EOS),
+                packed_sequence_size=PACK_SIZE, tokenizer=BridgeTokenizer(EOS),
                 max_seq_length=PACK_SIZE, seed=0, pad_seq_to_mult=mult,
                 dataset_builder=builder)
             made[suffix, mult] = data, meta

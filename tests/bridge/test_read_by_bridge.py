@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from bridge_code import Tokenizer, import_bridge
+from bridge_code import import_bridge
 from test_read_by import EOS, PACK_SIZE, assert_reads_every_bin, declared_by, packed
+
+from packlab.lab.interop_inputs import BridgeTokenizer
 
 __all__ = ["packed"]  # the fixture, shared
 
@@ -23,7 +25,7 @@ def _megatron_bridge(out: Path) -> list[np.ndarray]:
     rows = []
     for source in sources:
         dataset = bridge.builders.build_gpt_sft_split(
-            str(source), tokenizer=Tokenizer(EOS), seq_length=PACK_SIZE, memmap_workers=1,
+            str(source), tokenizer=BridgeTokenizer(EOS), seq_length=PACK_SIZE, memmap_workers=1,
             seed=0, packed_sequence_size=PACK_SIZE, pad_seq_to_mult=1, dataset_kwargs={})
         rows += [np.asarray(dataset[i]["input_ids"]) for i in range(len(dataset))]
     return rows
