@@ -99,3 +99,39 @@ def test_a_writer_holds_the_same_whatever_the_spool_size(name: str, spool: Spool
     assert spool_bytes > 2 * HELD
     assert grown["whole"][0] - grown["small"][0] < HELD / 2
     assert grown["whole"][1] < HELD / 4
+
+
+def _bytes_read() -> int:
+    """What this process has read by read(2) and pread(2) so far (``/proc/self/io``)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("/proc/self/io has no rchar")
+
+
+
+def test_a_spool_is_verified_once_a_process_while_unchanged(tmp_path: Path) -> None:
+    """Every shard of an output that shares a spool verifies it (at the RFC's scale, 86
+    ``packed_index`` shards each hashed and scanned the same 14 GB spool): once a process, while
+    its files are unchanged; a file changed since is checked again."""
+    from packlab.errors import FormatError
+
+    spool = synthesize(tmp_path / "spool", num_sequences=20_000, profile="short", seed=4)
+    size = sum(p.stat().st_size for p in spool.root.iterdir() if p.is_file())
+    before = _bytes_read()
+    SpoolReader(spool.root).verify()
+    first = _bytes_read() - before
+    before = _bytes_read()
+    for _ in range(10):  # as ten shards over it would
+        SpoolReader(spool.root).verify()
+    again = _bytes_read() - before
+    print(f"verify read {first / MiB:.1f} MiB, then {again / MiB:.2f} MiB for ten more")
+    assert first > size / 2 and again < size / 20
+    tokens = next(p for p in spool.root.iterdir() if p.name.startswith("tokens"))
+    with open(tokens, "r+b") as f:  # one byte changed in place: same size, another mtime
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(FormatError, match="checksum mismatch"):
+        SpoolReader(spool.root).verify()

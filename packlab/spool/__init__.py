@@ -71,7 +71,7 @@ from packlab.storage.files import (
     read_versioned_json,
     sha256_file,
 )
-from packlab.storage.reads import in_pieces, mapped
+from packlab.storage.reads import file_identity, in_pieces, mapped
 
 SPOOL_VERSION = "spool_v1"
 DTYPES = {
@@ -91,6 +91,9 @@ KNOWN_KEYS = frozenset({"version", "num_sequences", *COUNT_KEYS, "dtypes",
 _FLUSH_TOKENS = 1 << 20
 RANGE_SEQUENCES = 8192  # sequences per range checksum (13M sequences: 1,600 ranges)
 
+
+#: spools verified in this process, by what their verification depends on (``_identity``)
+_VERIFIED: set[tuple[Any, ...]] = set()
 
 class SpoolWriter:
     """Streaming spool writer; keyword-only, a context manager.
@@ -450,7 +453,28 @@ class SpoolReader(SpoolCustody):
 
     def verify(self) -> None:
         """Full check: checksums, offsets consistent with lengths, masks 0/1, tokens in range
-        (and a prefix's document indices); a prefix without masks is checked without them."""
+        (and a prefix's document indices); a prefix without masks is checked without them.
+
+        Once a process while the spool's files are unchanged (device, inode, size, modification
+        time of each): the shards of one output that share a spool each ask for it, and at 13M
+        sequences each check is a pass over 14 GB."""
+        key = self._identity()
+        if key is not None and key in _VERIFIED:
+            return
+        self._verify()
+        if key is not None:
+            _VERIFIED.add(key)
+
+    def _identity(self) -> tuple[Any, ...] | None:
+        """What the spool's verification depends on: its record's files, as they are now
+        (``None`` for a spool whose record lists none, such as a Megatron prefix)."""
+        names = sorted(self.record.get("files", {}))
+        if not names:
+            return None
+        return (str(self.root.resolve()), json.dumps(self.record, sort_keys=True, default=str),
+                *(file_identity(self.root / name) for name in names))
+
+    def _verify(self) -> None:
         for name, entry in self.record.get("files", {}).items():
             digest = sha256_file(self.root / name)
             if digest != entry.get("sha256"):
