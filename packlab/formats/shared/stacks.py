@@ -97,9 +97,8 @@ PRETOKENIZED_PREFIX = StackInput(
     where="`megatron/core/datasets/sft_dataset.py`",
     written_by="`packlab export` (and `packed_index` to pack or repack over it)",
     change="pull request #5017",
-    also=("its earlier stage `1a28a58dd5e02c059509242a090b08c02e7b43d8` (role markers without "
-          "tool calls); Megatron-Bridge issue #4351 asks for offline tokenization into "
-          "`.bin/.idx` and index-only packing"))
+    also=("Megatron-Bridge issue #4351 asks for offline tokenization into `.bin/.idx` and "
+          "index-only packing"))
 PREPARED_PLAN = StackInput(
     name="prepared SFT prefix", stack=BRIDGE, status=PLANNED,
     reads=("pre-tokenized `.bin/.idx` as its prepared text SFT data (\"planned, not available "
