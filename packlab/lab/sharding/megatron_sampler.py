@@ -2,7 +2,7 @@
 
 Reimplemented (vectorized) from the behaviour of ``MegatronPretrainingSampler`` and
 ``MegatronPretrainingRandomSampler`` in Megatron-LM's ``megatron/training/datasets/
-data_samplers.py`` (formerly ``megatron/legacy/data/data_samplers.py``), so packlab can answer
+data_samplers.py``, so packlab can answer
 the proposal's open question without importing Megatron's training stack. Megatron-Bridge 0.6.2
 ships the same two samplers (``megatron/bridge/data/samplers.py``);
 ``tests/bridge/test_megatron_samplers.py`` runs them beside these over every rank, several
