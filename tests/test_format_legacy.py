@@ -199,6 +199,27 @@ def test_a_pickle_that_crashes_numpy_is_refused(tmp_path: Path) -> None:
     assert subprocess.run([sys.executable, "-c", code], capture_output=True).returncode < 0
 
 
+def test_a_memo_index_far_beyond_the_stream_is_refused_before_loading(tmp_path: Path) -> None:
+    """One flipped byte of a LONG_BINPUT (a fuzz case) asks the unpickler for a memo of 2.5
+    billion entries (20 GB): refused by the walk before the load, in a process capped at 2 GiB
+    of address space, where the load would end in a MemoryError instead."""
+    path = tmp_path / "memo.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(
+            f, {"descr": "|O", "fortran_order": False, "shape": (1,)})
+        f.write(b"\x80\x02]r" + (1_258_310_400).to_bytes(4, "little") + b".")
+    code = ("import resource, sys\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))\n"
+            "from packlab.codecs.safe_pickle import load_pickled_npy\n"
+            "from packlab.errors import FormatError\n"
+            f"try:\n    load_pickled_npy({str(path)!r})\n"
+            "except FormatError as exc:\n    print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    assert done.stdout.strip() == (f"{path}: corrupted pickle: memo index 1258310400 at byte 131, "
+                                   "3 bytes into the stream")
+
+
 @pytest.mark.parametrize("payload, message", [
     (np.array([1.5]), "dtype 'f8' is not one packed data uses"),
     (np.zeros(2, dtype="V4"), "dtype 'V4' is not one packed data uses"),

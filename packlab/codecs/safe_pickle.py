@@ -12,6 +12,11 @@ the state it is handed, and a damaged stream can crash it.
 
 Any other failure of a corrupted stream (truncation, flipped bits: the unpickler can raise
 almost any exception type) becomes a :class:`~packlab.errors.FormatError` naming the file.
+One failure is not an exception: a memo index far beyond the stream's objects (one flipped byte
+of a ``LONG_BINPUT``) makes CPython's unpickler size its memo to twice that index before
+storing anything (8 bytes an entry: 20 GB for an index of 1.26 billion), so the process swaps or
+is killed. So every stream is walked once before it is loaded (:func:`check_memo`, opcodes
+read with :mod:`pickletools`' argument readers) and such an index is refused, naming the byte.
 
 :func:`restricted_load` with :data:`NO_GLOBALS` reads a pickle of plain lists, tuples and ints
 (the Modalities pbin index, :mod:`packlab.formats.pbin.codec`) and refuses every global.
@@ -19,9 +24,13 @@ almost any exception type) becomes a :class:`~packlab.errors.FormatError` naming
 
 from __future__ import annotations
 
+import io
 import math
+import mmap
 import os
 import pickle
+import pickletools
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, BinaryIO, NamedTuple
@@ -189,6 +198,7 @@ def restricted_load(fp: BinaryIO, *, source: str,
     stream can raise almost any exception type; a flipped length field ends in a clean
     "truncated" or MemoryError). Read straight from the file, so the load costs the objects,
     not a second copy of the bytes."""
+    check_memo(fp, source=source, what=what)
     try:
         return RestrictedUnpickler(fp, source=source, allowed=allowed, needs=needs,
                                    what=what).load()
@@ -200,6 +210,83 @@ def restricted_load(fp: BinaryIO, *, source: str,
         raise FormatError(
             f"{source}: corrupted or truncated {what}: {type(exc).__name__}: {exc}"
         ) from None
+
+
+# Runs of opcodes with no argument or a fixed-size one that cannot make the memo large (ints,
+# tuples, marks, appends, memo reads, MEMOIZE, BINPUT's one-byte index): skipped by one match
+# of a regular expression, so the walk makes a Python step per string, frame or global, not
+# per int of a token list (about 100 ns an opcode: a list of ints walks in 1-1.5x its load).
+_PLAIN_RUN = re.compile(
+    rb"(?:(?:J[\x00-\xff]{4})++|(?:K[\x00-\xff])++|(?:M[\x00-\xff]{2})++"
+    rb"|j[\x00-\xff]{4}|[hq][\x00-\xff]|[\x85\x86\x87\x94(eaus\]})\x88\x89NtldbR\x93]++)++")
+_LONG_BINPUT = ord("r")
+_PUT_BY_INDEX = frozenset({"PUT", "LONG_BINPUT"})
+
+
+class _Cursor:
+    """The two calls :mod:`pickletools`' argument readers make, over a buffer."""
+
+    __slots__ = ("buffer", "at")
+
+    def __init__(self, buffer: Any, at: int) -> None:
+        self.buffer, self.at = buffer, at
+
+    def read(self, n: int) -> bytes:
+        data = bytes(self.buffer[self.at:self.at + n])
+        self.at += len(data)
+        return data
+
+    def readline(self) -> bytes:
+        end = self.buffer.find(b"\n", self.at)
+        end = len(self.buffer) if end < 0 else end + 1
+        return self.read(end - self.at)
+
+
+def check_memo(fp: BinaryIO, *, source: str, what: str = "pickle") -> None:
+    """Refuse a pickle that stores a memo entry under an index beyond the bytes before it (no
+    pickler numbers its entries faster than one a byte: the index is damage, and the unpickler
+    would allocate memory for every index below it); ``fp`` is left where it was. The walk
+    reads the stream's opcodes in place (a map of the file, or a BytesIO's buffer)."""
+    start = fp.tell()
+    if isinstance(fp, io.BytesIO):  # getvalue shares the bytes it was made from
+        _walk(fp.getvalue(), start, source, what)
+        return
+    with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as buffer:
+        _walk(buffer, start, source, what)
+
+
+def _walk(buffer: Any, start: int, source: str, what: str) -> None:
+    at, end = start, len(buffer)
+    while at < end:
+        run = _PLAIN_RUN.match(buffer, at)
+        if run is not None:
+            at = run.end()
+            continue
+        if buffer[at] == _LONG_BINPUT and at + 5 <= end:  # a protocol-2/3 pickle's every object
+            _check_index(int.from_bytes(buffer[at + 1:at + 5], "little"), at, start, source, what)
+            at += 5
+            continue
+        opcode = pickletools.code2op.get(chr(buffer[at]))
+        if opcode is None:
+            raise FormatError(f"{source}: corrupted {what}: opcode {buffer[at]:#04x} at byte {at}")
+        cursor = _Cursor(buffer, at + 1)
+        try:
+            arg = opcode.arg.reader(cursor) if opcode.arg is not None else None
+        except ValueError as exc:
+            raise FormatError(f"{source}: corrupted or truncated {what}: {opcode.name} at byte "
+                              f"{at}: {one_line(exc, 200)}") from None
+        if opcode.name in _PUT_BY_INDEX:
+            _check_index(int(arg), at, start, source, what)
+        if opcode.name == "STOP":
+            return
+        at = cursor.at
+    raise FormatError(f"{source}: truncated {what}: no STOP opcode")
+
+
+def _check_index(index: int, at: int, start: int, source: str, what: str) -> None:
+    if index > at - start:
+        raise FormatError(f"{source}: corrupted {what}: memo index {index} at byte {at}, "
+                          f"{at - start} bytes into the stream")
 
 
 class NpyHeader(NamedTuple):
