@@ -9,7 +9,7 @@ bin").
 What ``pack_size`` counts differs between projects (:data:`CONVENTIONS`): packlab and Nemotron
 count the tokens a bin stores; Megatron-Bridge counts the next-token positions it trains on,
 ``L - 1`` for a sub-sequence of ``L`` tokens (its packer bins ``len(input_ids) - 1``), so its
-bins store up to ``pack_size + num_seqs`` tokens. Readers of files without a manifest take
+bins store up to ``pack_size + num_seqs`` tokens. Readers of files without a record take
 ``convention=`` to check bins under the convention their writer used.
 
 The rules are checked vectorized, errors naming the source and the bin: writers call
@@ -103,12 +103,12 @@ def bin_digest(input_ids: np.ndarray, loss_mask: np.ndarray, seq_start_id: np.nd
     return digest.hexdigest()
 
 
-#: The per-bin checksum every format that has room for one stores (its name in manifests).
+#: The per-bin checksum every format that has room for one stores (its name in records).
 CHECKSUM = "xxh3_64"
 
 
 def records_checksum(record: dict[str, Any], where: object) -> bool:
-    """Whether a manifest, footer or metadata ``record`` says its shard stores per-bin
+    """Whether ``record`` (a record file, footer or metadata) says its shard stores per-bin
     checksums (``"bin_checksum"``; shards written before them have none); one this packlab
     does not know is a FormatError naming ``where``, never a shard read unchecked."""
     if "bin_checksum" not in record:

@@ -88,7 +88,7 @@ def test_pack_to_s3_then_every_command_reads_it(server, spool, tmp_path, capsys,
     code, out, err = run_cli(capsys, "validate", uri, "--json")
     assert code == 0, err
     result = json.loads(out)
-    assert result["num_bins"] == len(want) and result["manifest"] is True
+    assert result["num_bins"] == len(want) and result["dataset_record"] is True
     assert all(r["receipt"] for r in result["shards"])
 
     code, out, err = run_cli(capsys, "inspect", uri, "--json")

@@ -91,7 +91,7 @@ def test_validate_accepts_whole_shards(name, packed_dirs, capsys) -> None:
     code, out, err = run_cli(capsys, "validate", packed_dirs[name])
     assert code == 0, err
     shards = find_shards(packed_dirs[name])
-    assert out.count("ok ") == len(shards) > 1 and "manifest+receipt" in out
+    assert out.count("ok ") == len(shards) > 1 and "record+receipt" in out
     code, out, _ = run_cli(capsys, "validate", shards[0][0], "--json")
     assert code == 0 and json.loads(out)["num_shards"] == 1
 

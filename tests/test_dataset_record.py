@@ -61,7 +61,7 @@ def test_the_manifest_lists_every_shard_with_the_receipts_identity(job, tmp_path
         assert entry["bins"] == receipt["bins"] and entry["sha256"] == receipt["sha256"]
         assert entry["bytes"] == receipt["bytes"] and entry["num_tokens"] == receipt["num_tokens"]
     assert manifest["num_bins"] == job[1].num_bins
-    assert validate_path(tmp_path / "out")["manifest"] is True
+    assert validate_path(tmp_path / "out")["dataset_record"] is True
 
 
 def interrupted(job, out: Path, name: str, written: int) -> None:
@@ -259,7 +259,7 @@ def test_an_output_without_a_dataset_manifest_is_checked_by_its_receipts(job, tm
     write(job, whole, name)
     (whole / DATASET_RECORD).unlink()  # as written before dataset records existed
     expected = [bin_digest(*b) for b in open_dataset(whole).read_bins(range(job[1].num_bins))]
-    assert validate_path(whole)["manifest"] is False
+    assert validate_path(whole)["dataset_record"] is False
 
     def damaged() -> tuple[Path, list[Path]]:
         out = tmp_path / "out"

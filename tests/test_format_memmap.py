@@ -169,11 +169,11 @@ def test_corrupt_manifest_and_unfinished_shard(shard: tuple[Path, list[PackedBin
     manifest = path / RECORD
     text = manifest.read_text()
     manifest.write_text(text.replace('"num_bins": 40', '"num_bins": 41'))
-    with pytest.raises(FormatError, match="bytes, manifest says|header"):
+    with pytest.raises(FormatError, match="bytes, record says|header"):
         Reader(path).validate()
     manifest.write_text(text[: len(text) // 2])
     assert detect_format(path) == "memmap_v1"
-    with pytest.raises(FormatError, match="unreadable manifest"):
+    with pytest.raises(FormatError, match="unreadable record"):
         open_shard(path)
     manifest.unlink()
     with pytest.raises(FormatError, match="missing"):

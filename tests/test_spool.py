@@ -210,9 +210,9 @@ def test_extra_bytes_are_caught_too(spool: SpoolReader, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("{not json", "unreadable manifest"),
-        ("[1, 2]", "not a spool_v1 manifest"),
-        ('{"version": "spool_v0"}', "not a spool_v1 manifest"),
+        ("{not json", "unreadable record"),
+        ("[1, 2]", "not a spool_v1 record"),
+        ('{"version": "spool_v0"}', "not a spool_v1 record"),
         ('{"version": "spool_v1", "num_sequences": "3", "num_tokens": 4}', "num_sequences"),
         ('{"version": "spool_v1", "num_sequences": 3}', "num_tokens"),
         ('{"version": "spool_v1", "num_sequences": -1, "num_tokens": 4}', "num_sequences"),

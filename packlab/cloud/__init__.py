@@ -14,7 +14,7 @@ table formats         the record last (a pair: the ``.idx``)       into the cach
 (binidx,                                                           record), then one ranged GET of exactly
 megatron_sft)                                                      a bin's bytes per data file
 directory shards      written locally, uploaded file by file,      downloaded to a local cache, every file
-(memmap_v1)           the manifest last (:mod:`.transfer`)         checked against the manifest's SHA-256
+(memmap_v1)           the record last (:mod:`.transfer`)           checked against the record's SHA-256
 ``NEEDS_SPOOL``       written beside its spool locally, the tree   as above, plus the spool (checked against
 (packed_index)        uploaded (:func:`upload_tree`)               the shard's record of it)
 other one-file        written locally, uploaded through a          downloaded, checked by the format's own

@@ -6,7 +6,7 @@
 
 - a format whose reader ``READS_IN_PLACE`` (Parquet; ``binidx`` and ``megatron_sft``, whose
   index is fetched once into the cache) is read where it is, with ranged requests;
-- every other format is downloaded once into the local cache, verified (manifest checksums,
+- every other format is downloaded once into the local cache, verified (record checksums,
   or the format's own checks), then opened with its usual reader (:mod:`.transfer`); a format
   that ``NEEDS_SPOOL`` brings its spool down too, from where the shard says it is.
 
@@ -57,7 +57,7 @@ def _by_name(location: Location) -> str | None:
 def fetch_spool(location: Location, local_shard: Path, reader: Any, *,
                 cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """The spool of a remote shard that ``NEEDS_SPOOL``: where its recorded relative path
-    points on the store, downloaded and checked against its own manifest (the reader then
+    points on the store, downloaded and checked against its own record (the reader then
     checks it against what the shard recorded)."""
     relative = reader.spool_reference(local_shard)["relative"]
     spool = location / relative

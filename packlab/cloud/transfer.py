@@ -1,17 +1,17 @@
 """Shards up to object storage and down to a local cache, whole or not at all.
 
 Directory shards (``memmap_v1``, ``binidx``, ``packed_index``, and spools) carry a
-``manifest.json`` listing every file with its size and SHA-256. That manifest is the commit
-record on object storage, where a directory cannot appear in one step:
+``manifest.json`` listing every file with its size and SHA-256. That record is the commit
+point on object storage, where a directory cannot appear in one step:
 
-- upload (:func:`upload_shard`): check the local shard against its manifest, remove an old
-  remote manifest first (when overwriting), upload every listed file, checking that what was
-  sent hashes as the manifest says, then upload the manifest **last**. A reader requires the
-  manifest, so it never sees a partial shard: before the last PUT there is no shard at all.
-- download (:func:`download_shard`): read the manifest, download every file it lists into a
+- upload (:func:`upload_shard`): check the local shard against its record, remove an old
+  remote record first (when overwriting), upload every listed file, checking that what was
+  sent hashes as the record says, then upload the record **last**. A reader requires the
+  record, so it never sees a partial shard: before the last PUT there is no shard at all.
+- download (:func:`download_shard`): read the record, download every file it lists into a
   hidden temporary folder, hashing while downloading, and refuse the shard (nothing cached, a
   :class:`~packlab.errors.FormatError` naming the file) if a size or checksum differs; else
-  rename the folder into the cache. The cache key includes the manifest's own hash, so a
+  rename the folder into the cache. The cache key includes the record's own hash, so a
   re-uploaded shard is a new entry, never a mix of old and new files.
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
@@ -59,7 +59,7 @@ from packlab.storage.location import (
 
 
 class NoFileList(FormatError):
-    """A directory's manifest lists no files with checksums, so it cannot be fetched verified
+    """A directory's record lists no files with checksums, so it cannot be fetched verified
     (a Nemotron spool, for one): callers that know what the directory is say so."""
 
 
@@ -67,26 +67,26 @@ def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
     return Path(cache_dir) if cache_dir is not None else cache_root()
 
 
-# -- manifests ---------------------------------------------------------------------------------
+# -- records -----------------------------------------------------------------------------------
 def parse_file_list(raw: bytes, source: str) -> dict[str, Any]:
-    """A directory shard's manifest, with a ``files`` table of plain names (no ``/``, no ``..``:
-    a manifest must not name files outside its shard)."""
-    manifest = parse_json(raw, source, unreadable="unreadable manifest")
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    """A directory shard's record, with a ``files`` table of plain names (no ``/``, no ``..``:
+    a record must not name files outside its shard)."""
+    record = parse_json(raw, source, unreadable="unreadable record")
+    files = record.get("files") if isinstance(record, dict) else None
     if not isinstance(files, dict) or not files:
-        raise NoFileList(f"{source}: the manifest lists no files (not a directory shard)")
+        raise NoFileList(f"{source}: the record lists no files (not a directory shard)")
     for name, entry in files.items():
         if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (
                 ".", "..") or name == DIRECTORY_RECORD:
-            raise FormatError(f"{source}: the manifest names a file {name!r} outside its shard")
+            raise FormatError(f"{source}: the record names a file {name!r} outside its shard")
         if not (isinstance(entry, dict) and isinstance(entry.get("bytes"), int)
                 and isinstance(entry.get("sha256"), str)):
-            raise FormatError(f"{source}: manifest entry {name!r} has no bytes/sha256")
-    return manifest
+            raise FormatError(f"{source}: record entry {name!r} has no bytes/sha256")
+    return record
 
 
 def remote_record(location: Location) -> tuple[bytes, dict[str, Any]] | None:
-    """The raw and parsed manifest of a directory shard at ``location``; None if it has none."""
+    """The raw and parsed record of a directory shard at ``location``; None if it has none."""
     target = location / DIRECTORY_RECORD
     if not target.is_file():
         return None
@@ -118,11 +118,11 @@ def upload_shard(local: str | os.PathLike[str], uri: str | Location, *, filesyst
 
 
 def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dict[str, Any]:
-    manifest_path = source / DIRECTORY_RECORD
-    if not manifest_path.is_file():
-        raise FormatError(f"{manifest_path}: missing (an unfinished shard is never uploaded)")
-    raw = manifest_path.read_bytes()
-    files = parse_file_list(raw, str(manifest_path))["files"]
+    record_path = source / DIRECTORY_RECORD
+    if not record_path.is_file():
+        raise FormatError(f"{record_path}: missing (an unfinished shard is never uploaded)")
+    raw = record_path.read_bytes()
+    files = parse_file_list(raw, str(record_path))["files"]
     verify_files(source, files, checksums=True)
     if target.exists():
         if not overwrite:
@@ -134,7 +134,7 @@ def _upload_directory(source: Path, target: Location, *, overwrite: bool) -> dic
         sent = upload_file(source / name, target / name, atomic=False)
         if sent != {"bytes": entry["bytes"], "sha256": entry["sha256"]}:
             raise FormatError(f"{source / name}: changed while uploading (it no longer matches "
-                              f"its manifest); {target} left without a manifest")
+                              f"its record); {target} left without a record")
         total += sent["bytes"]
     put_object(raw, target / DIRECTORY_RECORD)
     return {"uri": target.uri, "files": len(files) + 1, "bytes": total + len(raw)}
@@ -146,7 +146,7 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
                    format: str | None = None, validate: bool = True) -> Path:
     """The local, verified copy of the shard at ``uri`` (downloaded once into the cache).
 
-    A directory shard is checked file by file against its manifest; a one-file shard against
+    A directory shard is checked file by file against its record; a one-file shard against
     the store's size and, with ``validate``, its format's own checks (``format`` or detected).
     """
     location = resolve(uri, filesystem)
@@ -158,10 +158,10 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
     return _download_object(location, _cache_root(cache_dir), format=format, validate=validate)
 
 
-def _download_directory(location: Location, raw: bytes, manifest: dict[str, Any],
+def _download_directory(location: Location, raw: bytes, record: dict[str, Any],
                         cache: Path) -> Path:
     final = cache_entry(cache, location, short_digest(raw)) / (location.name or "shard")
-    return fetch_files(location, manifest["files"], final, last={DIRECTORY_RECORD: raw})
+    return fetch_files(location, record["files"], final, last={DIRECTORY_RECORD: raw})
 
 
 def _download_object(location: Location, cache: Path, *, format: str | None,

@@ -5,7 +5,7 @@ blend's (``splits.<name>.shards``, paths relative to the root), and
 :func:`packlab.open_dataset` resolves ``split=`` through it.
 
 :func:`upload_layout` uploads what the blend references, each shard whole (directory shards
-manifest last, files through a temporary key), the receipts and configs beside them, and then
+record last, files through a temporary key), the receipts and configs beside them, and then
 ``blend.json`` **last**: it is the layout's commit point, so a reader that finds it finds
 every shard it lists. Shards of a format that ``NEEDS_SPOOL`` take their spool along, to the
 place their recorded relative path points (which must stay inside the bucket).

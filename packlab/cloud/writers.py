@@ -9,7 +9,7 @@
   plus an upload part; why a temporary key: :mod:`packlab.storage.location`);
 - any other format (or ``direct=False``): :class:`UploadingWriter`, the format's own writer on
   a local staging folder, uploaded when finalized (:func:`upload_shard`: a directory shard's
-  manifest last, a file through a temporary key). Local disk: one shard.
+  record last, a file through a temporary key). Local disk: one shard.
 
 A format that ``NEEDS_SPOOL`` is the exception: its shard is only an index into a spool, found
 by the relative path recorded at write time, which a staging folder would get wrong. Write it
@@ -80,14 +80,14 @@ class UploadingWriter:
         self.writer.write(packed)
 
     def finalize(self) -> dict[str, Any]:
-        """Finish the local shard, upload it (manifest or publishing copy last), clean up."""
+        """Finish the local shard, upload it (record or publishing copy last), clean up."""
         try:
-            manifest = self.writer.finalize()
+            record = self.writer.finalize()
             self.receipt = upload_shard(self.writer.path, self.location,
                                         overwrite=self.overwrite)
         finally:
             remove(self.staging)
-        return manifest
+        return record
 
     def abort(self) -> None:
         try:

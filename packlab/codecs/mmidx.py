@@ -67,7 +67,7 @@ def documents_at(num_items: int) -> int:
 def write_index(path: Path, lengths: Chunked, num_items: int, dtype: np.dtype
                 ) -> dict[str, Any]:
     """The index of ``num_items`` sequences of ``dtype`` values whose lengths ``lengths`` holds,
-    one document each, byte for byte as megatron-core writes it; its manifest entry."""
+    one document each, byte for byte as megatron-core writes it; its record entry."""
     idx = HashedFile(path)
     idx.write(HEADER.pack(
         MAGIC,  # magic

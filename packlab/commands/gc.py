@@ -8,7 +8,7 @@ leaves a temporary behind, never a half shard. gc removes a temporary when both 
 - no packlab job is writing in its directory (gc takes the directory's lock for the sweep,
   and leaves a directory a running job holds alone).
 
-Nothing else is ever touched: finished shards, receipts, manifests, links (never followed),
+Nothing else is ever touched: finished shards, receipts, records, links (never followed),
 and temporaries whose name carries no process id. Writers on other machines sharing the
 filesystem are not seen: run gc where the writers ran.
 

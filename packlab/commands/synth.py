@@ -1,6 +1,6 @@
 """Write a synthetic spool, seeded and streamed.
 
-OUT is a local folder or a URI (written locally, then uploaded: manifest last). --overwrite
+OUT is a local folder or a URI (written locally, then uploaded: record last). --overwrite
 replaces a spool only (never another kind of file or folder), and never one that packed_index
 shards still read.
 """

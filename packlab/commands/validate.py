@@ -2,9 +2,9 @@
 
 PATH is any dataset path: a shard, a directory of shards, a glob, an output layout (every
 split, or --split), a run folder, a Nemotron output directory; local or s3://. Exit 0 only
-when every shard passes: sizes, checksums (its manifest, its receipt, and what dataset.json
+when every shard passes: sizes, checksums (its record, its receipt, and what dataset.json
 records of it), counts against blend.json, and every invariant of every bin. An output still
-being written (or interrupted) is refused. A spool is checked against its manifest.
+being written (or interrupted) is refused. A spool is checked against its record.
 Otherwise one line naming the file (and bin), exit 2; with --json, also one JSON object on
 stdout saying what failed.
 """
@@ -46,10 +46,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if result["kind"] == "spool":
         print(f"valid: spool, {result['num_sequences']:,} sequences, "
-              f"{result['num_tokens']:,} tokens (files match the manifest's sizes and checksums)")
+              f"{result['num_tokens']:,} tokens (files match its record's sizes and checksums)")
         return 0
     for row in result["shards"]:
-        checked = "manifest+receipt" if row["receipt"] else "manifest"
+        checked = "record+receipt" if row["receipt"] else "record"
         print(f"ok  {row['path']}  {row['format']}  {int(row['num_bins']):,} bins  "
               f"{int(row['num_tokens']):,} tokens  ({checked})")
     for split, counts in result.get("splits", {}).items():

@@ -12,10 +12,10 @@ through this registry and never tests a format's name.
 Adding a format (the whole checklist):
 
 1. ``packlab/formats/<name>.py``: a docstring that shows the layout on disk field by field with
-   a literal example (manifest or footer); a magic/version in the header or manifest; a
+   a literal example (record or footer); a magic/version in the header or record; a
    ``<Name>Facts(FormatFacts)`` class with ``FORMAT``, ``SUFFIX``, ``detect`` and whichever
    facts hold; ``Writer(<Name>Facts, ShardWriter)`` implementing ``_open``, ``_write``,
-   ``_close`` (manifest or footer last; the base class checks invariants and order, works
+   ``_close`` (record or footer last; the base class checks invariants and order, works
    under a temporary name and publishes with one rename); ``Reader(<Name>Facts,
    ShardReader)`` implementing ``read_bin`` and ``validate`` (every error a
    :class:`~packlab.errors.FormatError` naming the file and bin), lazy and picklable.
@@ -93,7 +93,7 @@ def suffix_formats() -> dict[str, str]:
 
 
 def record_formats() -> dict[str, str]:
-    """A directory shard manifest's ``format`` value -> format name."""
+    """A directory shard record's ``format`` value -> format name."""
     return {get_format(n).Reader.RECORD_FORMAT: n for n in format_names()
             if get_format(n).Reader.RECORD_FORMAT}
 

@@ -288,9 +288,9 @@ class Writer(MemmapFacts, ShardWriter):
             "identity": self.identity,
             "files": files,
         }
-        manifest_path = self.tmp_path / RECORD
-        manifest_path.write_text(json.dumps(record, indent=2) + "\n")
-        fsync_file(manifest_path)
+        record_path = self.tmp_path / RECORD
+        record_path.write_text(json.dumps(record, indent=2) + "\n")
+        fsync_file(record_path)
         fsync_directory(self.tmp_path)
         return record
 
@@ -301,22 +301,22 @@ class Writer(MemmapFacts, ShardWriter):
 
 def shard_record(path: Path) -> dict[str, Any]:
     """The shard's record, checked; every error names the file."""
-    manifest_path = path / RECORD
+    record_path = path / RECORD
     record = read_shard_record(path, RECORD, kind="memmap",
                                        expect={"format": RECORD_FORMAT, "version": VERSION})
     for key in ("num_bins", "pack_size", "num_seqs", "num_tokens"):
-        count_field(record, key, manifest_path)
+        count_field(record, key, record_path)
     if record["num_bins"] == 0 or record["pack_size"] == 0:
-        raise FormatError(f"{manifest_path}: empty shard (num_bins or pack_size is 0)")
+        raise FormatError(f"{record_path}: empty shard (num_bins or pack_size is 0)")
     dtypes = record.get("dtypes")
     if dtypes != {name: dt.str for name, dt in DTYPES.items()}:
-        raise FormatError(f"{manifest_path}: dtypes {dtypes}, this packlab reads "
+        raise FormatError(f"{record_path}: dtypes {dtypes}, this packlab reads "
                           f"{ {name: dt.str for name, dt in DTYPES.items()} }")
     files = record.get("files")
     expected = set(FILES.values()) | ({CHECKSUMS} if "bin_checksum" in record else set())
     if not isinstance(files, dict) or set(files) != expected:
-        raise FormatError(f"{manifest_path}: 'files' must list {', '.join(sorted(expected))}")
-    records_checksum(record, manifest_path)
+        raise FormatError(f"{record_path}: 'files' must list {', '.join(sorted(expected))}")
+    records_checksum(record, record_path)
     return record
 
 
@@ -350,7 +350,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         return ("_table",)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
-        """The shape each file must have, from the manifest."""
+        """The shape each file must have, from the record."""
         n, p = self.num_bins, self.pack_size
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
@@ -401,7 +401,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin
         if int(table.packed_lengths().sum()) != self.num_tokens:
             raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
-                              f"{int(table.packed_lengths().sum())} tokens, the manifest says "
+                              f"{int(table.packed_lengths().sum())} tokens, the record says "
                               f"{self.num_tokens} (corrupted)")
         self._check_padding(maps, layout, table.packed_lengths())
         if layout.checksum is not None:
@@ -425,7 +425,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
                 raise FormatError(f"{file}: header says {header.dtype.str}{list(header.shape)}, "
                                   f"expected {DTYPES[name].str}{list(shape)}")
             if file.stat().st_size != size:
-                raise FormatError(f"{file}: {file.stat().st_size} bytes, header and manifest "
+                raise FormatError(f"{file}: {file.stat().st_size} bytes, header and record "
                                   f"need {size}")
             self._check_identity(file, raw)
             data_at[name] = header.data_offset

@@ -61,7 +61,7 @@ def chat_sft_extra(shard_index: int, **overrides: Any) -> dict[str, Any]:
 
 def write_nemotron_spool(path: Path, sequences: Sequence[tuple[np.ndarray, np.ndarray]],
                          extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A spool as Nemotron's writer leaves it; returns its manifest."""
+    """A spool as Nemotron's writer leaves it; returns its record."""
     path.mkdir(parents=True, exist_ok=True)
     names = ("tokens.bin", "masks.bin", "offsets.bin", "lengths.bin")
     handles = {name: open(path / f"{name}.tmp", "ab") for name in names}  # noqa: SIM115
@@ -82,13 +82,13 @@ def write_nemotron_spool(path: Path, sequences: Sequence[tuple[np.ndarray, np.nd
     for name in names:
         os.rename(path / f"{name}.tmp", path / name)
     count = (path / "lengths.bin").stat().st_size // 4
-    manifest = {"version": "spool_v1", "num_sequences": count, "total_tokens": total,
-                "tokens_dtype": "int32", "mask_dtype": "uint8", "offsets_dtype": "uint64",
-                "lengths_dtype": "uint32", **(extra or {})}
+    record = {"version": "spool_v1", "num_sequences": count, "total_tokens": total,
+              "tokens_dtype": "int32", "mask_dtype": "uint8", "offsets_dtype": "uint64",
+              "lengths_dtype": "uint32", **(extra or {})}
     with open(path / "manifest.json.tmp", "w") as f:
-        json.dump(manifest, f, indent=2, sort_keys=True)
+        json.dump(record, f, indent=2, sort_keys=True)
     os.rename(path / "manifest.json.tmp", path / "manifest.json")
-    return manifest
+    return record
 
 
 def nemotron_schema() -> Any:

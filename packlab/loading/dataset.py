@@ -63,7 +63,7 @@ class PackedDataset:
         reader_options: dict[str, Any] | None = None,
     ) -> None:
         """``shards``: ``(path, format)`` pairs, as the resolver gives them; where a dataset
-        manifest lists a shard (its pair carries ``bins``), the shard must hold exactly those
+        record lists a shard (its pair carries ``bins``), the shard must hold exactly those
         bins."""
         if not shards:
             raise PacklabError("no shards to open")

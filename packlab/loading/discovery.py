@@ -3,7 +3,7 @@ those, on a local disk or on object storage, through one :class:`~packlab.storag
 
 Every shard is returned with its format, detected by the registry
 (:func:`packlab.formats.detect_format`: a few bytes read, one ranged request on object
-storage). In a directory, hidden temporaries, receipts and manifests (``*.json``), notes and
+storage). In a directory, hidden temporaries, receipts and records (``*.json``), notes and
 layout folders are skipped; anything else that no format claims is an error, so a damaged shard
 is never silently left out.
 
@@ -19,7 +19,7 @@ spools it packed them from (finished, empty or still being written).
 
 A directory with a dataset record (``dataset.json``, :mod:`packlab.pipeline.dataset_record`) is
 its shards as listed there, refused while the job that writes it has not finished; a shard named
-by itself (a path, a glob match, a layout's link) must be listed in its folder's manifest, when
+by itself (a path, a glob match, a layout's link) must be listed in its folder's record, when
 the folder has one (:func:`placed`). :func:`dataset_directories` finds the outputs under a run
 folder. A local shard comes back as a ``Path``, one on object storage as its ``Location``.
 
@@ -183,10 +183,10 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     if own is not None and _is_main_entry(location, own):
         _refuse_unfinished(location, own)
         return [placed(location, expect_format(location, own, format))]
-    manifest = read_dataset_record(location)
-    if manifest is not None:
-        return [ShardRef.listed(p, expect_format(p, manifest["format"], format), entry)
-                for p, entry in listed_shards(location, manifest, is_shard_like,
+    record = read_dataset_record(location)
+    if record is not None:
+        return [ShardRef.listed(p, expect_format(p, record["format"], format), entry)
+                for p, entry in listed_shards(location, record, is_shard_like,
                                               shard_size)]
     if holds_spools(location):
         what = "a spool (spool_v1)" if _is_spool(location) else "a folder of spools (spool_v1)"
@@ -212,7 +212,7 @@ def _globbed(location: Location, format: str | None) -> list[ShardRef]:
     if not matches:
         raise FormatError(f"{location}: the pattern matches nothing")
     picked: list[ShardRef] = []
-    manifests: Placements = {}
+    records: Placements = {}
     seen: set[str] = set()
     for match in matches:
         match = shard_entry(match)  # a pair matched by any of its files is the pair, once
@@ -224,7 +224,7 @@ def _globbed(location: Location, format: str | None) -> list[ShardRef]:
                               "unfinished pair?)")
         name = detect_format(match)
         if _is_main_entry(match, name):
-            picked.append(placed(match, expect_format(match, name, format), manifests))
+            picked.append(placed(match, expect_format(match, name, format), records))
     if not picked:
         raise FormatError(f"{location}: the pattern matches no shard")
     return picked
@@ -233,15 +233,15 @@ def _globbed(location: Location, format: str | None) -> list[ShardRef]:
 def shards_in_directory(directory: Location, *, format: str | None = None) -> list[ShardRef]:
     """The shards directly inside ``directory``, sorted by name, each with its format.
 
-    Hidden temporaries, receipts/manifests (``*.json``) and layout folders are skipped. A file
+    Hidden temporaries, receipts/records (``*.json``) and layout folders are skipped. A file
     that is no shard but shares its stem with one (``x.idx`` beside ``x.bin``) is a companion;
     anything else unrecognised is an error, so a damaged shard is never silently left out; a
-    folder holding a directory shard's files but not its manifest is an unfinished one.
+    folder holding a directory shard's files but not its record is an unfinished one.
 
     A directory without a dataset record (written before them) is checked as its receipts
     allow: a receipt must name its shard, and their bins must follow one another (a gap is a
     missing shard, an overlap a duplicated one); each shard then carries the bins its receipt
-    gives it (:class:`ShardRef`), as a link into a dataset directory carries its manifest's.
+    gives it (:class:`ShardRef`), as a link into a dataset directory carries its dataset record's.
     """
     children = [c for c in directory.iterdir() if not _ignored(c)]
     parts = sorted({c.name for c in children} & (directory_shard_files() - {SHARD_RECORD}))
@@ -250,7 +250,7 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
                           "a directory shard that did not finish (or not a shard); refused")
     found: list[ShardRef] = []
     unknown: list[Location] = []
-    manifests: Placements = {}
+    records: Placements = {}
     for child in children:
         if child.is_link() and not child.resolved().exists():
             raise FormatError(f"{child}: broken link to {child.link_target()} (its shard is "
@@ -269,7 +269,7 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
         name = expect_format(child, name, format)
-        found.append(placed(child, name, manifests) if child.is_link() else ShardRef(child, name))
+        found.append(placed(child, name, records) if child.is_link() else ShardRef(child, name))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
@@ -281,12 +281,12 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
 
 
 def _refuse_unfinished(location: Location, format: str) -> None:
-    """A directory shard's files without the manifest its writer publishes last: its upload
+    """A directory shard's files without the record its writer publishes last: its upload
     or its copy did not finish (a writer that dies never leaves one under its final name)."""
-    manifest = get_format(format).Reader.RECORD
-    if manifest and not (location / manifest).is_file():
+    record = get_format(format).Reader.RECORD
+    if record and not (location / record).is_file():
         parts = sorted(c.name for c in location.iterdir())
-        raise FormatError(f"{location}: holds {', '.join(parts)} but no {manifest}: a {format} "
+        raise FormatError(f"{location}: holds {', '.join(parts)} but no {record}: a {format} "
                           "shard whose upload or copy did not finish (or not a shard); refused")
 
 
@@ -304,26 +304,26 @@ def _stem(name: str) -> str:
     return name.split(".", 1)[0]
 
 
-#: dataset records already read while placing shards, per directory: the manifest's entries
-#: by shard name (None: a directory without one), so placing N shards reads each manifest once
+#: dataset records already read while placing shards, per directory: the record's entries
+#: by shard name (None: a directory without one), so placing N shards reads each record once
 Placements = dict[str, "dict[str, dict[str, Any]] | None"]
 
 
-def placed(shard: Any, format: str, manifests: Placements | None = None) -> ShardRef:
+def placed(shard: Any, format: str, records: Placements | None = None) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
     it lives in has a dataset record, the shard must be listed there and the dataset
     complete (a shard of an interrupted job is refused like the whole directory); where it has
     none (written before them), the shard is where its receipt puts it, if it has one.
-    ``manifests`` keeps the manifests read across the calls of one walk."""
+    ``records`` keeps the records read across the calls of one walk."""
     location = resolve(shard)
     real = location.resolved() if location.is_link() else location
     directory = real.parent
-    if manifests is not None and directory.path in manifests:
-        entries = manifests[directory.path]
+    if records is not None and directory.path in records:
+        entries = records[directory.path]
     else:
-        entries = _manifest_entries(directory)
-        if manifests is not None:
-            manifests[directory.path] = entries
+        entries = _record_entries(directory)
+        if records is not None:
+            records[directory.path] = entries
     if entries is None:  # written before dataset records: where its receipt puts it
         receipt = read_receipt(_named(real))
         bins = None if receipt is None else receipt.get("bins")
@@ -335,15 +335,15 @@ def placed(shard: Any, format: str, manifests: Placements | None = None) -> Shar
     return ShardRef.listed(location, format, entry)
 
 
-def _manifest_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
+def _record_entries(directory: Location) -> dict[str, dict[str, Any]] | None:
     """The complete dataset record of ``directory``, its entries by shard name (the first
     of a name), or None where there is none."""
-    manifest = read_dataset_record(directory)
-    if manifest is None:
+    record = read_dataset_record(directory)
+    if record is None:
         return None
-    require_complete(directory, manifest)
+    require_complete(directory, record)
     entries: dict[str, dict[str, Any]] = {}
-    for entry in manifest["shards"]:
+    for entry in record["shards"]:
         entries.setdefault(entry["name"], entry)
     return entries
 

@@ -68,7 +68,7 @@ def dataset_record_path(directory: str | os.PathLike[str]) -> Path:
 def new_dataset_record(*, format: str, pack_size: int, job: dict[str, Any],
                        shards: Sequence[tuple[str, tuple[int, int]]],
                        command: str = "pack") -> dict[str, Any]:
-    """The manifest a job writes before its first shard: names and bin ranges, no checksums;
+    """The dataset record a job writes before its first shard: names and bin ranges, no checksums;
     ``command`` is the ``packlab`` command that writes it (the one to rerun to finish it)."""
     return {
         "version": VERSION, "state": "writing", "format": format, "pack_size": int(pack_size),
@@ -81,9 +81,9 @@ def new_dataset_record(*, format: str, pack_size: int, job: dict[str, Any],
     }
 
 
-def completed(manifest: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The manifest with every shard's identity from its receipt, ``state`` complete."""
-    shards = manifest["shards"]
+def completed(record: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The dataset record with every shard's identity from its receipt, ``state`` complete."""
+    shards = record["shards"]
     if len(receipts) != len(shards):
         raise PacklabError(f"{len(receipts)} receipts for {len(shards)} shards (a pipeline bug)")
     out = []
@@ -92,23 +92,23 @@ def completed(manifest: dict[str, Any], receipts: Sequence[dict[str, Any]]) -> d
             raise PacklabError(f"receipt of {receipt.get('shard')} does not match "
                                f"{entry['name']} (a pipeline bug)")
         out.append({**entry, **{k: receipt.get(k) for k in _IDENTITY}})
-    return {**manifest, "state": "complete", "shards": out,
+    return {**record, "state": "complete", "shards": out,
             "num_tokens": sum(int(s["num_tokens"]) for s in out)}
 
 
-def as_writing(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as it stood before the first shard (``state`` writing, no identities): what
+def as_writing(record: dict[str, Any]) -> dict[str, Any]:
+    """The record as it stood before the first shard (``state`` writing, no identities): what
     an upload puts first, so the destination reads as incomplete until the real one lands."""
-    return {**manifest, "state": "writing", "num_tokens": None,
-            "shards": [{**s, **dict.fromkeys(_IDENTITY)} for s in manifest["shards"]]}
+    return {**record, "state": "writing", "num_tokens": None,
+            "shards": [{**s, **dict.fromkeys(_IDENTITY)} for s in record["shards"]]}
 
 
-def write_dataset_record(directory: str | os.PathLike[str], manifest: dict[str, Any]) -> Path:
+def write_dataset_record(directory: str | os.PathLike[str], record: dict[str, Any]) -> Path:
     """Publish ``dataset.json`` atomically (readers may be looking)."""
     final = dataset_record_path(directory)
     final.parent.mkdir(parents=True, exist_ok=True)
     with staged(final, overwrite=True) as tmp:
-        tmp.write_text(json.dumps(manifest, indent=2, default=json_default) + "\n")
+        tmp.write_text(json.dumps(record, indent=2, default=json_default) + "\n")
     return final
 
 
@@ -123,20 +123,20 @@ def read_dataset_record(directory: str | os.PathLike[str] | Location) -> dict[st
 
 def parse_dataset_record(raw: bytes, where: object) -> dict[str, Any]:
     """A dataset record read from anywhere (a local file, an object store), checked."""
-    manifest = parse_versioned_json(raw, where, version=VERSION, kind="dataset record",
-                                    unreadable="unreadable dataset record")
-    return check_dataset_record(manifest, where)
+    record = parse_versioned_json(raw, where, version=VERSION, kind="dataset record",
+                                  unreadable="unreadable dataset record")
+    return check_dataset_record(record, where)
 
 
-def check_dataset_record(manifest: dict[str, Any], where: object) -> dict[str, Any]:
+def check_dataset_record(record: dict[str, Any], where: object) -> dict[str, Any]:
     """Every field a reader relies on, of the right kind, or one error naming ``where``."""
     def bad(what: str) -> FormatError:
         return FormatError(f"{where}: {what} (a damaged dataset record)")
 
-    if manifest.get("state") not in STATES:
-        raise bad(f"state {manifest.get('state')!r} is not one of {STATES}")
-    shards = manifest.get("shards")
-    if not isinstance(shards, list) or not isinstance(manifest.get("format"), str):
+    if record.get("state") not in STATES:
+        raise bad(f"state {record.get('state')!r} is not one of {STATES}")
+    shards = record.get("shards")
+    if not isinstance(shards, list) or not isinstance(record.get("format"), str):
         raise bad("no 'shards' list or 'format'")
     names: set[str] = set()
     stop = 0
@@ -151,42 +151,42 @@ def check_dataset_record(manifest: dict[str, Any], where: object) -> dict[str, A
                 and bins[0] == stop and bins[1] > bins[0]):
             raise bad(f"{name}: bins {bins!r} do not continue the previous shard's at {stop}")
         stop = bins[1]
-        if manifest["state"] == "complete" and not (_is_int(entry.get("bytes"))
+        if record["state"] == "complete" and not (_is_int(entry.get("bytes"))
                                                     and isinstance(entry.get("sha256"), str)):
-            raise bad(f"{name}: no bytes/sha256 in a complete manifest")
-    if _is_int(manifest.get("num_bins")) and manifest["num_bins"] != stop:
-        raise bad(f"num_bins {manifest['num_bins']} but the shards hold {stop}")
-    if not isinstance(manifest.get("job", {}), dict):
-        raise bad(f"'job' is {json_kind(manifest['job'])}, not an object")
-    return manifest
+            raise bad(f"{name}: no bytes/sha256 in a complete dataset record")
+    if _is_int(record.get("num_bins")) and record["num_bins"] != stop:
+        raise bad(f"num_bins {record['num_bins']} but the shards hold {stop}")
+    if not isinstance(record.get("job", {}), dict):
+        raise bad(f"'job' is {json_kind(record['job'])}, not an object")
+    return record
 
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def require_complete(directory: Any, manifest: dict[str, Any]) -> None:
+def require_complete(directory: Any, record: dict[str, Any]) -> None:
     """Refuse a directory (local, or a prefix on object storage) whose job has not finished,
     saying how far it got."""
-    if manifest["state"] == "complete":
+    if record["state"] == "complete":
         return
     names = {p.name for p in directory.iterdir()}
-    present = sum(1 for s in manifest["shards"] if s["name"] in names)
-    command = manifest.get("command") if manifest.get("command") in COMMANDS else "pack"
-    raise FormatError(f"{directory}: incomplete output ({present} of {len(manifest['shards'])} "
+    present = sum(1 for s in record["shards"] if s["name"] in names)
+    command = record.get("command") if record.get("command") in COMMANDS else "pack"
+    raise FormatError(f"{directory}: incomplete output ({present} of {len(record['shards'])} "
                       "shards written; the job that writes it was interrupted or is running: "
                       f"run the same `packlab {command}` again to finish it)")
 
 
-def listed_shards(directory: Any, manifest: dict[str, Any], is_shard_like: Any,
+def listed_shards(directory: Any, record: dict[str, Any], is_shard_like: Any,
                   size_of: Any = shard_bytes) -> list[tuple[Any, dict[str, Any]]]:
-    """The shards the manifest lists, in order, each present with its recorded size. Entries
+    """The shards the dataset record lists, in order, each present with its recorded size. Entries
     it does not list (a folder or file a person put there, ``is_shard_like(path)``) are
     ignored, said in one warning: they are not the dataset's, and the dataset is whole without
     them. Cheap: names and sizes only. ``directory`` is a local folder or a prefix on object
     storage (``size_of`` then says how big a shard there is)."""
-    require_complete(directory, manifest)
-    listed = {s["name"] for s in manifest["shards"]}
+    require_complete(directory, record)
+    listed = {s["name"] for s in record["shards"]}
     children = {p.name: p for p in directory.iterdir()}
     extra = sorted(name for name, p in children.items()
                    if name not in listed and is_shard_like(p))
@@ -195,7 +195,7 @@ def listed_shards(directory: Any, manifest: dict[str, Any], is_shard_like: Any,
         warnings.warn(f"{directory}: {extra[0]}{more} not listed in its {DATASET_RECORD}: not "
                       "part of the dataset, ignored", PacklabWarning, stacklevel=2)
     out = []
-    for entry in manifest["shards"]:
+    for entry in record["shards"]:
         path = directory / entry["name"]
         if entry["name"] not in children or (isinstance(path, Path) and not path.exists()):
             raise FormatError(f"{path}: missing ({DATASET_RECORD} lists it: bins "

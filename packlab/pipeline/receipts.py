@@ -13,7 +13,7 @@ other workers.
 
 ``sha256`` covers a one-file shard whole (or, for one with a record among its companions,
 that record: packlab's sidecar beside a Megatron pair lists both files' checksums), or a
-directory shard's manifest (which lists every file's own checksum). A rerun keeps a shard whose receipt still vouches for it
+directory shard's record (which lists every file's own checksum). A rerun keeps a shard whose receipt still vouches for it
 (:func:`reusable_receipt`); ``packlab validate`` checks every receipt (:func:`check_receipt`).
 """
 
@@ -43,7 +43,7 @@ def shard_bytes(path: Path | Location) -> int:
 
 def shard_checksum(path: Path) -> tuple[str, str]:
     """SHA-256 of a file shard (of its record, when a companion holds one), or of a directory
-    shard's manifest (which lists every file's)."""
+    shard's record (which lists every file's)."""
     if path.is_file():
         record = record_companion(as_location(path))
         if record is not None:
@@ -161,7 +161,7 @@ def reusable_receipt(shard: Path, *, format: str, bins: tuple[int, int], pack_si
     or written for other bins / another format / another pack size).
 
     ``verify="receipt"`` trusts size + SHA-256 against the receipt (a directory shard's checksum
-    covers its manifest, which lists every file's); ``"full"`` also runs the reader's
+    covers its record, which lists every file's); ``"full"`` also runs the reader's
     ``validate`` (every file checksum and every bin's invariants).
     """
     if verify not in VERIFY_MODES:

@@ -11,7 +11,7 @@ file per output directory::
 spool (their recorded path resolves to it); ``packlab synth``/``tokenize --overwrite`` refuse
 to replace a spool while any does. A note is best effort: a spool in a read-only folder gets
 none (then only outputs beside it could be found; see :func:`spool_users`). Notes are hidden
-(``.``-prefixed), so a spool's manifest, checksums and uploads never see them.
+(``.``-prefixed), so a spool's record, checksums and uploads never see them.
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ def spool_users(spool: str | os.PathLike[str]) -> list[Path]:
 
 def _reads(output: Path, spool: Path) -> bool:
     """Whether some shard of ``output`` (a pack output, or a layout part) points at ``spool``."""
-    manifest = _manifest(output)
-    if manifest is None:
+    record = _dataset_record(output)
+    if record is None:
         return False
-    reader = get_format(manifest["format"]).Reader
+    reader = get_format(record["format"]).Reader
     if not reader.NEEDS_SPOOL:
         return False
-    for entry in manifest["shards"]:
+    for entry in record["shards"]:
         shard = output / entry["name"]
         try:
             recorded = reader.spool_reference(shard)
@@ -80,8 +80,8 @@ def _reads(output: Path, spool: Path) -> bool:
     return False
 
 
-def _manifest(output: Path) -> dict[str, Any] | None:
+def _dataset_record(output: Path) -> dict[str, Any] | None:
     try:
         return read_dataset_record(output) if output.is_dir() else None
-    except Exception:  # noqa: BLE001 - a damaged manifest: that output reads nothing safely
+    except Exception:  # noqa: BLE001 - a damaged record: that output reads nothing safely
         return None

@@ -22,7 +22,7 @@ beside it, the pack-metadata JSON Megatron-Bridge reads for fixed-shape batches
 
 What happens to shards already in the output directory is one choice, ``existing``:
 
-- ``"refuse"`` (the default): an error naming the first one, unless the directory's manifest
+- ``"refuse"`` (the default): an error naming the first one, unless the directory's record
   says the very same job wrote them (same spool, assignment, format, options): then it was
   interrupted, and this run finishes it as ``"reuse"`` would;
 - ``"overwrite"``: every shard is written again, and shards left over from a larger earlier
@@ -135,11 +135,11 @@ def write_shard(
                     if reporter is not None:
                         reporter.put(REPORT_EVERY)
                         done += REPORT_EVERY
-        manifest = writer.finalize()
+        record = writer.finalize()
     if reporter is not None:
         reporter.put(stop - start - done)
     return finish_receipt(out, format=format, bins=(start, stop),
-                          num_tokens=int(manifest.get("num_tokens", writer.tokens_written)),
+                          num_tokens=int(record.get("num_tokens", writer.tokens_written)),
                           pack_size=part.pack_size)
 
 
@@ -167,7 +167,7 @@ def remove_stale_shards(out: Path, keep: Sequence[str]) -> list[str]:
 def job_identity(spool: str, assignment: BinAssignment, *, format: str, bins_per_shard: int,
                  format_options: dict[str, Any]) -> dict[str, Any]:
     """What a shard job is, for its dataset record: the same identity means the same bytes.
-    The spool enters by its manifest's checksum, not its path (moving it changes nothing)."""
+    The spool enters by its record's checksum, not its path (moving it changes nothing)."""
     reader = SpoolReader(spool)
     return {
         "spool": {"manifest_sha256": sha256_file(reader.record_path),
@@ -230,10 +230,10 @@ def plan_shards(
                        format_options=format_options)
     ranges = shard_ranges(assignment.num_bins, bins_per_shard)
     names = [shard_name(i, format) for i in range(len(ranges))]
-    manifest = new_dataset_record(format=format, pack_size=assignment.pack_size, job=job,
+    record = new_dataset_record(format=format, pack_size=assignment.pack_size, job=job,
                             shards=list(zip(names, ranges, strict=True)))
-    before = _manifest_before(out, existing)
-    same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
+    before = _record_before(out, existing)
+    same_job = before is not None and before.get("job_hash") == record["job_hash"]
     present = existing_shards(out)
     if existing == "refuse" and not same_job and (present or before is not None):
         what = present[0].name if present else DATASET_RECORD
@@ -241,7 +241,7 @@ def plan_shards(
                            "pass overwrite=True to replace it")
     if same_job and existing == "refuse":
         existing = "reuse"  # the same job, interrupted: finish it
-    plan = ShardPlan(out, names, record=manifest, spool=path, assignment=assignment)
+    plan = ShardPlan(out, names, record=record, spool=path, assignment=assignment)
     if get_format(format).Writer.NEEDS_SPOOL:  # the spool's checksums, hashed once for all
         format_options = {**format_options, "spool_files": SpoolReader(path).file_checksums()}
     for i, ((start, stop), name) in enumerate(zip(ranges, plan.names, strict=True)):
@@ -306,7 +306,7 @@ def sweep_own_temporaries(out: Path) -> list[str]:
     return gone
 
 
-def _manifest_before(out: Path, existing: str) -> dict[str, Any] | None:
+def _record_before(out: Path, existing: str) -> dict[str, Any] | None:
     """The dataset record already in ``out``; a damaged one only matters when refusing."""
     try:
         return read_dataset_record(out)

@@ -163,24 +163,24 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
            "format": format, "format_options": format_options}
     with open_shard(source.shards[0].path, format=source.shards[0].format) as first:
         pack_size = int(first.pack_size)
-    manifest = new_dataset_record(format=format, pack_size=pack_size, job=job,
-                                  shards=list(zip(names, ranges, strict=True)),
-                                  command="convert")
+    record = new_dataset_record(format=format, pack_size=pack_size, job=job,
+                                shards=list(zip(names, ranges, strict=True)),
+                                command="convert")
     rows, receipts = [], []
     dst.mkdir(parents=True, exist_ok=True)
     with writing_lock(dst):
         sweep_own_temporaries(dst)  # a killed run's: nobody else writes here now
         before = _record_before(dst)
-        same_job = before is not None and before.get("job_hash") == manifest["job_hash"]
+        same_job = before is not None and before.get("job_hash") == record["job_hash"]
         if before is not None and not same_job and not overwrite:
             raise PacklabError(f"{dst}: already holds another output ({DATASET_RECORD}); pass "
                                "overwrite=True to replace it")
         old = {s["name"] for s in before["shards"]} if before else set()
-        write_dataset_record(dst, manifest)
+        write_dataset_record(dst, record)
         for shard, name, place in zip(source.shards, names, ranges, strict=True):
             target = dst / name
             kept = reusable_receipt(target, format=format, bins=place,
-                                    pack_size=manifest["pack_size"]) if same_job else None
+                                    pack_size=record["pack_size"]) if same_job else None
             if kept is not None:  # the same job, interrupted: this shard is done
                 bar.update(place[1] - place[0])
                 receipts.append(kept)
@@ -190,12 +190,12 @@ def _convert_many(source: Source, dst: Path, format: str, bar: Any,
             row = _convert_one(shard, target, format, True, bar, place, format_options)
             receipts.append(finish_receipt(target, format=format, bins=place,
                                            num_tokens=row["num_tokens"],
-                                           pack_size=manifest["pack_size"]))
+                                           pack_size=record["pack_size"]))
             rows.append(row)
         for stale in old - set(names):  # a larger earlier conversion's leftovers
             delete_shard(dst / stale)
             remove(receipt_path(dst / stale))
-        write_dataset_record(dst, completed(manifest, receipts))  # last: "complete"
+        write_dataset_record(dst, completed(record, receipts))  # last: "complete"
     return rows
 
 
@@ -239,8 +239,8 @@ def source_vocab_size(reader: Any) -> int | None:
     """The vocabulary size a reader knows (lets a target pick a narrower token dtype)."""
     vocab = getattr(reader, "vocab_size", None)
     if vocab is None:
-        manifest = getattr(reader, "manifest", None) or getattr(reader, "packlab", None) or {}
-        vocab = (manifest.get("metadata") or {}).get("vocab_size") or manifest.get("vocab_size")
+        record = getattr(reader, "record", None) or getattr(reader, "packlab", None) or {}
+        vocab = (record.get("metadata") or {}).get("vocab_size") or record.get("vocab_size")
     return int(vocab) if isinstance(vocab, int) else None
 
 
@@ -275,15 +275,15 @@ def convert_reader(
             writer.write(packed)
             if on_bin is not None:
                 on_bin()
-        manifest = writer.finalize()
+        record = writer.finalize()
     written = writer.path  # where the writer put it (a pair named by its prefix: its .idx)
     return {
         "source": str(reader.path),
         "source_format": reader.FORMAT,
         "destination": str(written),
         "format": format,
-        "num_bins": int(manifest.get("num_bins", reader.num_bins)),
-        "num_tokens": int(manifest.get("num_tokens", reader.num_tokens)),
+        "num_bins": int(record.get("num_bins", reader.num_bins)),
+        "num_tokens": int(record.get("num_tokens", reader.num_tokens)),
         "bytes_before": int(before),
         "bytes_after": shard_bytes(Path(written)),
         "seconds": time.perf_counter() - began,

@@ -5,7 +5,7 @@ One shard: its reader's ``info()`` (format, bins, tokens, pack size, bytes on di
 of several shards: the same totals (``format``, ``num_shards``, ``num_bins``, ``num_tokens``,
 ``pack_size``, ``bytes_on_disk``), per split where the shards carry one, and the shards
 themselves. No bin is read; on object storage, sizes come from the listing and counts from each
-shard's footer or manifest (a shard that must be downloaded to be opened is fetched into the
+shard's footer or record file (a shard that must be downloaded to be opened is fetched into the
 verified cache).
 """
 

@@ -1,6 +1,6 @@
 """The record of a one-file output that has no room for one of its own.
 
-A spool, a pack output, a layout and every shard carry their record inside them (a manifest,
+A spool, a pack output, a layout and every shard carry their record inside them (``manifest.json``,
 ``dataset.json``, ``blend.json``, a footer or trailer). A chat JSONL (``packlab corpus``), a
 JSONL line index (``corpus --index``) and Modalities' raw index (``packlab raw-index``) are
 read by other programs as they are, so packlab keeps their record beside them, hidden:

@@ -10,7 +10,7 @@ A new command adopts it in one block::
 a local folder (``s3://lab/x`` is not ``./s3:/lab/x``): the work is written into a local
 staging folder (``$PACKLAB_STAGING_DIR``, default ``~/.cache/packlab/staging/<hash of the
 URI>``) and uploaded when it is whole, as :mod:`packlab.cloud` does for the Python API: a
-spool or a directory shard manifest last, a file through a temporary key, a pack output with
+spool or a directory shard record last, a file through a temporary key, a pack output with
 its ``dataset.json`` put as ``"writing"`` first and finished last, a layout with its
 ``blend.json`` likewise. The staging folder of a resumable job outlives an interruption, so
 the same command finishes the job (and the upload) instead of starting again.
@@ -233,7 +233,7 @@ def _recognised(path: Path, kind: str, format: str | None) -> bool:
 
 
 def own_shard(path: Any, format: str | None) -> bool:
-    """A shard of ``format`` that carries packlab's own record (a directory shard's manifest, a
+    """A shard of ``format`` that carries packlab's own record (a directory shard's record file, a
     one-file shard's packlab footer, metadata or trailer): a Parquet file from elsewhere is
     not packlab's to replace."""
     try:
@@ -340,7 +340,7 @@ def output(target: str, *, kind: str, overwrite: bool, resume: bool = False,
     staging.mkdir(parents=True, exist_ok=True)
     local = staging / (location.name or "out")
     if resume and not overwrite and kind == "dataset":
-        _stage_manifest(location, local)
+        _stage_dataset_record(location, local)
     try:
         yield local
         if kind in FILE_KINDS:
@@ -425,7 +425,7 @@ def _upload_file(local: Path, location: Location, kind: str) -> None:
     write_file_record(location, new_file_record(location, kind=kind, state="complete", **made))
 
 
-def _stage_manifest(location: Location, local: Path) -> None:
+def _stage_dataset_record(location: Location, local: Path) -> None:
     """The store's ``dataset.json`` in an empty staging folder, so the pipeline decides
     "the very same job, finish it" or "another output, refuse" against what is on the store,
     as it does for a local folder (an empty staging would replace any output silently)."""
@@ -503,25 +503,25 @@ def local_input(path: str, *, what: str = "spool") -> Path:
     try:
         return download_shard(location, validate=False)
     except NoFileList:
-        raise FormatError(f"{location}: its manifest records no file checksums (a Nemotron "
+        raise FormatError(f"{location}: the spool records no file checksums (a Nemotron "
                           "spool?): a spool is read from object storage only when its "
-                          "manifest lists them; download it first") from None
+                          "record lists them; download it first") from None
 
 
 def spool_at(path: str) -> SpoolReader | None:
     """A reader of the spool at ``path`` (local, or on object storage: fetched into the
-    verified cache first), or None when ``path`` is no spool: a folder whose manifest says
-    ``spool_v1``, or that holds spool files without a readable manifest (its reader then says
+    verified cache first), or None when ``path`` is no spool: a folder whose record says
+    ``spool_v1``, or that holds spool files without a readable record (its reader then says
     what is wrong), or a Megatron ``.bin/.idx`` prefix (:mod:`packlab.spool.prefix`)."""
     prefix = _prefix_at(path)
     if prefix is not None:
         return SpoolReader(prefix)
     location = resolve(path)
-    manifest = location / DIRECTORY_RECORD
-    if manifest.is_file():
-        raw = manifest.read_bytes()
+    record = location / DIRECTORY_RECORD
+    if record.is_file():
+        raw = record.read_bytes()
         try:
-            declared = parse_json(raw, manifest)
+            declared = parse_json(raw, record)
         except FormatError:
             declared = None
         if isinstance(declared, dict) and ("version" in declared or "format" in declared):

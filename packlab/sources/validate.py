@@ -3,13 +3,13 @@
 
 Per shard (:func:`validate_shard`): the reader's ``validate`` (its format's own checks: sizes,
 checksums, every invariant of every bin), its receipt, and, where a dataset record lists it,
-its bins and checksum there. Per directory without a manifest: no receipt left without its
+its bins and checksum there. Per directory without a dataset record: no receipt left without its
 shard. Per layout: every split's bins and tokens against ``blend.json``. An output still being
 written was refused already by the resolver (:mod:`packlab.sources.resolve`). A spool: its
-files against its manifest's sizes and checksums.
+files against its record's sizes and checksums.
 
 A shard on object storage is downloaded into the verified cache first (directory shards file by
-file against their manifest), then checked exactly as a local one, against the receipt stored
+file against their record), then checked exactly as a local one, against the receipt stored
 beside it; errors name its URI.
 """
 
@@ -59,7 +59,7 @@ def validate_source(source: Source, *, cache_dir: str | os.PathLike[str] | None 
         # passes them all may still be another one than the output was packed from
         check_source_identity(directory, source)
     out: dict[str, Any] = {"path": source.given, "kind": source.kind, **totals(rows),
-                           "manifest": any(s.sha256 is not None for s in source.shards)}
+                           "dataset_record": any(s.sha256 is not None for s in source.shards)}
     if source.splits:
         out["splits"] = _split_totals(source, rows)
     return out
@@ -96,7 +96,7 @@ def _split_totals(source: Source, rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _bins_to_check(source: Source) -> int | None:
     """Bins to validate, for the progress bar: from dataset records, else from the local
-    readers' headers (cheap); None (no ETA) for remote shards no manifest describes."""
+    readers' headers (cheap); None (no ETA) for remote shards no dataset record describes."""
     total = 0
     for shard in source.shards:
         if shard.bins is not None:
@@ -137,7 +137,7 @@ def validate_shard(path: Path, format: str, *, bins: tuple[int, int] | None = No
                    reader_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Prove one shard whole (the reader's ``validate``) and consistent with its receipt (the
     one beside it, or ``receipt``), and, where a dataset record places it, that it holds
-    exactly ``bins`` and is the shard whose checksum the manifest recorded (``sha256``).
+    exactly ``bins`` and is the shard whose checksum the dataset record lists (``sha256``).
 
     Whatever a reader raises on damaged bytes becomes one :class:`FormatError` naming the shard.
     """

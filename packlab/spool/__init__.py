@@ -26,18 +26,18 @@ range, so a corrupted spool is refused naming the file and the sequences, never 
 fresh checksums (:meth:`SpoolReader.verify_sequences`). ``lengths.bin`` and ``offsets.bin``
 are verified whole against ``files`` before a plan is trusted (:meth:`SpoolReader.verify_index`).
 
-Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a manifest of its
+Nemotron's ``SequenceSpoolWriter.finalize`` writes the same directory with a record of its
 own: ``version``, ``num_sequences``, ``total_tokens`` (not ``num_tokens``), the four
 ``*_dtype`` keys above, whatever ``extra_manifest`` its caller passes (its chat SFT stage:
 ``shard_id``, ``input_files``, ``chat_template``, ``seed``, ``tokenization_stats``...) and no
 checksums. Both are read (:func:`read_spool_record`): either count key, either spelling of
 the dtypes, unknown keys kept (:func:`record_extra`; ``packlab inspect`` shows them). A
-packlab manifest carries Nemotron's keys too, so a packlab spool is a Nemotron spool. Where a
+packlab spool record carries Nemotron's keys too, so a packlab spool is a Nemotron spool. Where a
 spool records no checksums, :meth:`SpoolReader.file_checksums` computes them (once) for those
 who must notice a change later (``packed_index``).
 
 The writer builds the directory under a temporary name and renames it once, after the
-manifest: a crash never leaves a half spool under the final name.
+record: a crash never leaves a half spool under the final name.
 """
 
 from __future__ import annotations
@@ -223,7 +223,7 @@ class SpoolWriter:
         self._range_fill = 0
 
     def finalize(self) -> dict[str, Any]:
-        """Flush, write the manifest last and publish the directory atomically."""
+        """Flush, write the record last and publish the directory atomically."""
         if self._closed:
             raise PacklabError(f"{self.path}: writer already finalized")
         self._flush()
@@ -233,7 +233,7 @@ class SpoolWriter:
         files = {FILES[name]: f.close() for name, f in self._files.items()}
         if self._range_fill:
             self._close_range()
-        manifest = {
+        record = {
             "version": SPOOL_VERSION,
             "num_sequences": self.num_sequences,
             "num_tokens": self.num_tokens,
@@ -246,14 +246,14 @@ class SpoolWriter:
                        **{FILES[name]: self._ranges[name] for name in RANGED}},
             "source": self.source,
         }
-        (self._staging.path / SPOOL_RECORD).write_text(json.dumps(manifest, indent=2) + "\n")
+        (self._staging.path / SPOOL_RECORD).write_text(json.dumps(record, indent=2) + "\n")
         try:
             self._staging.publish()
         except BaseException:  # e.g. a file where the spool goes: no temporary left behind
             self.abort()
             raise
         self._closed = True
-        return manifest
+        return record
 
     def abort(self) -> None:
         """Drop everything written so far; nothing appears under the final name."""
@@ -272,7 +272,7 @@ class Column(NamedTuple):
 
 
 class SpoolReader(SpoolCustody):
-    """Memory-mapped spool reader: opening costs the manifest; sequences are views.
+    """Memory-mapped spool reader: opening costs the record; sequences are views.
 
     ``path`` is a spool folder (``spool_v1``) or a Megatron-core ``.bin/.idx`` prefix
     (:mod:`packlab.spool.prefix`): the same reads over either, only where the columns are
@@ -360,7 +360,7 @@ class SpoolReader(SpoolCustody):
             have = file.stat().st_size
             if have != want:
                 raise FormatError(
-                    f"{file}: {have} bytes, manifest says {want} "
+                    f"{file}: {have} bytes, the record says {want} "
                     f"({count:,} {DTYPES[name].name} values): truncated or corrupted spool"
                 )
 
@@ -493,7 +493,7 @@ class SpoolReader(SpoolCustody):
                               "not follow lengths")
         if int(lengths.sum()) != self.num_tokens:
             raise FormatError(f"{self.columns['lengths'].path}: lengths sum to "
-                              f"{int(lengths.sum())}, manifest says {self.num_tokens} tokens")
+                              f"{int(lengths.sum())}, the record says {self.num_tokens} tokens")
         if self.kind == PREFIX_VERSION:
             check_documents(self.path, self.num_sequences)
         if self.num_tokens and self.has_masks and max(
@@ -520,16 +520,16 @@ def is_spool_record(raw: bytes) -> bool:
     """Whether the bytes of a ``manifest.json`` are a spool's (a JSON object whose version is
     :data:`SPOOL_VERSION`, packlab's or Nemotron's); damage or another document: False."""
     try:
-        parse_versioned_json(raw, SPOOL_RECORD, version=SPOOL_VERSION, kind="manifest")
+        parse_versioned_json(raw, SPOOL_RECORD, version=SPOOL_VERSION, kind="record")
     except FormatError:
         return False
     return True
 
 
 def read_spool_record(path: Path) -> dict[str, Any]:
-    """Read and check a spool manifest, packlab's or Nemotron's; errors name the file.
+    """Read and check a spool record, packlab's or Nemotron's; errors name the file.
 
-    Returns the manifest as written, plus ``num_tokens`` where only Nemotron's
+    Returns the record as written, plus ``num_tokens`` where only Nemotron's
     ``total_tokens`` is there (so every reader asks one key).
     """
     if not path.exists():
@@ -537,32 +537,32 @@ def read_spool_record(path: Path) -> dict[str, Any]:
     if path.is_file():
         raise FormatError(f"{path}: a file, not a spool (a folder: `packlab tokenize CHAT.jsonl "
                           "SPOOL` or `packlab synth SPOOL` writes one)")
-    manifest_path = path / SPOOL_RECORD
-    manifest = read_versioned_json(manifest_path, version=SPOOL_VERSION, kind="manifest",
-                                   unreadable="unreadable manifest")
-    if manifest is None:
-        raise FormatError(f"{manifest_path}: missing (not a spool, or an unfinished one)")
-    if not _is_count(manifest.get("num_sequences")):
-        raise FormatError(f"{manifest_path}: bad or missing 'num_sequences'")
-    counts = {key: manifest[key] for key in COUNT_KEYS if key in manifest}
+    record_path = path / SPOOL_RECORD
+    record = read_versioned_json(record_path, version=SPOOL_VERSION, kind="record",
+                                 unreadable="unreadable record")
+    if record is None:
+        raise FormatError(f"{record_path}: missing (not a spool, or an unfinished one)")
+    if not _is_count(record.get("num_sequences")):
+        raise FormatError(f"{record_path}: bad or missing 'num_sequences'")
+    counts = {key: record[key] for key in COUNT_KEYS if key in record}
     if not counts or not all(_is_count(v) for v in counts.values()):
-        raise FormatError(f"{manifest_path}: bad or missing 'num_tokens' (or Nemotron's "
+        raise FormatError(f"{record_path}: bad or missing 'num_tokens' (or Nemotron's "
                           f"'total_tokens'): {counts or 'neither is there'}")
     if len(set(counts.values())) > 1:
-        raise FormatError(f"{manifest_path}: num_tokens {counts['num_tokens']} but "
+        raise FormatError(f"{record_path}: num_tokens {counts['num_tokens']} but "
                           f"total_tokens {counts['total_tokens']}")
-    manifest = {**manifest, "num_tokens": next(iter(counts.values()))}
-    if manifest["num_sequences"] == 0:
-        raise FormatError(f"{path}: empty spool (0 sequences, {manifest['num_tokens']} tokens): "
+    record = {**record, "num_tokens": next(iter(counts.values()))}
+    if record["num_sequences"] == 0:
+        raise FormatError(f"{path}: empty spool (0 sequences, {record['num_tokens']} tokens): "
                           "nothing to read or pack")
-    vocab_size = manifest.get("vocab_size")
+    vocab_size = record.get("vocab_size")
     if vocab_size is not None and not (_is_count(vocab_size) and vocab_size > 0):
-        raise FormatError(f"{manifest_path}: bad 'vocab_size' {vocab_size!r:.40} (a positive "
+        raise FormatError(f"{record_path}: bad 'vocab_size' {vocab_size!r:.40} (a positive "
                           "integer, or null when unknown)")
-    _check_dtypes(manifest, manifest_path)
-    if not isinstance(manifest.get("files", {}), dict):
-        raise FormatError(f"{manifest_path}: 'files' must map file names to sizes and checksums")
-    return manifest
+    _check_dtypes(record, record_path)
+    if not isinstance(record.get("files", {}), dict):
+        raise FormatError(f"{record_path}: 'files' must map file names to sizes and checksums")
+    return record
 
 
 def record_extra(record: dict[str, Any]) -> dict[str, Any]:
@@ -571,16 +571,16 @@ def record_extra(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in KNOWN_KEYS | RECORD_KEYS}
 
 
-def _check_dtypes(manifest: dict[str, Any], where: Path) -> None:
-    """The dtypes a manifest states (packlab's ``dtypes`` or Nemotron's ``*_dtype`` keys) must
+def _check_dtypes(record: dict[str, Any], where: Path) -> None:
+    """The dtypes a record states (packlab's ``dtypes`` or Nemotron's ``*_dtype`` keys) must
     be the layout's: the files are read as exactly those."""
-    dtypes = manifest.get("dtypes", {})
+    dtypes = record.get("dtypes", {})
     if not isinstance(dtypes, dict):
         raise FormatError(f"{where}: 'dtypes' must map tokens/masks/offsets/lengths to dtypes")
     for name, expected in DTYPES.items():
         stated = [(f"dtypes.{name}", dtypes[name])] if name in dtypes else []
-        if NEMOTRON_DTYPE_KEYS[name] in manifest:
-            stated.append((NEMOTRON_DTYPE_KEYS[name], manifest[NEMOTRON_DTYPE_KEYS[name]]))
+        if NEMOTRON_DTYPE_KEYS[name] in record:
+            stated.append((NEMOTRON_DTYPE_KEYS[name], record[NEMOTRON_DTYPE_KEYS[name]]))
         for key, value in stated:
             try:
                 same = isinstance(value, str) and np.dtype(value) == expected

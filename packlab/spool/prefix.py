@@ -25,7 +25,8 @@ A literal record::
      "files": {"conversations.bin": {"bytes": 68, "sha256": "..."},
                "conversations.idx": {"bytes": 114, "sha256": "..."},
                "conversations.masks.bin": {"bytes": 17, "sha256": "..."}},
-     "source": {"encoding": "cl100k_base", ...}, "exported_from": {"manifest_sha256": "..."},
+     "source": {"encoding": "cl100k_base", ...},
+     "exported_from": {"spool": "/data/chat_spool", "kind": "spool_v1", "masks": "spool"},
      "follows": "Megatron-LM pull request #5017 (SFTDataset) at 97b2c55e4c"}
 
 A prefix with no record (written by Megatron's own tools) is read from its ``.idx`` and ``.bin``

@@ -98,7 +98,7 @@ def left_by_a_dead_writer(path: Path) -> bool:
 
 
 def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadable JSON") -> Any:
-    """JSON from bytes read off disk (manifests, receipts, footers), whatever they hold: bytes
+    """JSON from bytes read off disk (records, receipts, footers), whatever they hold: bytes
     that are not UTF-8, broken syntax, nesting deeper than the parser's recursion limit, an
     integer of more digits than Python converts: one FormatError ``"{where}: {unreadable}:
     ..."``, never the parser's own exception."""
@@ -111,7 +111,7 @@ def parse_json(data: str | bytes, where: object, *, unreadable: str = "unreadabl
 
 
 def read_bytes(path: Path, *, unreadable: str = "unreadable") -> bytes:
-    """The bytes of a small file (a manifest, a receipt); an OSError is one FormatError
+    """The bytes of a small file (a record, a receipt); an OSError is one FormatError
     ``"{path}: {unreadable}: ..."``."""
     try:
         return path.read_bytes()
@@ -126,7 +126,7 @@ def read_json(path: Path, *, unreadable: str = "unreadable JSON") -> Any:
 
 def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind: str,
                          unreadable: str = "unreadable") -> dict[str, Any]:
-    """A JSON object whose ``version`` is ``version`` (spool manifests, blend files, chunk
+    """A JSON object whose ``version`` is ``version`` (spool records, blend files, chunk
     layouts); anything else is one FormatError naming ``where``: ``"{where}: {unreadable}:
     ..."`` for bad JSON, ``"{where}: not a {version} {kind}"`` for the wrong document."""
     obj = parse_json(data, where, unreadable=unreadable)
@@ -318,7 +318,7 @@ def xxh3_of_range(path: Path, start: int, stop: int, chunk: int = 1 << 20) -> in
 
 
 def file_entry(path: Path) -> dict[str, Any]:
-    """The manifest entry of a finished file: its size and checksum."""
+    """The record entry of a finished file: its size and checksum."""
     return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
@@ -451,7 +451,7 @@ class HashedFile:
         self._file.seek(0, os.SEEK_END)
 
     def close(self) -> dict[str, Any]:
-        """Flush to disk and return the manifest entry (bytes, sha256)."""
+        """Flush to disk and return the record entry (bytes, sha256)."""
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -463,18 +463,18 @@ class HashedFile:
 
 
 def verify_files(directory: Path, files: dict[str, dict[str, Any]], *, checksums: bool) -> None:
-    """Check that every file a manifest lists is present, of its size, and (optionally) its hash."""
+    """Check that every file a record lists is present, of its size, and (optionally) its hash."""
     if not isinstance(files, dict) or not all(
             isinstance(name, str) and "/" not in name and name not in ("", ".", "..")
             and isinstance(entry, dict) for name, entry in files.items()):
-        raise FormatError(f"{directory}: its manifest's 'files' is not a map of file names to "
+        raise FormatError(f"{directory}: its record's 'files' is not a map of file names to "
                           "sizes and checksums (corrupted)")
     for name, entry in files.items():
         path = directory / name
         if not path.is_file():
-            raise FormatError(f"{path}: missing (the manifest lists it)")
+            raise FormatError(f"{path}: missing (the record lists it)")
         size = path.stat().st_size
         if size != entry.get("bytes"):
-            raise FormatError(f"{path}: {size} bytes, manifest says {entry.get('bytes')} (truncated?)")
+            raise FormatError(f"{path}: {size} bytes, record says {entry.get('bytes')} (truncated?)")
         if checksums and sha256_file(path) != entry.get("sha256"):
             raise FormatError(f"{path}: checksum mismatch (corrupted)")

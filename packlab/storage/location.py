@@ -501,7 +501,7 @@ def stream_into(source: BinaryIO, out: pa.NativeFile, digest: Any = None) -> int
 def upload_file(local: str | os.PathLike[str], final: Location, *, overwrite: bool = False,
                 atomic: bool = True) -> dict[str, Any]:
     """Upload a local file; with ``atomic`` through a temporary key (see :func:`publish_object`).
-    Returns its manifest entry (``bytes``, ``sha256``, computed while uploading)."""
+    Returns its record entry (``bytes``, ``sha256``, computed while uploading)."""
     local = Path(local)
     if not local.is_file():
         raise FormatError(f"{local}: no such file to upload")
@@ -521,7 +521,7 @@ def upload_file(local: str | os.PathLike[str], final: Location, *, overwrite: bo
 
 
 def put_object(data: bytes, final: Location, *, overwrite: bool = True) -> None:
-    """Write small ``data`` (a manifest, a blend file) as ``final``, atomically."""
+    """Write small ``data`` (a record, a blend file) as ``final``, atomically."""
     tmp = final.temporary()
     out = tmp.open_output()
     try:
@@ -548,7 +548,7 @@ def _drop(out: pa.NativeFile, target: Location) -> None:
 def download_file(source: Location, local: str | os.PathLike[str], *,
                   expect: dict[str, Any] | None = None) -> dict[str, Any]:
     """Download ``source`` to ``local`` (through a local temporary, renamed when whole),
-    hashing as it goes. With ``expect`` (a manifest entry), a size or checksum that differs
+    hashing as it goes. With ``expect`` (a record entry), a size or checksum that differs
     is refused: nothing is left at ``local``. Returns ``bytes`` and ``sha256``."""
     local = Path(local)
     local.parent.mkdir(parents=True, exist_ok=True)
@@ -559,10 +559,10 @@ def download_file(source: Location, local: str | os.PathLike[str], *,
             entry = out.close()
         if expect is not None:
             if entry["bytes"] != expect.get("bytes"):
-                raise FormatError(f"{source}: {entry['bytes']} bytes, the manifest says "
+                raise FormatError(f"{source}: {entry['bytes']} bytes, the record says "
                                   f"{expect.get('bytes')} (truncated or replaced?)")
             if entry["sha256"] != expect.get("sha256"):
-                raise FormatError(f"{source}: checksum mismatch with its manifest (corrupted); "
+                raise FormatError(f"{source}: checksum mismatch with its record (corrupted); "
                                   "the shard is refused")
     return entry
 
@@ -576,7 +576,7 @@ def cache_entry(cache: Path, location: Location, version: str) -> Path:
 def fetch_files(folder: Location, files: dict[str, dict[str, Any] | None], final: Path, *,
                 last: dict[str, bytes] | None = None) -> Path:
     """The files ``files`` names under ``folder`` downloaded whole into the local folder
-    ``final`` (a cache entry), each refused unless it matches its expected manifest entry
+    ``final`` (a cache entry), each refused unless it matches its expected record entry
     (``bytes``, ``sha256``) where one is given; ``last`` (name: bytes) written after them, as
     a record is on the store. Published by one rename, so processes sharing the cache never
     see a half download; a folder already there is checked by its sizes only (cheap)."""

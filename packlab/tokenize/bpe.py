@@ -13,7 +13,7 @@ The chat template (ChatML-style), applied to every message in order, nothing app
 vocabulary, so no text can produce them (a literal ``"<|im_end|>"`` inside content is encoded
 as ordinary text)::
 
-    encoding      BPE ids (n_vocab)  <|im_start|>  <|im_end|>  vocab_size (in the manifest)
+    encoding      BPE ids (n_vocab)  <|im_start|>  <|im_end|>  vocab_size (in the record)
     cl100k_base   0..100276          100277        100278      100279
     o200k_base    0..200018          200019        200020      200021
 
@@ -103,7 +103,7 @@ class ChatTokenizer:
                                f"({exc.reason} at position {exc.start})") from None
 
     def describe(self) -> dict[str, Any]:
-        """What the spool manifest records about this tokenizer (its ``source``)."""
+        """What the spool record says about this tokenizer (its ``source``)."""
         return {"encoding": self.encoding, "template": TEMPLATE,
                 "special_tokens": self.special_tokens, "mask": "response_only"}
 

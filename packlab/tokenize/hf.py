@@ -198,7 +198,7 @@ class HFChatTokenizer:
         self.variables = dict(spec.variables)
 
     def describe(self) -> dict[str, Any]:
-        """What the spool manifest records about this tokenizer (its ``source``)."""
+        """What the spool record says about this tokenizer (its ``source``)."""
         marked = set(self.generation.values())
         return {"tokenizer": self.spec.tokenizer_file,
                 "tokenizer_sha256": self.spec.tokenizer_sha256,

@@ -24,7 +24,7 @@ from packlab.tokenize.bpe import ChatTokenizer
 from packlab.tokenize.chat_template import Unlocated
 from packlab.tokenize.hf import HFChatTokenizer, TokenizerSpec
 
-UNLOCATED_SHOWN = 5  # unlocated records named in the manifest (the first ones, in file order)
+UNLOCATED_SHOWN = 5  # unlocated records named in the spool record (the first ones, in file order)
 UNLOCATED = ("skip", "error")
 _BATCH_RECORDS = 256
 
@@ -50,7 +50,7 @@ def load_encoder(spec: Spec) -> ChatEncoder:
 
 @dataclass
 class Stats:
-    """What tokenizing counted; the manifest's ``source.stats``. Adding the stats of
+    """What tokenizing counted; the spool record's ``source.stats``. Adding the stats of
     consecutive record ranges gives the stats of the whole (so any split gives the same)."""
 
     records: int = 0

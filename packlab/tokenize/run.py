@@ -1,6 +1,6 @@
 """Chat JSONL -> spool: :func:`tokenize_chat_jsonl`, the one entry point of every path.
 
-A literal manifest ``source`` (``--tokenizer``; the ``--encoding`` path records ``encoding``,
+A literal spool record's ``source`` (``--tokenizer``; the ``--encoding`` path records ``encoding``,
 ``template: "chatml"`` and ``mask: "response_only"`` instead of the tokenizer keys)::
 
     {"generator": "tokenize", "input": "chat.jsonl",
@@ -13,7 +13,7 @@ A literal manifest ``source`` (``--tokenizer``; the ``--encoding`` path records 
                "assistant_turns_without_end_token": 0,
                "unlocated": ["chat.jsonl: line 17: a token straddles the edge of ..."]}}
 
-``chat_template`` is the key Nemotron's chat SFT stage writes. Nothing in the manifest depends
+``chat_template`` is the key Nemotron's chat SFT stage writes. Nothing in the record depends
 on how the run was cut (workers, executor, timing), so one worker and many give the same bytes.
 """
 

@@ -13,10 +13,10 @@ A shard is a directory, published atomically::
                      every file's bytes and sha256
 
 **The files know their shard.** Each sidecar's header (version 2) ends with the shard's
-identity, 8 bytes (the 16 hex digits of the manifest's ``identity``, derived from what the shard
+identity, 8 bytes (the 16 hex digits of the record's ``identity``, derived from what the shard
 is before its first byte: its metadata, where the pipeline records its place in its dataset,
 and its pack size, so the same job writes the same bytes), checked when the header is read at open. ``data.bin`` and
-``data.idx`` stay megatron-core's bytes, so the manifest records their ``fingerprints``
+``data.idx`` stay megatron-core's bytes, so the record keeps their ``fingerprints``
 (xxh3_64 of ``data.idx`` whole, a few bytes a bin, and of ``data.bin``'s first and last 4 KiB),
 checked on the first read, when the index is mapped and checked anyway. A file exchanged with
 another shard's is refused before a bin is served. Version 1 sidecars (32, 48 and 32-byte
@@ -36,14 +36,14 @@ fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 
 ``checksums.bin``, field by field: magic ``b"PLKSUMS\\x00"``, ``<Q`` version 2, ``<Q`` num_bins,
 ``8s`` the algorithm (``b"xxh3_64\\x00"``), ``8s`` the shard's identity, then ``<u8`` per bin. megatron-core never opens it.
-Shards written before it have none (and no ``bin_checksum`` in the manifest): they read as
+Shards written before it have none (and no ``bin_checksum`` in the record): they read as
 before, and ``verify=True`` refuses them.
 
 The reader maps every file and reads the index where it is, as megatron-core does
 (:mod:`packlab.formats.read.table`: nothing per bin is copied into the reader's memory). On object
-storage it reads in place, as megatron-core's object-storage path does: the manifest, the
+storage it reads in place, as megatron-core's object-storage path does: the record, the
 index and the small sidecars (``data.idx``, ``seq_starts.bin``, ``checksums.bin``) fetched once
-into a local cache, checked against the manifest, then each bin is one ranged GET of its tokens
+into a local cache, checked against the record, then each bin is one ranged GET of its tokens
 in ``data.bin`` and one of its mask in ``loss_mask.bin`` (:mod:`packlab.formats.read.ranged`). It returns
 views that stay valid after the reader is closed or collected: each view holds a reference to
 its map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
@@ -302,7 +302,7 @@ def _starts_offset(num_bins: int, header: int) -> int:
 
 
 class Reader(BinidxFacts, TableReads, ShardReader):
-    """Memory-mapped reader; opening reads the manifest and the headers, reads are O(1).
+    """Memory-mapped reader; opening reads the record and the headers, reads are O(1).
 
     On first read (in each process) the files are mapped and every bin's structure is checked
     over the mapped index (:mod:`packlab.formats.read.table`). ``verify=True``: each bin read is
@@ -341,16 +341,16 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
     # -- opening ------------------------------------------------------------------------------
     def _local_files(self) -> Path:
-        """The folder holding the manifest and the index files locally: the shard itself, or
+        """The folder holding the record and the index files locally: the shard itself, or
         (on object storage) their copies fetched once into the cache, each checked against
-        the manifest's size and sha256 (a replaced manifest is a new cache entry)."""
+        the record's size and sha256 (a replaced record is a new cache entry)."""
         if not isinstance(self.path, Location):
             return self.path
         record = self.path / RECORD
         if not record.is_file():
             raise FormatError(f"{record}: missing (an unfinished or damaged {FORMAT} shard)")
         raw = record.read_bytes()
-        files = parse_json(raw, record, unreadable="unreadable manifest")
+        files = parse_json(raw, record, unreadable="unreadable record")
         files = files.get("files") if isinstance(files, dict) else None
         listed = files if isinstance(files, dict) else {}
         wanted = {name: listed.get(name) for name in (INDEX, SEQS, SUMS)
@@ -365,7 +365,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         return self.path / name if name in self.DATA_FILES else self._local / name
 
     def _read_headers(self) -> np.dtype:
-        """Check every header field against the manifest; the token dtype of ``data.bin``."""
+        """Check every header field against the record; the token dtype of ``data.bin``."""
         idx = self._file(INDEX)
         code, nseq, ndoc = mmidx.parse_header(head(idx, mmidx.HEADER_SIZE), self.path / INDEX)
         if code not in DTYPE_CODES:
@@ -373,9 +373,9 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         token_dtype = DTYPE_CODES[code]
         if token_dtype.str != self.record.get("token_dtype"):
             raise FormatError(f"{idx}: dtype code {code} ({token_dtype.name}) disagrees with the "
-                              f"manifest's token_dtype {self.record.get('token_dtype')!r}")
+                              f"record's token_dtype {self.record.get('token_dtype')!r}")
         if nseq != self.num_bins or ndoc != self.num_bins + 1:
-            raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the manifest says "
+            raise FormatError(f"{idx}: {nseq} sequences / {ndoc} documents, the record says "
                               f"{self.num_bins} bins (expected {self.num_bins + 1} documents)")
         self.header_size: dict[str, int] = {}
         magic, version, nbins, ntok, *stamp = self._sidecar(LOSS, LossHeader)
@@ -383,20 +383,20 @@ class Reader(BinidxFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path / LOSS}: bad magic or version ({magic!r}, {version})")
         if nbins != self.num_bins or ntok != self.num_tokens:
             raise FormatError(f"{self.path / LOSS}: header says {nbins} bins / {ntok} tokens, "
-                              f"the manifest {self.num_bins} / {self.num_tokens}")
+                              f"the record {self.num_bins} / {self.num_tokens}")
         magic, version, nbins, nstarts, pack_size, code, *stamp = self._sidecar(SEQS, SeqHeader)
         if magic != SeqHeader.MAGIC or code != mmidx.CODE_OF["<i4"]:
             raise FormatError(f"{self.path / SEQS}: bad magic, version or dtype code "
                               f"({magic!r}, {version}, {code})")
         if (nbins, nstarts, pack_size) != (self.num_bins, self.num_seqs, self.pack_size):
             raise FormatError(f"{self.path / SEQS}: header says {nbins} bins, {nstarts} starts, "
-                              f"pack_size {pack_size}; the manifest {self.num_bins}, "
+                              f"pack_size {pack_size}; the record {self.num_bins}, "
                               f"{self.num_seqs}, {self.pack_size}")
         return token_dtype
 
     def _sidecar(self, name: str, header: type[Sidecar]) -> tuple[Any, ...]:
         """A sidecar's header fields (its version read first: 1, or 2 with the shard's
-        identity, checked here against the manifest's); its size is remembered."""
+        identity, checked here against the record's); its size is remembered."""
         file = self._file(name)
         raw = head(file, header.size(2))  # one read (one ranged GET on object storage)
         _, version = unpack_raw(raw, VersionPrefix.STRUCT, file)
@@ -412,12 +412,12 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         return fields
 
     def _check_fingerprints(self) -> None:
-        """megatron-core's two files against the fingerprints the manifest records (on the
+        """megatron-core's two files against the fingerprints its record keeps (on the
         first read: the index is mapped and checked whole then anyway)."""
         files = {INDEX: (self._file(INDEX), True)}
         if not isinstance(self._file(DATA), Location):  # on object storage each read is one
             files[DATA] = (self._file(DATA), False)  # ranged GET: per-bin checksums stand
-        check_fingerprints(self.record.get("fingerprints"), files, f"its manifest {RECORD}")
+        check_fingerprints(self.record.get("fingerprints"), files, f"its record {RECORD}")
 
     def _expected_sizes(self) -> dict[str, int]:
         n = self.num_bins
@@ -548,7 +548,7 @@ class _Index(BinIndex):
 
 
 def shard_record(path: Path) -> dict[str, Any]:
-    """The shard's manifest, checked for its format; errors name the file."""
+    """The shard's record, checked for its format; errors name the file."""
     return read_shard_record(path, RECORD, kind=FORMAT,
                                    expect={"format": FORMAT, "layout": VERSION})
 

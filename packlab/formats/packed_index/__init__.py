@@ -27,15 +27,15 @@ A shard is a directory, published atomically::
               "files": {"tokens.bin": {"bytes": ..., "sha256": ...}, ...}}
 
 The reader looks for the spool at the relative path first (a tree moved as a whole), then the
-absolute one (or where ``Reader(path, spool=...)`` says), and accepts it only if its manifest
+absolute one (or where ``Reader(path, spool=...)`` says), and accepts it only if its record
 still matches what the shard recorded; ``validate`` also re-hashes the spool files. A changed
 or missing spool is a :class:`~packlab.errors.FormatError`, never silently different bins.
 
 The spool's ``files`` are its data files' sizes and checksums: copied from the spool's
-manifest when it records them (packlab's), else computed once at pack time (Nemotron's spool
+record when it lists them (packlab's), else computed once at pack time (Nemotron's spool
 records none; ``"files_from": "computed"``; the pipeline hashes the spool once for all its
-shards and passes ``spool_files=``). Opening checks them against the spool's manifest, or
-against the files' sizes where the manifest has none; ``validate`` re-hashes the files
+shards and passes ``spool_files=``). Opening checks them against the spool's record, or
+against the files' sizes where the record has none; ``validate`` re-hashes the files
 against them either way.
 
 The writer needs the spool and the assignment (``NEEDS_SPOOL`` tells the pipeline):
@@ -47,7 +47,7 @@ without gathering a token, but hashing each sequence it indexes for ``seq_checks
 (the spool read once: about 3.7 us per sequence of ~1000 tokens; ``checksums=False`` skips it,
 for a repack that reads no token at all, and then ``verify=True`` is refused). A reader opened
 with ``verify=True`` hashes each sequence as it gathers it: a spool changed in place (a flipped
-token or mask byte the manifest's sizes cannot see) is a FormatError naming the shard and the
+token or mask byte the record's sizes cannot see) is a FormatError naming the shard and the
 bin, never silently different bins.
 """
 
@@ -116,21 +116,21 @@ def spool_identity(spool: SpoolReader, files: dict[str, Any] | None = None) -> d
     """What a shard records about its spool, to recognise it (and notice a change) later:
     counts, and its data files' sizes and checksums (``files``: computed already, else the
     spool's own or computed now)."""
-    manifest = spool.record
-    recorded = _recorded_files(manifest)
+    record = spool.record
+    recorded = _recorded_files(record)
     return {
         "manifest_sha256": sha256_file(spool.record_path),
-        "num_sequences": manifest["num_sequences"],
-        "num_tokens": manifest["num_tokens"],
-        "vocab_size": manifest.get("vocab_size"),
+        "num_sequences": record["num_sequences"],
+        "num_tokens": record["num_tokens"],
+        "vocab_size": record.get("vocab_size"),
         "files": files if files is not None else spool.file_checksums(),
         "files_from": "manifest" if recorded else "computed",
     }
 
 
-def _recorded_files(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The checksums a spool's manifest records (packlab's), or {} (Nemotron's has none)."""
-    files = manifest.get("files")
+def _recorded_files(record: dict[str, Any]) -> dict[str, Any]:
+    """The checksums a spool's record lists (packlab's), or {} (Nemotron's has none)."""
+    files = record.get("files")
     return files if isinstance(files, dict) else {}
 
 
@@ -275,7 +275,7 @@ def write_packed_index(
     overwrite: bool = False,
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Write a packed_index shard of every bin of ``assignment``; returns its manifest."""
+    """Write a packed_index shard of every bin of ``assignment``; returns its record."""
     writer = Writer(path, pack_size=assignment.pack_size, spool=spool_path,
                     assignment=assignment, overwrite=overwrite, metadata=metadata)
     try:
@@ -287,7 +287,7 @@ def write_packed_index(
 
 
 class Reader(PackedIndexFacts, ShardReader):
-    """Gathers bins from the referenced spool; opening reads the manifests, not the index."""
+    """Gathers bins from the referenced spool; opening reads the records, not the index."""
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -352,11 +352,11 @@ class Reader(PackedIndexFacts, ShardReader):
             return str(exc)
         if found is None:
             return "missing"
-        manifest, folder = found
+        spool_record, folder = found
         for key in ("num_sequences", "num_tokens"):
-            if manifest.get(key) != recorded.get(key):
-                return f"{key} {manifest.get(key)}, the shard recorded {recorded.get(key)}"
-        own = _recorded_files(manifest)
+            if spool_record.get(key) != recorded.get(key):
+                return f"{key} {spool_record.get(key)}, the shard recorded {recorded.get(key)}"
+        own = _recorded_files(spool_record)
         if own and own != recorded.get("files"):
             return "its files' checksums differ from the ones the shard recorded"
         for name, entry in recorded.get("files", {}).items():
@@ -445,13 +445,13 @@ class Reader(PackedIndexFacts, ShardReader):
         if spool_checksums:
             if not _recorded_files(self._spool.record):  # none of its own: the pack-time ones
                 verify_files(self._spool.root, self.record["spool"]["files"], checksums=True)
-            self._spool.verify()  # structure; and the hashes its manifest records, if any
+            self._spool.verify()  # structure; and the hashes its record lists, if any
         lengths = self.assignment.bin_lengths(self._spool.lengths)
         _check_assignment(self.assignment, self._spool, lengths, source=str(self.path))
         if self.has_checksums:
             self._check_sequences()
         if int(lengths.sum()) != self.num_tokens:
-            raise FormatError(f"{self.path}: bins hold {int(lengths.sum())} tokens, the manifest "
+            raise FormatError(f"{self.path}: bins hold {int(lengths.sum())} tokens, the record "
                               f"says {self.num_tokens}")
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
@@ -521,7 +521,7 @@ def _check_assignment(part: BinAssignment, spool: SpoolReader, lengths: np.ndarr
 def _save_npy(path: Path, values: np.ndarray, identity: str, dtype: str = "<i8"
               ) -> dict[str, Any]:
     """An index array (8 bytes per sequence: small) as a ``.npy`` whose header names the shard
-    (:mod:`packlab.formats.shared.npy_identity`); its manifest entry."""
+    (:mod:`packlab.formats.shared.npy_identity`); its record entry."""
     array = np.ascontiguousarray(values, dtype=dtype)
     with open(path, "wb") as f:
         f.write(npy_header(array.dtype, array.shape, identity))
@@ -535,9 +535,9 @@ def _load_npy(path: Path, count: int, dtype: str = "<i8", identity: object = Non
               ) -> np.ndarray:
     """The ``count`` values of a 1-D ``dtype`` .npy, memory-mapped, never unpickled; its header
     parsed by :func:`~packlab.codecs.safe_pickle.read_npy_header` (not numpy's parser, whose tokenizer
-    fails on damaged bytes) and checked against the manifest's count and the file's size first,
+    fails on damaged bytes) and checked against the record's count and the file's size first,
     so any damage is a FormatError naming the file; a header that names another shard than
-    ``identity`` (the manifest's) is refused (files exchanged between shards)."""
+    ``identity`` (the record's) is refused (files exchanged between shards)."""
     want = np.dtype(dtype)
     try:
         with open(path, "rb") as fp:
@@ -550,7 +550,7 @@ def _load_npy(path: Path, count: int, dtype: str = "<i8", identity: object = Non
     check_identity(path, raw, identity)
     if header.dtype != want or header.shape != (count,) or header.fortran_order:
         raise FormatError(f"{path}: header says {header.dtype.str}{list(header.shape)}, the "
-                          f"manifest needs {want.str}[{count}]")
+                          f"record needs {want.str}[{count}]")
     if size != header.data_offset + want.itemsize * count:
         raise FormatError(f"{path}: {size} bytes, its header needs "
                           f"{header.data_offset + want.itemsize * count} (truncated or corrupted)")
@@ -558,19 +558,19 @@ def _load_npy(path: Path, count: int, dtype: str = "<i8", identity: object = Non
 
 
 def shard_record(path: Path) -> dict[str, Any]:
-    """The shard's manifest, checked for its format and fields; errors name the file."""
+    """The shard's record, checked for its format and fields; errors name the file."""
     file = path / RECORD
-    manifest = read_shard_record(path, RECORD, kind=FORMAT,
+    record = read_shard_record(path, RECORD, kind=FORMAT,
                                        expect={"format": FORMAT, "layout": VERSION})
     for key in ("pack_size", "num_bins", "num_tokens", "num_seqs"):
-        count_field(manifest, key, file, minimum=1)
-    spool = manifest.get("spool")
+        count_field(record, key, file, minimum=1)
+    spool = record.get("spool")
     if not isinstance(spool, dict) or not all(
         isinstance(spool.get(k), str) for k in ("path", "relative", "manifest_sha256")
     ) or not isinstance(spool.get("files"), dict):
         raise FormatError(f"{file}: bad or missing 'spool' reference")
-    if manifest.get("overlong") not in ("truncate", "drop"):
-        raise FormatError(f"{file}: bad 'overlong' policy {manifest.get('overlong')!r}")
-    if not isinstance(manifest.get("files"), dict):
+    if record.get("overlong") not in ("truncate", "drop"):
+        raise FormatError(f"{file}: bad 'overlong' policy {record.get('overlong')!r}")
+    if not isinstance(record.get("files"), dict):
         raise FormatError(f"{file}: bad or missing 'files'")
-    return manifest
+    return record

@@ -1,16 +1,16 @@
-"""What every shard format shares: the writer protocol, the reader base, and the manifest.
+"""What every shard format shares: the writer protocol, the reader base, and the shard record.
 
 A writer is a keyword-only context manager. It checks every bin's invariants, accepts bins
 only in order (``bin_id`` 0, 1, 2, ...), refuses to finalize with fewer bins than announced,
 works under a temporary name and publishes atomically in :meth:`ShardWriter.finalize`, the
-manifest (or footer) written last. Leaving the ``with`` block on an exception aborts: nothing
+record (a file or a footer) written last. Leaving the ``with`` block on an exception aborts: nothing
 appears under the final name.
 
 A reader opens lazily (cheap to construct and to pickle, so a DataLoader worker reopens it),
 returns bins whose arrays stay valid after the reader is closed or collected, and can
 ``validate`` a shard whole (sizes, checksums, every invariant).
 
-What a format *is* (a directory or a file, its manifest, whether it needs its spool, loads
+What a format *is* (a directory or a file, its record, whether it needs its spool, loads
 everything, returns views, pads) is :class:`FormatFacts`: class attributes that the writer
 and reader of a format share, and that every consumer (pipeline, dataset discovery, object
 storage, measurement) reads instead of testing format names.
@@ -61,12 +61,12 @@ class FormatFacts:
     FORMAT: ClassVar[str]
     #: what a one-file shard's name ends with (``".parquet"``); ``""``: a directory shard
     SUFFIX: ClassVar[str] = ""
-    #: a directory shard's manifest, written last (its commit point); None for one-file shards
+    #: a directory shard's record file, written last (its commit point); None for one-file shards
     RECORD: ClassVar[str | None] = None
-    #: the manifest's ``"format"`` value that names this format (how object storage knows a
+    #: the shard record's ``"format"`` value that names this format (how object storage knows a
     #: directory shard without downloading it)
     RECORD_FORMAT: ClassVar[str | None] = None
-    #: the other files of a directory shard (an upload holding them but no manifest is unfinished)
+    #: the other files of a directory shard (an upload holding them but no record is unfinished)
     FILES: ClassVar[tuple[str, ...]] = ()
     #: stores a reference to its spool instead of tokens: the writer takes ``spool=`` and
     #: ``assignment=`` and offers ``write_assignment()``; the reader takes ``spool=`` and says
@@ -90,7 +90,7 @@ class FormatFacts:
     #: the other stacks that read this format's shards as packlab writes them (names from
     #: :data:`READERS`); each pair is run for real by ``tests/test_read_by.py``
     READ_BY: ClassVar[tuple[str, ...]] = ()
-    #: a shard carries a record of its writer (a manifest, footer metadata or trailer), so
+    #: a shard carries a record of its writer (a file, footer metadata or trailer), so
     #: packlab tells its own shards from another program's; False: no room for one (legacy)
     KEEPS_RECORD: ClassVar[bool] = True
     #: of ``READ_BY``, the readers that return each bin as this format's raw item (words
@@ -151,7 +151,7 @@ class FormatFacts:
 
     @classmethod
     def shard_files(cls) -> tuple[str, ...]:
-        """Every file name inside a directory shard, its manifest included."""
+        """Every file name inside a directory shard, its record included."""
         return (*cls.FILES, *((cls.RECORD,) if cls.RECORD else ()))
 
 
@@ -164,7 +164,7 @@ MAX_PACK_SIZE = (1 << 31) - 1  # positions in a bin are int32 (seq_start_id)
 
 
 def count_field(record: Any, key: str, where: object, *, minimum: int = 0) -> int:
-    """A count read from a manifest, footer or metadata: an int from ``minimum`` to
+    """A count read from a record, footer or metadata: an int from ``minimum`` to
     :data:`MAX_COUNT` (``pack_size``: :data:`MAX_PACK_SIZE`). Anything else is damage (a
     string, a float, 2**63: numpy would overflow on it) and one FormatError naming ``where``."""
     value = record.get(key) if isinstance(record, dict) else None
@@ -221,21 +221,21 @@ def _bytes_at(location: Location, offset: int, count: int) -> bytes | None:
 
 def read_shard_record(shard: Path, name: str, *, kind: str,
                             expect: dict[str, Any]) -> dict[str, Any]:
-    """The JSON manifest of a directory shard, checked for the fields in ``expect`` (the first
+    """The JSON record of a directory shard, checked for the fields in ``expect`` (the first
     names the format: ``{"format": "binidx", "layout": ...}``); every error names the file."""
     file = shard / name
     if not shard.is_dir():
         raise FormatError(f"{shard}: a {kind} shard is a directory")
     if not file.is_file():
         raise FormatError(f"{file}: missing (an unfinished or damaged {kind} shard)")
-    manifest = read_json(file, unreadable="unreadable manifest")
+    record = read_json(file, unreadable="unreadable record")
     (first, wanted), *rest = expect.items()
-    if not isinstance(manifest, dict) or manifest.get(first) != wanted:
-        raise FormatError(f"{file}: not a {wanted} manifest")
+    if not isinstance(record, dict) or record.get(first) != wanted:
+        raise FormatError(f"{file}: not a {wanted} shard record")
     for key, value in rest:
-        if manifest.get(key) != value:
-            raise FormatError(f"{file}: {key} {manifest.get(key)!r}, this reader knows {value!r}")
-    return manifest
+        if record.get(key) != value:
+            raise FormatError(f"{file}: {key} {record.get(key)!r}, this reader knows {value!r}")
+    return record
 
 
 class ShardWriter(FormatFacts, ABC):
@@ -319,7 +319,7 @@ class ShardWriter(FormatFacts, ABC):
         self.write_bin(self.bins_written, *packed)
 
     def finalize(self) -> dict[str, Any]:
-        """Finish the shard, write its manifest last, publish it under the final name."""
+        """Finish the shard, write its record last, publish it under the final name."""
         if self.finished:
             raise PacklabError(f"{self.path}: writer already finalized")
         if self.expected_bins is not None and self.bins_written != self.expected_bins:
@@ -331,13 +331,13 @@ class ShardWriter(FormatFacts, ABC):
             self.abort()
             raise PacklabError(f"{self.path}: no bins written (empty shard)")
         try:
-            manifest = self._close(self.base_record())
+            record = self._close(self.base_record())
             self._publish()
         except BaseException:
             self.abort()
             raise
         self.finished = True
-        return manifest
+        return record
 
     def abort(self) -> None:
         """Drop the temporary; nothing appears under the final name."""
@@ -346,7 +346,7 @@ class ShardWriter(FormatFacts, ABC):
         self.finished = True
 
     def base_record(self) -> dict[str, Any]:
-        """The fields every format's manifest (or footer metadata) carries."""
+        """The fields every format's record (a file, footer or metadata) carries."""
         return {
             "format": self.FORMAT,
             "packlab_version": __version__,
@@ -407,7 +407,7 @@ class ShardWriter(FormatFacts, ABC):
 class ShardReader(FormatFacts, ABC):
     """Lazy, picklable reader of one shard.
 
-    Construction reads only the manifest/footer/header. ``read_bin`` returns arrays that stay
+    Construction reads only the record/footer/header. ``read_bin`` returns arrays that stay
     valid after the reader is closed or collected (copies, or views that keep their buffer).
     """
 
@@ -431,7 +431,7 @@ class ShardReader(FormatFacts, ABC):
 
     @property
     def own_record(self) -> bool:
-        """Whether the shard carries packlab's own record (a directory shard's manifest, which
+        """Whether the shard carries packlab's own record (a directory shard's record file, which
         its reader requires; a one-file shard's packlab footer, metadata or trailer): what
         ``--overwrite`` may replace. A file another program wrote has none."""
         if self.RECORD_ATTRIBUTE is None:

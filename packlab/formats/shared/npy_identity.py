@@ -1,7 +1,7 @@
 """The ``.npy`` files of a shard, and the shard's identity in their headers.
 
 A ``.npy`` header is a Python dictionary literal padded with spaces to an alignment boundary.
-packlab writes the shard's identity (16 hex digits, the manifest's ``identity``) as a comment
+packlab writes the shard's identity (16 hex digits, the record's ``identity``) as a comment
 after the dictionary, inside that padding::
 
     {'descr': '<i4', 'fortran_order': False, 'shape': (50, 512), } # packlab shard 7d6a674b59d7c9d7
@@ -56,7 +56,7 @@ def header_identity(raw: bytes) -> str | None:
 
 
 def check_identity(file: Path, header: bytes, expected: object) -> None:
-    """``file``'s header (its raw bytes) names the shard ``expected`` (the manifest's identity;
+    """``file``'s header (its raw bytes) names the shard ``expected`` (the record's identity;
     nothing to check when it records none): else one FormatError, the files exchanged."""
     if not isinstance(expected, str):
         return

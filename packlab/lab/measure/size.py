@@ -230,7 +230,7 @@ def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
     """``memmap_v1`` bytes per token against pack efficiency, one packing per (algorithm,
     pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
     capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
-    (the CSR of starts), over the tokens; headers and manifest excluded."""
+    (the CSR of starts), over the tokens; headers and record excluded."""
     from packlab.pipeline.shards import write_shards
 
     rows = []

@@ -34,7 +34,7 @@ def bullets(n: CloudStorage, p: Mapping[str, Any]) -> list[str]:
         f"({cold['parquet']['seconds']:.2f} s); memmap downloaded "
         f"{cold['memmap_v1']['bytes_out'] / 1e6:.2f} MB in {cold['memmap_v1']['requests']} "
         f"requests ({cold['memmap_v1']['seconds']:.2f} s) before its first bin, then "
-        f"{warm['memmap_v1']['bytes_out'] / 1e3:.0f} kB (the manifests) when warm. Formats that "
+        f"{warm['memmap_v1']['bytes_out'] / 1e3:.0f} kB (the records) when warm. Formats that "
         "download first suit jobs that copy the data to local disk once; Parquet and the "
         "Megatron pairs suit reading straight from the store.",
         *_in_place(n.in_place),

@@ -14,7 +14,7 @@ from ``blend.json``, whose paths are relative to ``OUT``.
      "split_rule": {"by": "sequence", "key": "seeded content hash", "seed": 0,
                     "fractions": {"train": 0.98, "valid": 0.01, "test": 0.01}},
      "inputs": [{"name": "chat", "spool": "/data/chat_spool", "weight": 0.7,
-                 "manifest": {...the spool's manifest...}, "config_hashes": {"train": "..."}}],
+                 "manifest": {...the spool's record...}, "config_hashes": {"train": "..."}}],
      "splits": {"train": {"links": ["chat__shard_000000.parquet", ...],
                           "shards": ["runs/3f0c.../datasets/chat/9a1e.../shard_000000.parquet"],
                           "shard_bins": [8192, ...], "weights": [0.41, ...], "num_bins": 123, "num_tokens": 456,

@@ -11,7 +11,7 @@
           shard_000000.parquet.receipt.json
           config.json                          what <hash> stands for
 
-``<hash>`` hashes one spool's content (manifest checksums), the packing configuration, the split
+``<hash>`` hashes one spool's content (its record's checksums), the packing configuration, the split
 rule and the split's name; ``<run_hash>`` hashes every input, name and weight with the
 configuration. Sequences are split before packing (:mod:`packlab.pipeline.layout.splits`), then each
 split of each spool is packed on its own. With several spools, link names are prefixed by the
@@ -144,7 +144,7 @@ def build_layout(
                                          bins_per_shard=bins_per_shard,
                                          existing="reuse" if reuse else "overwrite", verify=verify,
                                          **packing["format_options"]))
-        # the run manifest first: until the finished blend replaces it, every reader refuses
+        # a writing blend.json first: until the finished blend replaces it, every reader refuses
         # the layout (and the shard folders' own dataset.json say which shards to expect)
         inputs = [{"name": label, "spool": str(Path(s).resolve()), "weight":
                    None if blend_weights is None else blend_weights[k], "manifest": reader.record,
