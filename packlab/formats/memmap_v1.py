@@ -145,7 +145,6 @@ class MemmapFacts(FormatFacts):
     RECORD_FORMAT = RECORD_FORMAT
     FILES = (*FILES.values(), CHECKSUMS)
     RAW_RUNS = True
-    PADDED = True
     detect = staticmethod(detect)
 
     @classmethod

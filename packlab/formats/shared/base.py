@@ -77,8 +77,6 @@ class FormatFacts:
     IN_RAM: ClassVar[bool] = False
     #: bins are views of memory-mapped files (no decode): the reads held to the memcpy floor
     RAW_RUNS: ClassVar[bool] = False
-    #: every bin occupies ``pack_size`` positions on disk (padding is part of its size)
-    PADDED: ClassVar[bool] = False
     #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can
     #: stream straight to object storage (a temporary key, published by a server-side copy)
     STREAMS: ClassVar[bool] = False
