@@ -1,5 +1,5 @@
-"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`); shared helpers below:
-argument types whose errors name the flag (argparse adds ``argument --seed:``), the
+"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`), and the helpers they share.
+Below: argument types whose errors name the flag (argparse adds ``argument --seed:``), the
 descriptions every command shares, and output (``--json``, tables)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Bins that are one item each: the read path of a format whose bin is one contiguous run of
-values it decodes (``megatron_sft``: Megatron-Bridge's packed items of int32 words, a header,
-the sequence starts and the tokens with the loss-mask bit on top).
+values it decodes. That format is ``megatron_sft``: Megatron-Bridge's packed items of int32
+words, a header, the sequence starts and the tokens with the loss-mask bit on top.
 
 What :mod:`packlab.formats.read.table` does for bins laid out as three columns, this module does
 for bins laid out as items: a format says where its items are (:class:`ItemPlacement`: the

@@ -1,6 +1,7 @@
 """Bins as runs of values in memory-mapped files: the one read path of every format whose bins
-are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
-whose bin is one item it decodes, through :mod:`packlab.formats.read.item_table`).
+are slices of its files. Those are ``memmap_v1``, ``binidx``, ``arrow_ipc`` and ``pbin``
+(``megatron_sft``, whose bin is one item it decodes, reads through
+:mod:`packlab.formats.read.item_table`).
 
 Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped and a read is a
 few lookups and three slices. A format says where its bins are with a :class:`Placement`:

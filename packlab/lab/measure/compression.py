@@ -1,4 +1,4 @@
-"""How small can packed bins be and still read fast: Parquet encodings measured side by side.
+"""Parquet encodings measured side by side: how small packed bins can be and still read fast.
 
 A :class:`~packlab.formats.parquet.encoding.ParquetEncoding` is one recipe for writing the same
 bins as Parquet (codec and level, column encodings and types, page size); the ``parquet``

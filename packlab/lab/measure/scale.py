@@ -1,5 +1,5 @@
 """The RFC's scale, end to end on this machine: every stage of the pipeline measured the same
-way (:mod:`packlab.lab.measure.stages`), one format at a time, each output deleted before the
+way (:mod:`packlab.lab.measure.stages`), one format at a time. Each output is deleted before the
 next where the disk needs it.
 
 :func:`scale_run` (notebook 12) synthesizes a spool of the ``short`` profile, then for each
