@@ -374,7 +374,7 @@ def test_the_raw_csr_floor_gathers_the_same_bins_from_the_same_files(
         shards: dict[str, Path], fmt: str) -> None:
     """The floor is honest only if it moves what the format returns: the same tokens, mask and
     boundaries, gathered by numpy from the format's own files (its Placement); None for a format
-    that decodes or gathers (no raw layout to compare with)."""
+    that decodes or gathers (no placement to compare with)."""
     from packlab.lab.measure.floors import raw_floor
 
     dataset = open_dataset(shards[fmt])

@@ -246,7 +246,7 @@ class RawCsr:
 
 def raw_floor(source: Any) -> RawCsr | None:
     """The raw CSR floor of an open source, or None when a shard's bins are not slices of its
-    files (decoded, gathered from a spool or loaded whole: no raw layout to compare with)."""
+    files (decoded, gathered from a spool or loaded whole: no placement to compare with)."""
     placements = []
     for reader in readers_of(source):
         describe = getattr(reader, "placement", None)

@@ -228,7 +228,7 @@ def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | o
 def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
                   packings: Sequence[tuple[str, int]], *, seed: int = 0) -> list[dict[str, Any]]:
     """``memmap_v1`` bytes per token against pack efficiency, one packing per (algorithm,
-    pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
+    pack_size). ``predicted_bytes_per_token`` is memmap_v1's arithmetic: 5 B per slot of
     capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
     (the CSR of starts), over the tokens; headers and manifest excluded."""
     from packlab.pipeline.shards import write_shards
