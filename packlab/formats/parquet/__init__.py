@@ -133,7 +133,7 @@ class Writer(ParquetFacts, ShardWriter):
     """
 
     ENCODING_NAMES: ClassVar[tuple[str, ...]] = (DEFAULT_ENCODING,
-                                               *(n for n in ENCODINGS if n != DEFAULT_ENCODING))
+                                                 *(n for n in ENCODINGS if n != DEFAULT_ENCODING))
 
     def __init__(
         self,
