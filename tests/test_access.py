@@ -374,14 +374,14 @@ def test_the_raw_csr_floor_gathers_the_same_bins_from_the_same_files(
         shards: dict[str, Path], fmt: str) -> None:
     """The floor is honest only if it moves what the format returns: the same tokens, mask and
     boundaries, gathered by numpy from the format's own files (its Placement); None for a format
-    that decodes or gathers (no raw layout to compare with)."""
+    that decodes or gathers (no placement to compare with)."""
     from packlab.lab.measure.floors import raw_floor
 
     dataset = open_dataset(shards[fmt])
     raw = raw_floor(dataset)
     assert raw is not None and raw_floor(open_dataset(shards["parquet"])) is None
-    for layout in raw.layouts:
-        assert str(layout.tokens.path).startswith(str(shards[fmt]))
+    for placement in raw.placements:
+        assert str(placement.tokens.path).startswith(str(shards[fmt]))
     for i in (0, len(dataset) // 2, len(dataset) - 1):
         item = dataset[i]
         raw.read(i)

@@ -98,7 +98,7 @@ def test_encoding_names_and_rfc_default() -> None:
     assert len(C.study_encodings(uint16=True)) > len(study)
     rows = [{"layout": "a"}, {"layout": "b"}]
     assert C.by_name(rows, "b") is rows[1]
-    with pytest.raises(PacklabError, match="no layout 'c'"):
+    with pytest.raises(PacklabError, match="no encoding 'c'"):
         C.by_name(rows, "c")
 
 
@@ -162,7 +162,7 @@ def test_write_errors_name_the_file(columns: BinColumns, tmp_path: Path) -> None
                            seq_offsets=empty.seq_offsets[:1])
     with pytest.raises(PacklabError, match=r"e\.parquet: no bins"):
         C.write_encoded(empty, tmp_path / "e.parquet", C.RFC_ENCODING, pack_size=PACK)
-    with pytest.raises(PacklabError, match=r"bad\.parquet: cannot write layout 'snappy-5'"):
+    with pytest.raises(PacklabError, match=r"bad\.parquet: cannot write encoding 'snappy-5'"):
         C.write_encoded(columns, tmp_path / "bad.parquet",
                         C.ParquetEncoding(codec="snappy", level=5), pack_size=PACK)
     assert [p.name for p in tmp_path.iterdir()] == ["spool"]  # nothing else left behind

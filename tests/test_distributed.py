@@ -1,4 +1,4 @@
-"""Rank-sharded loading across real processes: torch.distributed (gloo, 127.0.0.1, a free
+"""Per-rank loading across real processes: torch.distributed (gloo, 127.0.0.1, a free
 port), ranks started by torch.multiprocessing, two DataLoader workers inside every rank.
 
 Each module fixture below is one real run (world sizes 1, 2, 3, 4); the tests read what the
@@ -18,8 +18,8 @@ import pytest
 from conftest import write_random_spool
 
 from packlab.errors import PacklabError
-from packlab.lab.sharding.coverage import coverage
-from packlab.lab.sharding.launch import consume, launch, run_phases
+from packlab.lab.per_rank.coverage import coverage
+from packlab.lab.per_rank.launch import consume, launch, run_phases
 from packlab.loading.per_rank import ChunkPlan, ChunkProducer, spool_source
 from packlab.loading.per_rank.plan import chunk_path, marker_path
 from packlab.packing import pack
@@ -232,7 +232,7 @@ def test_no_rank_process_outlives_its_run(world1, world2, world3, world4) -> Non
 def test_the_rendezvous_store_listens_on_loopback_only() -> None:
     """Rank 0's store, as every run makes it: its port is bound to 127.0.0.1, never to every
     interface (torch's own TCPStore would listen on ``::``: a wildcard, in any namespace)."""
-    from packlab.lab.sharding.launch import free_port, local_store
+    from packlab.lab.per_rank.launch import free_port, local_store
 
     port = free_port()
     store = local_store(0, 1, port, timeout=30.0)

@@ -2,12 +2,14 @@
 every relative ``:mod:`.name``` in one) is a module of the package, or a name defined in one.
 
 Docstrings are read with ``ast``; a name is looked up in the module's own top-level
-definitions and imports, without importing anything.
+definitions and imports, without importing anything. Every module opens with one short
+sentence saying what it is (:func:`first_sentence_problem`).
 """
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 from functools import cache
 from pathlib import Path
@@ -16,7 +18,13 @@ from test_architecture import MODULES, ROOT
 
 NAME = re.compile(r"(?<![\w.])packlab(?:\.[A-Za-z_]\w*)+")
 RELATIVE = re.compile(r":(?:mod|class|func|data|meth):`~?(\.[A-Za-z_][\w.]*)`")
-
+#: the longest first sentence a module's docstring opens with (a line and a half)
+MAX_FIRST_SENTENCE = 200
+#: a sentence in a question's word order: an auxiliary first, or a question word (and at most
+#: one word) before one ("Does a model...", "How small can...")
+AUXILIARY = r"(?:does|do|did|is|are|was|were|can|could|should|will|would|has|have)"
+QUESTION = re.compile(rf"(?i:{AUXILIARY})\b|(?:How|What|Why|Which|Where|When|Who)"
+                      rf"(?:\s+[\w'`]+)?\s+{AUXILIARY}\b")
 
 
 @cache
@@ -91,3 +99,43 @@ def test_the_check_sees_a_name_that_does_not_exist() -> None:
     assert not exists("packlab.storage.location.NoSuchClass")
     assert absolute("packlab.sources", ".validate") == "packlab.sources.validate"
     assert not exists(absolute("packlab.sources", ".checks"))
+
+
+def first_sentence_problem(doc: str | None) -> str | None:
+    """What is wrong with the sentence a module's docstring opens with (None: nothing). The
+    sentence ends at the first period followed by whitespace, within the first paragraph: it
+    must be there, at most :data:`MAX_FIRST_SENTENCE` characters, and a statement, not a
+    question."""
+    if doc is None or not doc.strip():
+        return "no docstring"
+    paragraph = re.split(r"\n\s*\n", inspect.cleandoc(doc).strip(), maxsplit=1)[0]
+    end = re.search(r"\.(?=\s|$)", paragraph)
+    if end is None:
+        return "its first paragraph ends no sentence with a period"
+    sentence = " ".join(paragraph[:end.end()].split())
+    if len(sentence) > MAX_FIRST_SENTENCE:
+        return f"its first sentence is {len(sentence)} characters (at most {MAX_FIRST_SENTENCE})"
+    if "?" in sentence or QUESTION.match(sentence):
+        return f"its first sentence asks: {sentence!r}"
+    return None
+
+
+def test_every_module_opens_with_one_sentence_saying_what_it_is() -> None:
+    bad = [f"{path.relative_to(ROOT.parent)}: {problem}" for path in MODULES.values()
+           if (problem := first_sentence_problem(
+               ast.get_docstring(ast.parse(path.read_text()), clean=False))) is not None]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_check_sees_a_bad_first_sentence() -> None:
+    assert first_sentence_problem("The chunk plan producers and consumers agree on.\n\nMore.") is None
+    assert first_sentence_problem("Formats: one module each, a writer and a reader.") is None
+    assert first_sentence_problem("How a Parquet shard's bytes are laid out: codec, pages.") is None
+    assert first_sentence_problem(None) == "no docstring"
+    assert first_sentence_problem("  \n ") == "no docstring"
+    assert "no sentence" in first_sentence_problem("A title without a period\n\nThen a sentence.")
+    assert "no sentence" in first_sentence_problem("``packlab.formats.read``: no end")
+    assert "characters" in first_sentence_problem("A module " + "that does things " * 13 + ".")
+    assert "asks" in first_sentence_problem("Does a model keep sequences apart? It does.")
+    assert "asks" in first_sentence_problem("How small can bins be and still read fast: a study.")
+    assert "asks" in first_sentence_problem("Is this a statement.")

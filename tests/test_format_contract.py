@@ -429,6 +429,6 @@ def test_every_format_is_under_contract() -> None:
         module = get_format(name)
         assert module.Writer.FORMAT == module.Reader.FORMAT == name
         for fact in ("SUFFIX", "RECORD", "FILES", "NEEDS_SPOOL", "IN_RAM", "RAW_RUNS",
-                     "PADDED", "STREAMS", "READS_IN_PLACE", "SQL_READABLE", "BUFFERED_BINS"):
+                     "STREAMS", "READS_IN_PLACE", "SQL_READABLE", "BUFFERED_BINS"):
             assert getattr(module.Writer, fact) == getattr(module.Reader, fact), (name, fact)
 

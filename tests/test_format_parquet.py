@@ -36,10 +36,10 @@ def bins(tmp_path: Path) -> list[PackedBin]:
 
 @pytest.fixture(params=["default", "smallest", "dictionary"])
 def shard(request: pytest.FixtureRequest, tmp_path: Path, bins: list[PackedBin]) -> Path:
-    """A shard in the writer's default layout (compact), and in the other named ones: every
+    """A shard in the writer's default encoding (compact), and in the other named ones: every
     reader below reads each unchanged."""
     path = tmp_path / "shard.parquet"
-    options = {} if request.param == "default" else {"layout": request.param}
+    options = {} if request.param == "default" else {"encoding": request.param}
     write_shard(path, bins, 1024, row_group_size=16, **options)
     return path
 
@@ -54,12 +54,12 @@ def _encodings(path: Path) -> dict[str, tuple[set[str], str, int | None]]:
     return out
 
 
-def test_the_default_layout_is_compact_and_the_old_one_is_one_option_away(
+def test_the_default_encoding_is_compact_and_the_old_one_is_one_option_away(
         tmp_path: Path, bins: list[PackedBin]) -> None:
     """Default: zstd-9, PLAIN tokens, DELTA_BINARY_PACKED starts (standard encodings), 16 MiB
-    pages; layout="dictionary" writes what Nemotron writes (dictionary everywhere, zstd)."""
+    pages; encoding="dictionary" writes what Nemotron writes (dictionary everywhere, zstd)."""
     write_shard(tmp_path / "compact.parquet", bins, 1024)
-    write_shard(tmp_path / "dictionary.parquet", bins, 1024, layout="dictionary")
+    write_shard(tmp_path / "dictionary.parquet", bins, 1024, encoding="dictionary")
     compact, dictionary = (_encodings(tmp_path / f"{n}.parquet") for n in ("compact", "dictionary"))
     assert "PLAIN" in compact["input_ids"][0] and "RLE_DICTIONARY" not in compact["input_ids"][0]
     assert "DELTA_BINARY_PACKED" in compact["seq_start_id"][0]
@@ -76,8 +76,8 @@ def test_the_default_layout_is_compact_and_the_old_one_is_one_option_away(
     for name in ("compact", "dictionary"):
         reader = Reader(tmp_path / f"{name}.parquet")
         assert all(bins_equal(reader.read_bin(i), b) for i, b in enumerate(bins))
-    with pytest.raises(PacklabError, match="unknown Parquet layout 'tiny'"):
-        write_shard(tmp_path / "x.parquet", bins, 1024, layout="tiny")
+    with pytest.raises(PacklabError, match="unknown Parquet encoding 'tiny'"):
+        write_shard(tmp_path / "x.parquet", bins, 1024, encoding="tiny")
 
 
 # -- round trips ------------------------------------------------------------------------------

@@ -62,12 +62,12 @@ def _flip(file: Path, offset: int, mask: int = 0x01) -> None:
 
 def _byte_of(shard: Path, column: str, b: int, position: int) -> tuple[Path, int]:
     """File and byte offset of value ``position`` of bin ``b``'s ``column`` (tokens or mask)."""
-    layout = open_shard(shard).layout()
-    runs = layout.index.runs(b, b + 1)
+    placement = open_shard(shard).placement()
+    runs = placement.index.runs(b, b + 1)
     if column == "tokens":
-        c, first = layout.tokens, int(runs.token_start[0])
+        c, first = placement.tokens, int(runs.token_start[0])
     else:
-        c, first = layout.mask, int(runs.mask_start[0])
+        c, first = placement.mask, int(runs.mask_start[0])
     return Path(c.path), c.offset + np.dtype(c.dtype).itemsize * (first + position)
 
 

@@ -1,7 +1,7 @@
-"""Megatron-core's ``MMIDIDX`` index (``.idx``), which ``binidx`` and ``megatron_sft`` write and
-read, and spools exported as Megatron prefixes (:mod:`packlab.spool.prefix`) too: one
-implementation of its layout, its writing and its checks (a layer below the spool and the
-formats, so both use it).
+"""Megatron-core's ``MMIDIDX`` index (``.idx``): one implementation of its fields, its writing
+and its checks. ``binidx`` and ``megatron_sft`` write and read it, and spools exported as
+Megatron prefixes (:mod:`packlab.spool.prefix`) too (a layer below the spool and the formats,
+so both use it).
 
 Field by field, little-endian, as megatron-core's ``_IndexWriter`` writes it::
 

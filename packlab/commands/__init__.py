@@ -1,5 +1,5 @@
-"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`); shared helpers below:
-argument types whose errors name the flag (argparse adds ``argument --seed:``), the
+"""One module per ``packlab`` subcommand (see :mod:`packlab.cli`), and the helpers they share.
+Below: argument types whose errors name the flag (argparse adds ``argument --seed:``), the
 descriptions every command shares, and output (``--json``, tables)."""
 
 from __future__ import annotations
@@ -9,19 +9,20 @@ import json
 import sys
 from typing import Any
 
+from packlab.limits import MAX_COUNT
+
 DATASET_HELP = ("a shard, a directory of shards, a glob, an output layout (with --split), "
                 "ROOT/splits/NAME, a run folder (ROOT/runs/...), a Nemotron output directory; "
                 "local or a URI (s3://bucket/prefix)")
 OUTPUT_HELP = "a local path or a URI (s3://bucket/prefix: written locally, then uploaded)"
 
 
-MAX_INT = 1 << 48  # more than any count on any disk (what a shard's record may hold)
 MAX_SEED = (1 << 63) - 1
 
 
 def positive_int(text: str) -> int:
-    """An argparse type: an integer from 1 to :data:`MAX_INT`."""
-    return int_in_range(text, 1, MAX_INT)
+    """An argparse type: an integer from 1 to :data:`~packlab.limits.MAX_COUNT`."""
+    return int_in_range(text, 1, MAX_COUNT)
 
 
 def nonnegative_int(text: str) -> int:

@@ -1,6 +1,6 @@
 """``packlab export SPOOL OUT``: a spool as a Megatron-core ``.bin/.idx`` prefix, one document
-per conversation, what Megatron-LM's ``SFTDataset`` (pull request #5017, open) reads; the masks in
-packlab's sidecar beside it, from the spool or derived from the chat role markers
+per conversation. It is what Megatron-LM's ``SFTDataset`` (pull request #5017, open) reads;
+the masks in packlab's sidecar beside it, from the spool or derived from the chat role markers
 (``--chat-markers``). The work: :func:`packlab.sources.export.export`."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Each module under ``packlab/formats/`` defines ``FORMAT`` (its name), ``Writer``
 :class:`~packlab.formats.shared.base.ShardReader`). What the format *is* lives on those two classes,
 as the attributes of :class:`~packlab.formats.shared.base.FormatFacts` they share (``SUFFIX``,
 ``RECORD``, ``RECORD_FORMAT``, ``FILES``, ``NEEDS_SPOOL``, ``IN_RAM``, ``RAW_RUNS``,
-``PADDED``, ``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``BUFFERED_BINS``, ``detect``);
+``STREAMS``, ``READS_IN_PLACE``, ``SQL_READABLE``, ``BUFFERED_BINS``, ``detect``);
 everything else in packlab reads them
 through this registry and never tests a format's name.
 

@@ -397,7 +397,7 @@ class Reader(SftFacts, TableReads, ShardReader):
                           self._decode, self._summarize,
                           self._pack_size or MAX_PACK_SIZE, str(self.bin), checksum)
 
-    def layout(self) -> None:  # type: ignore[override]
+    def placement(self) -> None:  # type: ignore[override]
         """None: its bins are decoded from items, not slices of columns (no raw CSR floor)."""
         return None
 
@@ -471,11 +471,11 @@ class Reader(SftFacts, TableReads, ShardReader):
                               f"{self.num_bins} (corrupted)")
         pack_size = self.pack_size  # a pair without a sidecar: its headers read first
         maps = Maps()
-        layout = self._placement(maps)._replace(pack_size=pack_size)
-        table = ItemTable.mapped(layout, maps)
+        placement = self._placement(maps)._replace(pack_size=pack_size)
+        table = ItemTable.mapped(placement, maps)
         table.check_contents(token_limit=MAX_ID + 1, convention=self.convention)
-        if layout.checksum is not None:
-            table.check_checksums(layout.checksum)
+        if placement.checksum is not None:
+            table.check_checksums(placement.checksum)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": pack_size,
                 "bytes_on_disk": self.bytes_on_disk(), "bin_checksums": self.has_checksums,

@@ -145,7 +145,6 @@ class MemmapFacts(FormatFacts):
     RECORD_FORMAT = RECORD_FORMAT
     FILES = (*FILES.values(), CHECKSUMS)
     RAW_RUNS = True
-    PADDED = True
     detect = staticmethod(detect)
 
     @classmethod
@@ -396,16 +395,16 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
         verify_files(self.path, self.record["files"], checksums=True)
         maps = Maps()
-        layout = self._placement(maps)
-        table = BinTable.mapped(layout, maps, check=False)
+        placement = self._placement(maps)
+        table = BinTable.mapped(placement, maps, check=False)
         table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin
         if int(table.packed_lengths().sum()) != self.num_tokens:
             raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
                               f"{int(table.packed_lengths().sum())} tokens, the record says "
                               f"{self.num_tokens} (corrupted)")
-        self._check_padding(maps, layout, table.packed_lengths())
-        if layout.checksum is not None:
-            table.check_checksums(layout.checksum)
+        self._check_padding(maps, placement, table.packed_lengths())
+        if placement.checksum is not None:
+            table.check_checksums(placement.checksum)
         return {"format": FORMAT, "path": str(self.path), "num_bins": self.num_bins,
                 "num_tokens": self.num_tokens, "num_seqs": self.num_seqs,
                 "pack_size": self.pack_size, "checksums": True,
@@ -436,11 +435,11 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         read); a shard written before identities were recorded has none to check."""
         check_identity(file, header, self.record.get("identity"))
 
-    def _check_padding(self, maps: Maps, layout: Placement, lengths: np.ndarray) -> None:
+    def _check_padding(self, maps: Maps, placement: Placement, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""
         p = self.pack_size
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * p))
-        ids, mask = maps.column(layout.tokens), maps.column(layout.mask)
+        ids, mask = maps.column(placement.tokens), maps.column(placement.mask)
         with sequential(*maps.files.values()):
             for a in range(0, self.num_bins, step):
                 b = min(a + step, self.num_bins)

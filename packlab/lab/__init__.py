@@ -6,5 +6,5 @@ Nothing in the core (``packlab`` outside this package) imports it. Here: every m
 (:mod:`.report`), the training study (:mod:`.train`), JupyterLab (:mod:`.jupyter`), the
 notebooks' helpers (:mod:`.results`, :mod:`.plots`, :mod:`.tables`), the local S3 server
 tests and notebooks start (:mod:`.s3server`), the reproductions of the design documents'
-rank-sharded loader (:mod:`.sharding`) and a shard's deliberate damage (:mod:`.tamper`).
+per-rank loader (:mod:`.per_rank`) and a shard's deliberate damage (:mod:`.tamper`).
 """

@@ -1,5 +1,5 @@
-"""``export``: a spool (local or on object storage) written as a Megatron-core ``.bin/.idx``
-prefix, local or on object storage, through :func:`packlab.sources.outputs.output` as every
+"""``export``: a spool written as a Megatron-core ``.bin/.idx`` prefix, each local or on object
+storage. It is written through :func:`packlab.sources.outputs.output` as every
 writing command writes (a URI is staged, then uploaded; ``--overwrite`` replaces only a prefix
 packlab exported). The work is :func:`packlab.spool.export.export_spool`.
 

@@ -1,5 +1,5 @@
 """A spool written as a Megatron-core ``.bin/.idx`` prefix (one document per sequence), with
-packlab's mask sidecar and record beside it: what Megatron-LM's ``SFTDataset`` reads
+packlab's mask sidecar and record beside it. That is what Megatron-LM's ``SFTDataset`` reads
 (:mod:`packlab.spool.prefix` says the files and the commit of Megatron-LM they follow).
 
 Streamed: sequences are copied a chunk at a time (memory: one chunk of tokens, whatever the

@@ -39,7 +39,7 @@ from packlab.formats import format_names
 from packlab.interop.bridge_dataset import BridgeSFTDataset, bridge_samples_mapping
 from packlab.interop.bridge_metadata import PACK_METADATA_FILE
 from packlab.lab.interop_inputs import BridgeTokenizer
-from packlab.lab.sharding.launch import free_port
+from packlab.lab.per_rank.launch import free_port
 from packlab.sources import open_dataset
 
 PACK = 512

@@ -1,5 +1,5 @@
 """packlab's reproduction of Megatron's pretraining samplers
-(``packlab/lab/sharding/megatron_sampler.py``: what notebook 08's model of seed 003's design and
+(``packlab/lab/per_rank/megatron_sampler.py``: what notebook 08's model of seed 003's design and
 its real ranks use) against Megatron-Bridge's own (``megatron/bridge/data/samplers.py``,
 0.6.2): ``MegatronPretrainingSampler`` and ``MegatronPretrainingRandomSampler``, over the same
 arguments (every rank of world sizes 1 to 8, micro-batch sizes, totals that do and do not fill
@@ -16,7 +16,7 @@ import pytest
 from bridge_code import import_bridge
 
 from packlab.errors import PacklabError
-from packlab.lab.sharding.megatron_sampler import (
+from packlab.lab.per_rank.megatron_sampler import (
     MegatronPretrainingRandomSampler,
     MegatronPretrainingSampler,
     pretraining_batches,

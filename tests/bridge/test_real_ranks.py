@@ -1,7 +1,7 @@
 """Seed 003's design on real ranks (torch.distributed, gloo, 127.0.0.1; two DataLoader workers
 a rank), its indices given by Megatron-Bridge's own ``MegatronPretrainingSampler``: each rank
 asks for what Bridge's sampler gives it, and is served what packlab's model of the design
-predicts (:func:`packlab.lab.sharding.coverage.seed_epoch`, over packlab's reproduction of the
+predicts (:func:`packlab.lab.per_rank.coverage.seed_epoch`, over packlab's reproduction of the
 sampler, which ``test_megatron_samplers.py`` shows equal to Bridge's): samples served twice and
 samples never served, on real processes. The rank-local fix on real ranks:
 ``tests/test_distributed.py``.
@@ -17,8 +17,8 @@ import pytest
 from bridge_ranks import run_phases_with_bridge
 from conftest import write_random_spool
 
-from packlab.lab.sharding.coverage import coverage, seed_epoch
-from packlab.lab.sharding.launch import launch
+from packlab.lab.per_rank.coverage import coverage, seed_epoch
+from packlab.lab.per_rank.launch import launch
 from packlab.loading.per_rank import ChunkPlan, ChunkProducer, spool_source
 from packlab.packing import pack
 

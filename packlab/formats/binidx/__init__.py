@@ -490,12 +490,12 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)
         maps = Maps()
-        layout = self._placement(maps)
-        table = BinTable.mapped(layout, maps, check=False)
+        placement = self._placement(maps)
+        table = BinTable.mapped(placement, maps, check=False)
         limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
         table.check_contents(token_limit=limit)  # every invariant of every bin
-        if layout.checksum is not None:
-            table.check_checksums(layout.checksum)
+        if placement.checksum is not None:
+            table.check_checksums(placement.checksum)
         return {"format": FORMAT, "num_bins": self.num_bins, "num_tokens": self.num_tokens,
                 "num_seqs": self.num_seqs, "pack_size": self.pack_size,
                 "token_dtype": self.token_dtype.name, "bytes_on_disk": self.bytes_on_disk(),

@@ -6,8 +6,8 @@ Schema (what Nemotron writes and Megatron-Bridge reads)::
     loss_mask     list<uint8>   next-token loss mask (0/1)
     seq_start_id  list<int32>   sub-sequence starts [0, s1, ...]
 
-Written in the ``"compact"`` layout by default (:mod:`packlab.formats.parquet.encoding`: zstd
-level 9, PLAIN tokens, DELTA_BINARY_PACKED starts, 16 MiB pages; ``layout="dictionary"``
+Written in the ``"compact"`` encoding by default (:mod:`packlab.formats.parquet.encoding`: zstd
+level 9, PLAIN tokens, DELTA_BINARY_PACKED starts, 16 MiB pages; ``encoding="dictionary"``
 writes what Nemotron writes, zstd level 1 with dictionary encoding everywhere), standard
 encodings only,
 ``row_group_size`` bins per row group, CRC-32 page checksums, and the packlab metadata as JSON
@@ -55,10 +55,10 @@ import pyarrow.parquet as pq
 from packlab.bins import PackedBin, check_convention
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.parquet.encoding import (
-    DEFAULT_LAYOUT,
-    LAYOUTS,
+    DEFAULT_ENCODING,
+    ENCODINGS,
     ParquetEncoding,
-    layout_named,
+    encoding_named,
     with_options,
 )
 from packlab.formats.shared import stacks
@@ -119,10 +119,10 @@ class ParquetFacts(FormatFacts):
 class Writer(ParquetFacts, ShardWriter):
     """Streaming Parquet writer; memory bounded by one row group.
 
-    Keyword options: ``layout`` (``"compact"``, the default; ``"smallest"``; or
-    ``"dictionary"``, the old default and Nemotron's: :data:`~packlab.formats.parquet.encoding.LAYOUTS`; or a
+    Keyword options: ``encoding`` (``"compact"``, the default; ``"smallest"``; or
+    ``"dictionary"``, the old default and Nemotron's: :data:`~packlab.formats.parquet.encoding.ENCODINGS`; or a
     :class:`~packlab.formats.parquet.encoding.ParquetEncoding`), ``row_group_size`` (bins per
-    row group), and, over the layout's choice, ``compression`` (zstd, snappy, gzip, brotli,
+    row group), and, over the encoding's choice, ``compression`` (zstd, snappy, gzip, brotli,
     lz4, none), ``compression_level``, ``use_dictionary`` (True: every column
     dictionary-encoded; False: none).
 
@@ -132,15 +132,15 @@ class Writer(ParquetFacts, ShardWriter):
     the number of row groups (the writer-memory contract test, notebook 04).
     """
 
-    LAYOUT_NAMES: ClassVar[tuple[str, ...]] = (DEFAULT_LAYOUT,
-                                               *(n for n in LAYOUTS if n != DEFAULT_LAYOUT))
+    ENCODING_NAMES: ClassVar[tuple[str, ...]] = (DEFAULT_ENCODING,
+                                                 *(n for n in ENCODINGS if n != DEFAULT_ENCODING))
 
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         pack_size: int,
-        layout: str | ParquetEncoding = DEFAULT_LAYOUT,
+        encoding: str | ParquetEncoding = DEFAULT_ENCODING,
         row_group_size: int = DEFAULT_ROW_GROUP_SIZE,
         compression: str | None = None,
         compression_level: int | None = None,
@@ -150,7 +150,7 @@ class Writer(ParquetFacts, ShardWriter):
         if isinstance(row_group_size, bool) or int(row_group_size) < 1:
             raise PacklabError(f"{path}: row_group_size must be a positive number of bins, "
                                f"got {row_group_size!r}")
-        self.encoding = with_options(layout_named(layout), row_group_size=row_group_size,
+        self.encoding = with_options(encoding_named(encoding), row_group_size=row_group_size,
                                      compression=compression,
                                      compression_level=compression_level,
                                      use_dictionary=use_dictionary)

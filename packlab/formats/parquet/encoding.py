@@ -7,7 +7,7 @@ uint16) and encoding (dictionary, PLAIN, BYTE_STREAM_SPLIT, DELTA_BINARY_PACKED)
 mask's and sequence starts' encodings, the data page size. Its ``name`` (``zstd-19 plain
 starts-delta``) labels it in notebook 06's rows.
 
-The ``parquet`` writer takes one by name (:data:`LAYOUTS`); notebook 06 measures all three on
+The ``parquet`` writer takes one by name (:data:`ENCODINGS`); notebook 06 measures all three on
 real chat text (``cl100k_base`` tokens) and synthetic data, and checks the choice:
 
 - ``"compact"`` (the default): zstd level 9, tokens PLAIN (whole ids, so zstd's matches find
@@ -15,12 +15,12 @@ real chat text (``cl100k_base`` tokens) and synthetic data, and checks the choic
   dictionary-encoded (runs of 0s and 1s: RLE), 16 MiB data pages (a row group's column in one
   page: zstd sees all of it). On real text about 40% smaller than ``"dictionary"``, decoded as
   fast, written about 3x slower (about 10 M tokens per CPU second against 30 M): the smallest
-  layout that reads as fast and writes at least a quarter as fast as the old default;
+  encoding that reads as fast and writes at least a quarter as fast as the old default;
 - ``"smallest"``: the same at zstd level 19: 3-4 points smaller still, written about 80x
   slower than ``"dictionary"`` (0.4 M tokens per CPU second);
 - ``"dictionary"``: what Nemotron writes and packlab wrote before: zstd at pyarrow's default
   level (1), dictionary encoding everywhere, 1 MiB pages (:data:`RFC_ENCODING`, the RFC's
-  layout).
+  encoding).
 
 Synthetic ids carry no repeats for PLAIN to find: on uniform random ids ``"compact"`` is about
 10% larger than ``"dictionary"`` and BYTE_STREAM_SPLIT smaller (notebook 06 shows it); real
@@ -54,7 +54,7 @@ CODECS = ("none", "snappy", "lz4", "gzip", "zstd", "brotli")
 @dataclass(frozen=True)
 class ParquetEncoding:
     """One way of writing bins as Parquet (same schema names, same bins, same reader); the
-    defaults are the RFC's layout (:data:`RFC_ENCODING`)."""
+    defaults are the RFC's encoding (:data:`RFC_ENCODING`)."""
 
     codec: str = "zstd"
     level: int | None = None
@@ -121,22 +121,22 @@ class ParquetEncoding:
 
 RFC_ENCODING = ParquetEncoding()
 _PAGE = 16 << 20
-LAYOUTS: dict[str, ParquetEncoding] = {
+ENCODINGS: dict[str, ParquetEncoding] = {
     "compact": ParquetEncoding(level=9, tokens="plain", starts="delta", page_size=_PAGE),
     "smallest": ParquetEncoding(level=19, tokens="plain", starts="delta", page_size=_PAGE),
     "dictionary": RFC_ENCODING,
 }
-DEFAULT_LAYOUT = "compact"
+DEFAULT_ENCODING = "compact"
 
 
-def layout_named(layout: str | ParquetEncoding) -> ParquetEncoding:
-    """A layout by name (:data:`LAYOUTS`) or as given."""
-    if isinstance(layout, ParquetEncoding):
-        return layout
-    if layout not in LAYOUTS:
-        raise PacklabError(f"unknown Parquet layout {layout!r}; choose from {', '.join(LAYOUTS)} "
-                           "(or pass a ParquetEncoding)")
-    return LAYOUTS[layout]
+def encoding_named(encoding: str | ParquetEncoding) -> ParquetEncoding:
+    """An encoding by name (:data:`ENCODINGS`) or as given."""
+    if isinstance(encoding, ParquetEncoding):
+        return encoding
+    if encoding not in ENCODINGS:
+        raise PacklabError(f"unknown Parquet encoding {encoding!r}; choose from "
+                           f"{', '.join(ENCODINGS)} (or pass a ParquetEncoding)")
+    return ENCODINGS[encoding]
 
 
 def normalize_codec(compression: str | None) -> str:
@@ -153,7 +153,7 @@ def with_options(base: ParquetEncoding, *, row_group_size: int, compression: str
                  ) -> ParquetEncoding:
     """``base`` with the writer's explicit keywords applied (``use_dictionary=True``: every
     column dictionary-encoded, ``False``: none; a codec given without a level drops the
-    layout's level, which belongs to its codec)."""
+    encoding's level, which belongs to its codec)."""
     changes: dict[str, Any] = {"row_group_size": int(row_group_size)}
     if compression is not None:
         codec = normalize_codec(compression)

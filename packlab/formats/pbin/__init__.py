@@ -409,9 +409,9 @@ class Reader(PbinFacts, TableReads, ShardReader):
             return self._summary()
         self._verify_checksum()
         maps = Maps()
-        layout = self._placement(maps)
-        assert layout is not None
-        table = BinTable.mapped(layout, maps, check=False)
+        placement = self._placement(maps)
+        assert placement is not None
+        table = BinTable.mapped(placement, maps, check=False)
         table.check_contents(token_limit=self.vocab_size  # every invariant of every bin
                              or int(np.iinfo(self.token_dtype).max) + 1)
         offsets = np.concatenate(([0], np.cumsum(table.packed_lengths())))
@@ -420,8 +420,8 @@ class Reader(PbinFacts, TableReads, ShardReader):
         if index.shape != expected.shape or not np.array_equal(index, expected):
             raise FormatError(f"{self.path}: the pickled index disagrees with the packlab "
                               "trailer (corrupted)")
-        if layout.checksum is not None:
-            table.check_checksums(layout.checksum)
+        if placement.checksum is not None:
+            table.check_checksums(placement.checksum)
         return self._summary()
 
     def _summary(self) -> dict[str, Any]:

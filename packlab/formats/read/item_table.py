@@ -1,6 +1,6 @@
 """Bins that are one item each: the read path of a format whose bin is one contiguous run of
-values it decodes (``megatron_sft``: Megatron-Bridge's packed items of int32 words, a header,
-the sequence starts and the tokens with the loss-mask bit on top).
+values it decodes. That format is ``megatron_sft``: Megatron-Bridge's packed items of int32
+words, a header, the sequence starts and the tokens with the loss-mask bit on top.
 
 What :mod:`packlab.formats.read.table` does for bins laid out as three columns, this module does
 for bins laid out as items: a format says where its items are (:class:`ItemPlacement`: the
@@ -92,20 +92,20 @@ class ItemTable:
                  "checksum", "num_bins", "pack_size", "source", "maps", "advice", "width",
                  "offset", "ranged")
 
-    def __init__(self, layout: ItemPlacement, maps: Maps, *, verify: bool = False) -> None:
-        refuse_unverifiable(layout.source, verify, layout.checksum is not None)
-        self.items = maps.column(layout.items)
-        self.ranged = isinstance(layout.items.path, Location)
-        self.width = np.dtype(layout.items.dtype).itemsize
-        self.offset = layout.items.offset
-        self.advice = None if self.ranged else ReadAdvice(maps.file(layout.items.path).fd)
-        self.index = layout.index
-        self.decode = layout.decode
-        self.summarize = layout.summarize
-        self.checksum = layout.checksum if verify else None
-        self.num_bins = layout.index.num_bins
-        self.pack_size = layout.pack_size
-        self.source = layout.source
+    def __init__(self, placement: ItemPlacement, maps: Maps, *, verify: bool = False) -> None:
+        refuse_unverifiable(placement.source, verify, placement.checksum is not None)
+        self.items = maps.column(placement.items)
+        self.ranged = isinstance(placement.items.path, Location)
+        self.width = np.dtype(placement.items.dtype).itemsize
+        self.offset = placement.items.offset
+        self.advice = None if self.ranged else ReadAdvice(maps.file(placement.items.path).fd)
+        self.index = placement.index
+        self.decode = placement.decode
+        self.summarize = placement.summarize
+        self.checksum = placement.checksum if verify else None
+        self.num_bins = placement.index.num_bins
+        self.pack_size = placement.pack_size
+        self.source = placement.source
         self.maps = maps
         self.firsts, self.counts, self.locator_bytes = self._locator(len(self.items))
 
@@ -127,8 +127,8 @@ class ItemTable:
         return self.firsts[b], self.counts[b]
 
     @classmethod
-    def mapped(cls, layout: ItemPlacement, maps: Maps, *, verify: bool = False) -> ItemTable:
-        return cls(layout, maps, verify=verify)
+    def mapped(cls, placement: ItemPlacement, maps: Maps, *, verify: bool = False) -> ItemTable:
+        return cls(placement, maps, verify=verify)
 
     def values(self, first: int, count: int) -> np.ndarray:
         """An item's values, asked for at once: locally the whole item advised when cold (a

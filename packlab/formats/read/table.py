@@ -1,6 +1,7 @@
 """Bins as runs of values in memory-mapped files: the one read path of every format whose bins
-are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
-whose bin is one item it decodes, through :mod:`packlab.formats.read.item_table`).
+are slices of its files. Those are ``memmap_v1``, ``binidx``, ``arrow_ipc`` and ``pbin``
+(``megatron_sft``, whose bin is one item it decodes, reads through
+:mod:`packlab.formats.read.item_table`).
 
 Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped and a read is a
 few lookups and three slices. A format says where its bins are with a :class:`Placement`:
@@ -211,18 +212,18 @@ class Maps:
             return RangedColumn(self.ranged.window(column.path), *column[1:])
         return self.values(*column)
 
-    def advice(self, layout: Placement) -> Any:
-        """The read advice of a table over ``layout``'s tokens and mask: cold pages asked for
+    def advice(self, placement: Placement) -> Any:
+        """The read advice of a table over ``placement``'s tokens and mask: cold pages asked for
         together (:class:`TableAdvice`), or, on object storage, the bin's runs fetched."""
-        if isinstance(layout.tokens.path, Location) or isinstance(layout.mask.path, Location):
-            return RangedAdvice(self.column(layout.tokens), self.column(layout.mask))
-        tokens, mask = self.file(layout.tokens.path), self.file(layout.mask.path)
-        local = not isinstance(layout.starts.path, Location)  # else in a local cache: read
-        starts = self.file(layout.starts.path) if local else mask
-        return TableAdvice(tokens.fd, np.dtype(layout.tokens.dtype).itemsize,
-                           layout.tokens.offset, mask.fd, layout.mask.offset, starts.fd,
-                           layout.starts.offset if local else 0,
-                           np.dtype(layout.starts.dtype).itemsize if local else 0)
+        if isinstance(placement.tokens.path, Location) or isinstance(placement.mask.path, Location):
+            return RangedAdvice(self.column(placement.tokens), self.column(placement.mask))
+        tokens, mask = self.file(placement.tokens.path), self.file(placement.mask.path)
+        local = not isinstance(placement.starts.path, Location)  # else in a local cache: read
+        starts = self.file(placement.starts.path) if local else mask
+        return TableAdvice(tokens.fd, np.dtype(placement.tokens.dtype).itemsize,
+                           placement.tokens.offset, mask.fd, placement.mask.offset, starts.fd,
+                           placement.starts.offset if local else 0,
+                           np.dtype(placement.starts.dtype).itemsize if local else 0)
 
 
 class TableAdvice(ReadAdvice):
@@ -285,15 +286,15 @@ class BinTable:
         self.locate = Locator(index, self._check_structure if check else None).locate
 
     @classmethod
-    def mapped(cls, layout: Placement, maps: Maps, *, verify: bool = False,
+    def mapped(cls, placement: Placement, maps: Maps, *, verify: bool = False,
                check: bool = True) -> BinTable:
-        """The table of a shard's files as ``layout`` says (``maps``: its files, mapped)."""
-        refuse_unverifiable(layout.source, verify, layout.checksum is not None)
-        advice = maps.advice(layout)
-        return cls(maps.column(layout.tokens), maps.column(layout.mask),
-                   maps.column(layout.starts), layout.index, pack_size=layout.pack_size,
-                   source=layout.source, advice=advice,
-                   checksum=layout.checksum if verify else None, maps=maps, check=check)
+        """The table of a shard's files as ``placement`` says (``maps``: its files, mapped)."""
+        refuse_unverifiable(placement.source, verify, placement.checksum is not None)
+        advice = maps.advice(placement)
+        return cls(maps.column(placement.tokens), maps.column(placement.mask),
+                   maps.column(placement.starts), placement.index, pack_size=placement.pack_size,
+                   source=placement.source, advice=advice,
+                   checksum=placement.checksum if verify else None, maps=maps, check=check)
 
     def bin(self, b: int) -> PackedBin:
         """Bin ``b`` (in ``[0, num_bins)``: callers check): three arrays of its own (read by
@@ -486,15 +487,15 @@ class TableReads:
         when the shard's bins are not slices of its files."""
         if self._table is None and not self._untabled:
             maps = Maps()
-            layout = self._placement(maps)
-            if layout is None:
+            placement = self._placement(maps)
+            if placement is None:
                 self._untabled = True
                 return None
-            self._table = layout.table(maps, verify=self.verify)
+            self._table = placement.table(maps, verify=self.verify)
             forget_after_fork(self)
         return self._table
 
-    def layout(self) -> Placement | None:
+    def placement(self) -> Placement | None:
         """Where this shard's bins are (None when they are not slices of its files): what
         the raw CSR floor reads."""
         return self._placement(Maps())

@@ -30,6 +30,7 @@ import pyarrow.fs as pafs
 from packlab.bins import PackedBin, check_bin
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.shared.stacks import StackInput
+from packlab.limits import MAX_COUNT
 from packlab.storage.files import DIRECTORY_RECORD, read_json
 from packlab.storage.location import Location, as_location
 from packlab.version import __version__
@@ -76,8 +77,6 @@ class FormatFacts:
     IN_RAM: ClassVar[bool] = False
     #: bins are views of memory-mapped files (no decode): the reads held to the memcpy floor
     RAW_RUNS: ClassVar[bool] = False
-    #: every bin occupies ``pack_size`` positions on disk (padding is part of its size)
-    PADDED: ClassVar[bool] = False
     #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can
     #: stream straight to object storage (a temporary key, published by a server-side copy)
     STREAMS: ClassVar[bool] = False
@@ -159,7 +158,6 @@ class FormatFacts:
 #: and SHA-256); one-file shards keep theirs in a footer, trailer or metadata of their own
 SHARD_RECORD = DIRECTORY_RECORD
 
-MAX_COUNT = 1 << 48  # more bins, sequences, tokens or bytes than one shard holds on any disk
 MAX_PACK_SIZE = (1 << 31) - 1  # positions in a bin are int32 (seq_start_id)
 
 

@@ -1,5 +1,5 @@
 """Fingerprints of files that have no room for their shard's identity: megatron-core's
-``data.bin``/``data.idx`` in a ``binidx`` shard, Bridge's ``.sft.bin``/``.sft.idx`` pair in a
+``data.bin``/``data.idx`` in a ``binidx`` shard, Bridge's ``.sft.bin``/``.sft.idx`` in a
 ``megatron_sft`` shard. Their bytes stay the other project's, so packlab's record of the shard
 (a record file, a sidecar) keeps a fingerprint of each, and the reader checks it on the first read:
 a file exchanged with another shard's is refused before a bin is served.

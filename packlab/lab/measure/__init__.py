@@ -37,7 +37,7 @@ notebooks call the same functions):
   tokens per second of each step (the export figures);
 - :mod:`~packlab.lab.measure.peers`: the same bins in other systems (Megatron-core, HF datasets,
   LitData, MDS, Lance, Vortex, Modalities, raw CSR, Arrow views) beside packlab's formats (notebook 11);
-- :mod:`~packlab.lab.measure.queries`, :mod:`~packlab.lab.measure.sharding`,
+- :mod:`~packlab.lab.measure.queries`, :mod:`~packlab.lab.measure.per_rank`,
   :mod:`~packlab.lab.measure.object_store`: the back ends of notebooks 07, 08 and 09.
 """
 

@@ -1,8 +1,8 @@
-"""How small can packed bins be and still read fast: Parquet encodings measured side by side.
+"""Parquet encodings measured side by side: how small packed bins can be and still read fast.
 
 A :class:`~packlab.formats.parquet.encoding.ParquetEncoding` is one recipe for writing the same
 bins as Parquet (codec and level, column encodings and types, page size); the ``parquet``
-writer takes the same recipes (its ``layout=``), so what wins here is what the format writes.
+writer takes the same recipes (its ``encoding=``), so what wins here is what the format writes.
 The RFC's recipe, what Nemotron writes today and packlab's ``parquet`` writer wrote before its
 ``"compact"`` default, is :data:`RFC_ENCODING`: zstd at pyarrow's default level (1),
 dictionary encoding everywhere, int32 tokens.
@@ -35,8 +35,8 @@ from packlab.bins import PackedBin, cumulative_offsets
 from packlab.errors import PacklabError
 from packlab.formats.parquet.encoding import (  # noqa: F401 - the recipes, re-exported
     CODECS,
-    DEFAULT_LAYOUT,
-    LAYOUTS,
+    DEFAULT_ENCODING,
+    ENCODINGS,
     MASK_ENCODINGS,
     RFC_ENCODING,
     START_ENCODINGS,
@@ -111,20 +111,20 @@ def page_encodings() -> list[ParquetEncoding]:
 
 def study_encodings(*, uint16: bool) -> list[ParquetEncoding]:
     """The RFC's encoding first, then the codec sweep, the encodings, the candidates, the page
-    sizes and the ``parquet`` writer's named layouts; each once."""
+    sizes and the ``parquet`` writer's named encodings; each once."""
     out: dict[str, ParquetEncoding] = {}
     for encoding in (RFC_ENCODING, *codec_encodings(), *column_encodings(uint16=uint16),
-                     *candidate_encodings(), *page_encodings(), *LAYOUTS.values()):
+                     *candidate_encodings(), *page_encodings(), *ENCODINGS.values()):
         out.setdefault(encoding.name, encoding)
     return list(out.values())
 
 
 def by_name(rows: Sequence[dict[str, Any]], name: str) -> dict[str, Any]:
-    """The sweep row whose ``layout`` (an encoding's name) is ``name``."""
+    """The sweep row whose ``layout`` (its encoding's name: the recorded rows' key) is ``name``."""
     for row in rows:
         if row["layout"] == name:
             return row
-    raise PacklabError(f"no layout {name!r} in the sweep")
+    raise PacklabError(f"no encoding {name!r} in the sweep")
 
 
 # -- bins in memory -------------------------------------------------------------------------
@@ -172,7 +172,7 @@ def write_encoded(columns: BinColumns, path: str | os.PathLike[str], encoding: P
         raise PacklabError(f"{path}: no bins to write")
     if encoding.token_type == "uint16" and tokens.size and int(tokens.max()) > 0xFFFF:
         raise PacklabError(f"{path}: token id {int(tokens.max())} does not fit uint16 "
-                           f"(layout {encoding.name!r}); use int32")
+                           f"(encoding {encoding.name!r}); use int32")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     schema = encoding.schema()
@@ -189,7 +189,7 @@ def write_encoded(columns: BinColumns, path: str | os.PathLike[str], encoding: P
         publish(tmp, path, overwrite=True)
     except ARROW_ERRORS as exc:
         remove(tmp)
-        raise PacklabError(f"{path}: cannot write layout {encoding.name!r}: "
+        raise PacklabError(f"{path}: cannot write encoding {encoding.name!r}: "
                            f"{parse_error(exc)}") from None
     except BaseException:
         remove(tmp)
@@ -355,7 +355,7 @@ def codec_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     by_codec = {r["codec"]: r for r in rows if r["level"] in (None, 1)}
     if "none" not in by_codec:
-        raise PacklabError("the codec table needs the 'none' layout in the sweep")
+        raise PacklabError("the codec table needs the 'none' encoding in the sweep")
     plain = by_codec["none"]["bytes"]
     fastest_write = max(r["write_tokens_per_s"] for r in rows)
     fastest_read = max(r["read_tokens_per_s"] for r in rows)

@@ -1,4 +1,4 @@
-"""What the chain of custody costs a pack run: the same plan written by
+"""What the chain of custody costs a pack run, measured. The same plan is written by
 :func:`packlab.pipeline.shards.write_shards` with the spool's verification (``lengths.bin``
 and ``offsets.bin`` whole, the range checksums of every sequence the plan reads:
 :meth:`SpoolReader.verify_index`, :meth:`SpoolReader.verify_sequences`) and without it (both

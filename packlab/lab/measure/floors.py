@@ -166,19 +166,19 @@ class RawCsr:
     :func:`raw_floor` gives None for the others.
     """
 
-    def __init__(self, layouts: list[Placement]) -> None:
-        self.layouts = layouts
-        self.runs = [layout.index.runs(0, layout.index.num_bins) for layout in layouts]
+    def __init__(self, placements: list[Placement]) -> None:
+        self.placements = placements
+        self.runs = [placement.index.runs(0, placement.index.num_bins) for placement in placements]
         longest = max(int(np.max(runs.packed_len)) for runs in self.runs)
         most = max(int(np.max(runs.num_seqs)) for runs in self.runs)
         self.ids = np.empty(longest, dtype=np.int64)
         self.mask = np.empty(longest, dtype=np.uint8)
         self.bounds = np.empty(most + 1, dtype=np.int32)
-        self._shard_reads = [self._reader_of(layout, runs)
-                             for layout, runs in zip(layouts, self.runs, strict=True)]
+        self._shard_reads = [self._reader_of(placement, runs)
+                             for placement, runs in zip(placements, self.runs, strict=True)]
         counts = [int(runs.packed_len.shape[0]) for runs in self.runs]
         self._firsts = np.concatenate(([0], np.cumsum(counts)[:-1])).tolist()
-        self.read = self._shard_reads[0] if len(layouts) == 1 else self._read_any
+        self.read = self._shard_reads[0] if len(placements) == 1 else self._read_any
 
     def _read_any(self, i: int) -> None:
         shard = bisect_right(self._firsts, i) - 1
@@ -201,13 +201,14 @@ class RawCsr:
         self.read_batch(indices)
         return time.perf_counter_ns() - began
 
-    def _reader_of(self, layout: Placement, runs: Any) -> Any:
+    def _reader_of(self, placement: Placement, runs: Any) -> Any:
         """The read of one shard: a closure over its maps, positions and the buffers."""
         def column(c: Any) -> np.ndarray:
             mapped = np.memmap(c.path, dtype=c.dtype, mode="r", offset=c.offset, shape=(c.count,))
             return mapped.view(np.ndarray)
 
-        ids, mask, starts = column(layout.tokens), column(layout.mask), column(layout.starts)
+        ids, mask = column(placement.tokens), column(placement.mask)
+        starts = column(placement.starts)
         first = runs.token_start
         t0s, t1s = lookup(first), lookup(first + runs.packed_len)
         s0s = lookup(runs.seq_start)
@@ -245,15 +246,15 @@ class RawCsr:
 
 def raw_floor(source: Any) -> RawCsr | None:
     """The raw CSR floor of an open source, or None when a shard's bins are not slices of its
-    files (decoded, gathered from a spool or loaded whole: no raw layout to compare with)."""
-    layouts = []
+    files (decoded, gathered from a spool or loaded whole: no placement to compare with)."""
+    placements = []
     for reader in readers_of(source):
-        describe = getattr(reader, "layout", None)
-        layout = describe() if describe is not None else None
-        if layout is None:
+        describe = getattr(reader, "placement", None)
+        placement = describe() if describe is not None else None
+        if placement is None:
             return None
-        layouts.append(layout)
-    return RawCsr(layouts)
+        placements.append(placement)
+    return RawCsr(placements)
 
 
 # -- memcpy and pread of the same bytes ----------------------------------------------------------

@@ -69,7 +69,7 @@ def structure_cost(path: str | os.PathLike[str]) -> float | None:
     best = None
     for _ in range(3):
         source = open_source(path, "reader")
-        if getattr(source, "layout", None) is None or source.layout() is None:
+        if getattr(source, "placement", None) is None or source.placement() is None:
             return None
         began = time.perf_counter_ns()
         source.table()

@@ -77,7 +77,7 @@ def random_access(
     Keys: ``p50_us``, ``p90_us``, ``p99_us``, ``mean_us`` and the same prefixed by each floor
     of :data:`~packlab.lab.measure.floors.FLOORS` (``raw_csr_``, ``memcpy_``,
     ``python_floor_``, ``pread_``), with ``ratio_to_<floor>`` (p50 over p50); None where a
-    floor was not measured (raw CSR: cold, or no raw layout). ``p50_by_part_us``: the p50 of
+    floor was not measured (raw CSR: cold, or no placement). ``p50_by_part_us``: the p50 of
     each fifth of the reads (how much a rerun could move it). ``bytes_per_bin``; cold:
     ``cold_checked`` (reads whose eviction ``mincore`` checked), ``cold_max_resident_pages``,
     ``cold_verified`` (no page left, ever) and ``faster_than_cold_pread`` (the reader served
@@ -175,7 +175,7 @@ class _FormatLane:
 def _first_pass(reading: _FormatLane, floor: Any, raw: Any, sink: Sink, pread: Pread,
                 samples: int, *, cold: bool) -> list[Lane]:
     """The format (cold: the pread of its bytes right after each read), the raw CSR floor
-    (warm, where there is a raw layout) and the Python floor, a third of the list apart."""
+    (warm, where there is a placement) and the Python floor, a third of the list apart."""
     shifts = spread(3, samples)
     then = None
     if cold:

@@ -60,21 +60,22 @@ def bins_touched_at_open(path: str | os.PathLike[str], *, samples: int = 200,
     dataset = open_dataset(path)
     reader = dataset.readers()[0]
     reader.table()
-    layout = reader.layout()
-    n = layout.index.num_bins
+    placement = reader.placement()
+    n = placement.index.num_bins
     picked = np.random.default_rng(seed).choice(n, size=min(samples, n), replace=False)
     maps = {Path(f): resident_map(f) for f in files}
-    touched = sum(_has_page(maps, layout, int(b)) for b in picked)
+    touched = sum(_has_page(maps, placement, int(b)) for b in picked)
     pages = sum(int(m.sum()) for m in maps.values())
     dataset.close()
     return {"bins_sampled": int(picked.shape[0]), "bins_touched": int(touched),
             "pages_resident": pages}
 
 
-def _has_page(maps: dict[Path, np.ndarray], layout: Any, b: int) -> bool:
+def _has_page(maps: dict[Path, np.ndarray], placement: Any, b: int) -> bool:
     """Whether bin ``b``'s tokens or mask have a page in memory."""
-    runs = layout.index.runs(b, b + 1)
-    for column, first in ((layout.tokens, runs.token_start[0]), (layout.mask, runs.mask_start[0])):
+    runs = placement.index.runs(b, b + 1)
+    for column, first in ((placement.tokens, runs.token_start[0]),
+                          (placement.mask, runs.mask_start[0])):
         width = np.dtype(column.dtype).itemsize
         start = column.offset + int(first) * width
         stop = start + int(runs.packed_len[0]) * width

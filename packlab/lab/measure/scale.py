@@ -1,11 +1,11 @@
 """The RFC's scale, end to end on this machine: every stage of the pipeline measured the same
-way (:mod:`packlab.lab.measure.stages`), one format at a time, each output deleted before the
+way (:mod:`packlab.lab.measure.stages`), one format at a time. Each output is deleted before the
 next where the disk needs it.
 
 :func:`scale_run` (notebook 12) synthesizes a spool of the ``short`` profile, then for each
 format packs it, validates it, opens it, reads random bins (a first pass, then the same bins
 warm, then in batches), runs one epoch through a torch DataLoader with the format's recommended
-sampler and, for the formats a training job reads locally, loads it rank-sharded (world size 4,
+sampler and, for the formats a training job reads locally, loads it per rank (world size 4,
 2 workers each, separate processes); binidx's pack is also killed half-way and finished by the
 same command, and compared byte for byte; ``legacy_npy_pickle`` (one file of every bin, as
 Nemotron writes today's format) is attempted under a memory cap, which records where it fails.

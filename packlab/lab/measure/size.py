@@ -171,7 +171,7 @@ def default_variants(vocab_size: int | None = None) -> list[Variant]:
     """Every registered format at its writer's defaults, then the variants its writer's options
     offer: int32 tokens where the default token ``dtype`` (``auto``) picks uint16 for this
     vocabulary (``binidx``), zstd buffers where the default is uncompressed (``arrow_ipc``),
-    each other named layout where the writer has several (``parquet``'s ``LAYOUT_NAMES``, the
+    each other named encoding where the writer has several (``parquet``'s ``ENCODING_NAMES``, the
     default first). The options are read from each writer's signature and attributes, never
     decided by a format's name."""
     names = format_names()
@@ -179,11 +179,11 @@ def default_variants(vocab_size: int | None = None) -> list[Variant]:
     if vocab_size is not None and vocab_size <= 1 << 16:
         out += [Variant(f"{name} int32", name, (("dtype", "int32"),)) for name in names
                 if _writer_default(name, "dtype") == "auto"]
-    layouts = {name: getattr(get_format(name).Writer, "LAYOUT_NAMES", ()) for name in names}
+    encodings = {name: getattr(get_format(name).Writer, "ENCODING_NAMES", ()) for name in names}
     out += [Variant(f"{name} zstd", name, (("compression", "zstd"),)) for name in names
-            if _writer_default(name, "compression") is None and not layouts[name]]
-    out += [Variant(f"{name} {layout}", name, (("layout", layout),)) for name in names
-            for layout in layouts[name][1:]]
+            if _writer_default(name, "compression") is None and not encodings[name]]
+    out += [Variant(f"{name} {encoding}", name, (("encoding", encoding),)) for name in names
+            for encoding in encodings[name][1:]]
     return out
 
 
@@ -228,7 +228,7 @@ def format_sizes(spool: SpoolReader, assignment: BinAssignment, out_dir: str | o
 def padding_sweep(spool: SpoolReader, out_dir: str | os.PathLike[str],
                   packings: Sequence[tuple[str, int]], *, seed: int = 0) -> list[dict[str, Any]]:
     """``memmap_v1`` bytes per token against pack efficiency, one packing per (algorithm,
-    pack_size). ``predicted_bytes_per_token`` is the layout's arithmetic: 5 B per slot of
+    pack_size). ``predicted_bytes_per_token`` is memmap_v1's arithmetic: 5 B per slot of
     capacity (int32 + uint8, padded) + 4 B per bin (length) + 4 B per bin and per sequence
     (the CSR of starts), over the tokens; headers and record excluded."""
     from packlab.pipeline.shards import write_shards

@@ -1,4 +1,4 @@
-"""Notebook 06's record: bytes per token per format, Parquet layouts, entropy."""
+"""Notebook 06's record: bytes per token per format, Parquet encodings, entropy."""
 
 from __future__ import annotations
 

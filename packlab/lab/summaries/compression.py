@@ -1,5 +1,5 @@
 """Notebook 06's summary: bytes per token per format, the RFC's compression claims, and the
-smallest Parquet layout that still reads as fast."""
+smallest Parquet encoding that still reads as fast."""
 
 from __future__ import annotations
 
@@ -13,21 +13,21 @@ TODAY = "parquet dictionary"
 
 
 def default_bullet(n: Mapping[str, Any]) -> str:
-    """The writer's default layout against today's, from the numbers that chose it."""
+    """The writer's default encoding against today's, from the numbers that chose it."""
     d, small = n.default_layout, n.smallest_layout
     saving = d["saving"]
-    chosen = ("the layout the numbers choose" if d["chosen_by_numbers"]
-              else f"**not** the layout the numbers choose (`{n.balanced['real']['layout']}`)")
-    return (f"**packlab's default** (`layout=\"{d['name']}\"`, `{d['layout']}`), {chosen}: on "
+    chosen = ("the encoding the numbers choose" if d["chosen_by_numbers"]
+              else f"**not** the encoding the numbers choose (`{n.balanced['real']['layout']}`)")
+    return (f"**packlab's default** (`encoding=\"{d['name']}\"`, `{d['layout']}`), {chosen}: on "
             f"real text {saving['real']:.1%} smaller than today's zstd Parquet (chat "
             f"{saving['chat']:+.1%}, uniform ids {saving['uniform']:+.1%}: synthetic ids have no "
             f"repeats for PLAIN tokens to find), read rate {d['read_vs_reference']:.2f}x, written "
             f"{d['write_slowdown']:.1f}x slower ({d['write_tokens_per_s'] / 1e6:.1f} M tokens per "
-            f"CPU second). zstd-19 (`layout=\"smallest\"`, {small['bits_per_token']:.2f} "
+            f"CPU second). zstd-19 (`encoding=\"smallest\"`, {small['bits_per_token']:.2f} "
             f"bits/token on real text against the default's {d['bits_per_token']:.2f}) writes "
-            f"{small['write_slowdown']:.0f}x slower than today; `layout=\"dictionary\"` writes "
-            "today's layout. Standard encodings only: DuckDB, polars, Hugging Face datasets and "
-            "Megatron-Bridge read every layout unchanged (packlab's tests).")
+            f"{small['write_slowdown']:.0f}x slower than today; `encoding=\"dictionary\"` writes "
+            "today's encoding. Standard encodings only: DuckDB, polars, Hugging Face datasets and "
+            "Megatron-Bridge read every encoding unchanged (packlab's tests).")
 
 
 def bullets(n: Compression, p: Mapping[str, Any]) -> list[str]:
@@ -55,8 +55,8 @@ def bullets(n: Compression, p: Mapping[str, Any]) -> list[str]:
         "Parquet without a codec only " + ", ".join(
             f"{r['codec']} {r['ratio']:.2f}x" for r in n.codec_table if r["codec"] != "none")
         + " (pyarrow's dictionary encoding has already done most of the work).",
-        f"**Smallest layout that reads as fast** (decode rate at least "
-        f"{p['read_tolerance']:.0%} of the RFC layout's): "
+        f"**Smallest encoding that reads as fast** (decode rate at least "
+        f"{p['read_tolerance']:.0%} of the RFC encoding's): "
         + ", ".join(f"{k} `{best[k]['layout']}`" for k in kinds)
         + f". On real text it is **{real['saving']:.1%} smaller** than today's zstd Parquet "
         f"({real['bits_per_token']:.2f} against {rfc['real']['bits_per_token']:.2f} bits/token) "
@@ -66,7 +66,7 @@ def bullets(n: Compression, p: Mapping[str, Any]) -> list[str]:
         f"{balanced['real']['saving']:.1%} smaller, read rate "
         f"{balanced['real']['read_vs_reference']:.2f}x, write rate "
         f"{balanced['real']['write_vs_reference']:.2f}x.",
-        "**Against the entropy**: the smallest fast layout's token column is "
+        "**Against the entropy**: the smallest fast encoding's token column is "
         + ", ".join(f"{k} {n.smallest_fast_tokens_to_entropy[k]:.2f}x" for k in kinds)
         + " the order-0 entropy; the whole shard (mask and starts included) "
         + ", ".join(f"{k} {n.smallest_fast_to_entropy[k]:.2f}x" for k in kinds)

@@ -1,4 +1,4 @@
-"""Does a ``transformers`` model keep packed sequences apart? Per-sequence losses of one
+"""Whether a ``transformers`` model keeps packed sequences apart: per-sequence losses of one
 flattened batch against each sequence's loss computed alone.
 
 Hugging Face models find the boundaries of a flattened row in ``position_ids`` (a position that

@@ -9,7 +9,7 @@ a producer is still writing them, and every sample is served exactly once per ep
 - :mod:`~packlab.loading.per_rank.dataset`: the rank-aware map-style dataset and completion markers;
 - :mod:`~packlab.loading.per_rank.sampler`: the rank-local index space and its sampler (the fix);
 
-The lab measures it (``packlab.lab.sharding``: a global-index design as written, Megatron's
+The lab measures it (``packlab.lab.per_rank``: a global-index design as written, Megatron's
 samplers, duplicates and losses per epoch, real ``torch.distributed`` runs).
 """
 

@@ -1,6 +1,6 @@
 """The chunk plan that producer and consumers agree on before any chunk exists.
 
-A rank-sharded dataset must answer ``len()`` before the producer has written its chunks, and
+A per-rank dataset must answer ``len()`` before the producer has written its chunks, and
 every rank must know which chunks are its own without listing a directory that is still
 filling. So the producer publishes the plan first, in ``chunks.json``::
 

@@ -2,7 +2,7 @@
 
 A design that lets Megatron's sampler hand every rank *global* sample indices and then serves
 whatever its own chunks hold at that offset: samples are duplicated and lost (see
-:mod:`packlab.lab.sharding.seed_design`). Here each rank numbers only the samples of its own chunks,
+:mod:`packlab.lab.per_rank.seed_design`). Here each rank numbers only the samples of its own chunks,
 ``0 .. n_rank - 1``, in production order (:class:`RankLocalIndex`); the dataset's ``len`` is
 ``n_rank`` and its ``[i]`` means "local sample ``i``"; the sampler (:class:`RankLocalSampler`)
 permutes exactly those indices. So every sample of every chunk is served once per epoch by its

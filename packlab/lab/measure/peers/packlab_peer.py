@@ -1,6 +1,7 @@
 """packlab's own formats, as peers: written by ``packlab pack``'s pipeline, read by
-``packlab.open_dataset(shard)[i]`` (the items training gets: ``input_ids``, ``loss_mask``,
-``seq_boundaries``, where ``seq_boundaries`` is ``seq_start_id`` plus the bin's length).
+``packlab.open_dataset(shard)[i]``. Those are the items training gets: ``input_ids``,
+``loss_mask``, ``seq_boundaries``, where ``seq_boundaries`` is ``seq_start_id`` plus the bin's
+length.
 
 Every registered format is one :class:`PacklabFormat`, at its writer's defaults (Parquet: one
 row group per 1,000 bins, zstd; its reader's LRU of decoded row groups). Bytes on disk are

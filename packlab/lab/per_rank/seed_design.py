@@ -8,7 +8,7 @@ and wraps the offset with ``% len(samples)`` when a chunk is short. It marks a c
 as soon as it has *loaded* it, and its ``len`` is a configured ``max_total_samples``.
 
 Under Megatron's samplers every rank is handed indices from every region (see
-:mod:`packlab.lab.sharding.megatron_sampler`), so most requests are substituted: samples are served
+:mod:`packlab.lab.per_rank.megatron_sampler`), so most requests are substituted: samples are served
 several times and others never, without a word. :func:`served_ids` computes what it serves
 without I/O; :class:`SeedLazyShardedDataset` does it for real on chunk files (the two agree,
 tests check it).

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from packlab.lab.sharding.megatron_sampler import rank_indices
-from packlab.lab.sharding.seed_design import NOT_SERVED, served_ids
+from packlab.lab.per_rank.megatron_sampler import rank_indices
+from packlab.lab.per_rank.seed_design import NOT_SERVED, served_ids
 from packlab.loading.per_rank.plan import ChunkPlan
 from packlab.loading.per_rank.sampler import RankLocalSampler
 

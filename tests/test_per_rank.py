@@ -1,4 +1,4 @@
-"""Rank-sharded chunks in one process: plan, atomic chunks, waiting, the rank-local fix,
+"""Per-rank loading in one process: plan, atomic chunks, waiting, the rank-local fix,
 completion markers and eviction, Megatron's index distribution, and seed 003's design measured.
 
 The same protocol across real processes (torch.distributed) is in test_distributed.py.
@@ -19,15 +19,15 @@ from hypothesis import strategies as st
 
 from packlab.bins import bin_digest
 from packlab.errors import FormatError, InvariantError, PacklabError
-from packlab.lab.measure.sharding import chunks_touched, sweep_chunk_sizes
-from packlab.lab.sharding.coverage import coverage, epoch_table, fixed_epoch, seed_epoch
-from packlab.lab.sharding.megatron_sampler import (
+from packlab.lab.measure.per_rank import chunks_touched, sweep_chunk_sizes
+from packlab.lab.per_rank.coverage import coverage, epoch_table, fixed_epoch, seed_epoch
+from packlab.lab.per_rank.megatron_sampler import (
     MegatronPretrainingRandomSampler,
     MegatronPretrainingSampler,
     pretraining_batches,
     random_batches,
 )
-from packlab.lab.sharding.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
+from packlab.lab.per_rank.seed_design import NOT_SERVED, SeedLazyShardedDataset, served_ids
 from packlab.loading.per_rank import (
     ChunkPlan,
     ChunkProducer,

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from packlab.lab.sharding.coverage import coverage, seed_epoch
-from packlab.lab.sharding.megatron_sampler import rank_indices
+from packlab.lab.per_rank.coverage import coverage, seed_epoch
+from packlab.lab.per_rank.megatron_sampler import rank_indices
 from packlab.loading.per_rank.plan import ChunkPlan
 from packlab.loading.per_rank.producer import BinSource, ChunkProducer
 
@@ -63,7 +63,7 @@ def protocol_run(root: Path, source: BinSource, plan: ChunkPlan, *, world_size: 
     """A real run: phase 0 reads chunks a slow producer publishes every ``delay`` s (deleting
     the ones marked completed); then the fix with 0 and ``num_workers`` workers on complete
     chunks; then the proposed design (on ``seed_plan`` chunks, if given)."""
-    from packlab.lab.sharding.launch import launch, run_phases
+    from packlab.lab.per_rank.launch import launch, run_phases
 
     slow, ready, complete = root / "slow", root / "ready", root / "complete"
     for old in ready.glob("rank*"):

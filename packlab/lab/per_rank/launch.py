@@ -36,7 +36,7 @@ Job = Callable[[int, int, dict[str, Any]], dict[str, Any]]
 # interpreter per rank imported torch again, two seconds of CPU a rank. Nothing else is shared:
 # the server forks before it runs anything.
 RANK_START = "forkserver"
-RANK_PRELOAD = ["torch", "torch.distributed", "torch.utils.data", "packlab.lab.sharding.launch",
+RANK_PRELOAD = ["torch", "torch.distributed", "torch.utils.data", "packlab.lab.per_rank.launch",
                 "packlab.loading.per_rank.dataset", "packlab.loading.per_rank.sampler"]
 
 
@@ -302,8 +302,8 @@ def consume(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any
 
 def _consume_seed(rank: int, world_size: int, config: dict[str, Any]) -> dict[str, Any]:
     """The proposed dataset under ``MegatronPretrainingSampler`` (global indices)."""
-    from packlab.lab.sharding.megatron_sampler import MegatronPretrainingSampler
-    from packlab.lab.sharding.seed_design import SeedLazyShardedDataset
+    from packlab.lab.per_rank.megatron_sampler import MegatronPretrainingSampler
+    from packlab.lab.per_rank.seed_design import SeedLazyShardedDataset
     from packlab.loading.per_rank.dataset import wait_for_plan
 
     began = time.perf_counter()
