@@ -11,7 +11,7 @@ through this registry and never tests a format's name.
 
 Adding a format (the whole checklist):
 
-1. ``packlab/formats/<name>.py``: a docstring that shows the layout on disk field by field with
+1. ``packlab/formats/<name>.py``: a docstring that shows its files on disk field by field with
    a literal example (record or footer); a magic/version in the header or record; a
    ``<Name>Facts(FormatFacts)`` class with ``FORMAT``, ``SUFFIX``, ``detect`` and whichever
    facts hold; ``Writer(<Name>Facts, ShardWriter)`` implementing ``_open``, ``_write``,

@@ -2,7 +2,7 @@
 so a newcomer runs those sections from an empty folder (and the tests run them as printed).
 
 - **Nemotron's output directory** (:func:`nemotron_output`): Nemotron's data_prep documents its
-  layout and these functions write what it writes (no Nemotron code is used or copied; Nemotron
+  files and these functions write what it writes (no Nemotron code is used or copied; Nemotron
   is no package on the registry). A spool (``SequenceSpoolWriter``): ``tokens.bin`` int32,
   ``masks.bin`` uint8 (unshifted), ``offsets.bin`` uint64, ``lengths.bin`` uint32, appended one
   sequence at a time; ``manifest.json`` written last through ``manifest.json.tmp``,

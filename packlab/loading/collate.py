@@ -68,7 +68,7 @@ def _ceil_to(n: np.ndarray, mult: int) -> np.ndarray:
     return -(-n // mult) * mult
 
 
-def _row_layout(
+def _row_segments(
     item: Mapping[str, Any], mult: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Boundaries (int64), real THD segment lengths and padded segment lengths of one bin."""
@@ -92,8 +92,8 @@ def collate(
     mult = int(pad_seq_to_mult)
     if mult < 1:
         raise PacklabError(f"collate: pad_seq_to_mult must be >= 1, got {pad_seq_to_mult}")
-    layouts = [_row_layout(item, mult) for item in items]
-    needed = max(int(padded.sum()) for _, _, padded in layouts)
+    segments = [_row_segments(item, mult) for item in items]
+    needed = max(int(padded.sum()) for _, _, padded in segments)
     width = needed if pad_to_length is None else int(pad_to_length)
     if width < needed:
         raise PacklabError(f"collate: a bin needs {needed} positions, pad_to_length is {width}")
@@ -105,7 +105,7 @@ def collate(
     cu_rows: list[np.ndarray] = []
     cu_unpadded_rows: list[np.ndarray] = []
     token_count = np.zeros(batch, dtype=np.int64)
-    for row, (item, (bounds, real, padded)) in enumerate(zip(items, layouts, strict=True)):
+    for row, (item, (bounds, real, padded)) in enumerate(zip(items, segments, strict=True)):
         ids = np.asarray(item["input_ids"])
         mask = np.asarray(item["loss_mask"])
         n = ids.shape[0]

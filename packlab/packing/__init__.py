@@ -40,7 +40,7 @@ class BinAssignment:
         return int(self.bin_offsets.shape[0] - 1)
 
     def bin_indices(self, bin_id: int) -> np.ndarray:
-        """Spool indices of the sequences in bin ``bin_id``, in layout order."""
+        """Spool indices of the sequences in bin ``bin_id``, in their order in the bin."""
         return self.seq_indices[self.bin_offsets[bin_id] : self.bin_offsets[bin_id + 1]]
 
     def seqs_per_bin(self) -> np.ndarray:

@@ -573,7 +573,7 @@ def record_extra(record: dict[str, Any]) -> dict[str, Any]:
 
 def _check_dtypes(record: dict[str, Any], where: Path) -> None:
     """The dtypes a record states (packlab's ``dtypes`` or Nemotron's ``*_dtype`` keys) must
-    be the layout's: the files are read as exactly those."""
+    be the spool format's: the files are read as exactly those."""
     dtypes = record.get("dtypes", {})
     if not isinstance(dtypes, dict):
         raise FormatError(f"{where}: 'dtypes' must map tokens/masks/offsets/lengths to dtypes")

@@ -388,7 +388,7 @@ def _chat_chunk(chat: ChatModel, vocab_size: int, lengths: np.ndarray, draws: _D
     content[last_turn] += leftover  # the final assistant turn takes the rounding
     seg_len = np.ones(seg_seq.shape[0], dtype=np.int64)
     seg_len[is_turn] = content + 3
-    # per-token layout
+    # per token: its segment's role
     seg_start = np.concatenate(([0], np.cumsum(seg_len)[:-1]))
     token_role = np.repeat(role.astype(np.int8), seg_len)
     masks = (token_role == _ASSISTANT).astype(np.uint8)

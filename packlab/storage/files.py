@@ -127,7 +127,7 @@ def read_json(path: Path, *, unreadable: str = "unreadable JSON") -> Any:
 def parse_versioned_json(data: str | bytes, where: object, *, version: str, kind: str,
                          unreadable: str = "unreadable") -> dict[str, Any]:
     """A JSON object whose ``version`` is ``version`` (spool records, blend files, chunk
-    layouts); anything else is one FormatError naming ``where``: ``"{where}: {unreadable}:
+    plans); anything else is one FormatError naming ``where``: ``"{where}: {unreadable}:
     ..."`` for bad JSON, ``"{where}: not a {version} {kind}"`` for the wrong document."""
     obj = parse_json(data, where, unreadable=unreadable)
     if not isinstance(obj, dict) or obj.get("version") != version:

@@ -60,18 +60,18 @@ class VersionPrefix:
     STRUCT = struct.Struct("<8sQ")
 
 
-def unpack(file: Path | Location, header: Any, layout: struct.Struct | None = None
+def unpack(file: Path | Location, header: Any, fields: struct.Struct | None = None
            ) -> tuple[Any, ...]:
-    """The header fields of ``file`` (``layout``, or the header's ``STRUCT``); a FormatError
+    """The header fields of ``file`` (``fields``, or the header's ``STRUCT``); a FormatError
     when the file is missing or too short."""
-    layout = layout or header.STRUCT
-    return unpack_raw(head(file, layout.size), layout, file)
+    fields = fields or header.STRUCT
+    return unpack_raw(head(file, fields.size), fields, file)
 
 
-def unpack_raw(raw: bytes, layout: struct.Struct, file: object) -> tuple[Any, ...]:
-    """``layout``'s fields from the first bytes of ``file`` read as ``raw``; a FormatError
+def unpack_raw(raw: bytes, fields: struct.Struct, file: object) -> tuple[Any, ...]:
+    """The fields ``fields`` packs, from the first bytes of ``file`` read as ``raw``; a FormatError
     naming it when they are too few (truncated)."""
-    if len(raw) < layout.size:
-        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {layout.size}-byte header "
+    if len(raw) < fields.size:
+        raise FormatError(f"{file}: {len(raw)} bytes, shorter than its {fields.size}-byte header "
                           "(truncated)")
-    return layout.unpack(raw[:layout.size])
+    return fields.unpack(raw[:fields.size])

@@ -14,7 +14,7 @@ copies and a cold read asks for all of its sequences at once.
 A shard is a directory, published atomically::
 
     bin_offsets.npy   int64[num_bins + 1]   bin b holds seq_indices[bin_offsets[b]:bin_offsets[b+1]]
-    seq_indices.npy   int64[num_assigned]   spool sequence indices, in layout order
+    seq_indices.npy   int64[num_assigned]   spool sequence indices, in bin order
     seq_checksums.npy uint64[num_assigned]  each of those sequences' xxh3_64 as the bin uses it:
                                             its kept tokens' bytes as int32 (whatever the
                                             spool stores: a Megatron prefix's may be uint16)

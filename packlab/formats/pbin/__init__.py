@@ -149,7 +149,7 @@ def _read_footer(f: BinaryIO, path: Path, size: int) -> dict[str, Any] | None:
     f.seek(size - TAIL.size - length)
     footer = parse_json(f.read(length), path, unreadable="unreadable packlab footer")
     if not isinstance(footer, dict) or footer.get("layout") != VERSION:
-        raise FormatError(f"{path}: packlab footer of unknown layout {footer.get('layout')!r}"
+        raise FormatError(f"{path}: packlab footer of unknown version {footer.get('layout')!r}"
                           if isinstance(footer, dict) else f"{path}: bad packlab footer")
     footer["footer_offset"] = size - TAIL.size - length
     return footer

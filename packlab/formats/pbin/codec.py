@@ -1,6 +1,6 @@
 """The Modalities packed data file, ``.pbin``: a codec, not a shard format.
 
-Modalities' layout (``EmbeddedStreamData`` / ``TokenizedFileWriter``)::
+Modalities' file, field by field (``EmbeddedStreamData`` / ``TokenizedFileWriter``)::
 
     data length   <Q     bytes in the data section
     token width   <I     bytes per token: 1, 2 or 4 (unsigned little-endian tokens)

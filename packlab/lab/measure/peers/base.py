@@ -1,7 +1,7 @@
 """What every peer adapter shares: the reference bins in RAM, and the interface a peer implements.
 
 A *peer* is another system that stores packed bins (Megatron-core's IndexedDataset, Hugging
-Face datasets, LitData, MosaicML streaming, Lance, Modalities, ...) or a plain layout (raw CSR
+Face datasets, LitData, MosaicML streaming, Lance, Modalities, ...) or plain arrays in files (raw CSR
 numpy, Arrow IPC). Each adapter writes the :class:`Reference` bins into that system with the
 system's own writer, opens them with its own reader, and reads bin ``i`` back as the numpy
 arrays the system returns (:class:`Opened`). What it returns is what gets verified and copied:
