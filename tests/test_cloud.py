@@ -32,6 +32,7 @@ from packlab.pipeline.shards import write_shards
 from packlab.sources.convert import convert
 from packlab.sources.validate import validate_path
 from packlab.storage import location as storage
+from packlab.storage.transfer import put_object
 
 
 @pytest.fixture(scope="module")
@@ -574,7 +575,7 @@ def test_overwrite_and_sweep(server, data, tmp_path: Path) -> None:
     write(open_writer("parquet", uri, pack_size=512, overwrite=True), bins[:7])
     assert len(open_shard(uri)) == 7
     stale = storage.resolve(f"s3://{BUCKET}/ow/.b.parquet.tmp-1-deadbeef")
-    storage.put_object(b"left by a killed writer", stale)
+    put_object(b"left by a killed writer", stale)
     assert cloud.sweep_temporaries(f"s3://{BUCKET}/ow", older_than_s=3600) == []
     assert cloud.sweep_temporaries(f"s3://{BUCKET}/ow", older_than_s=-60) == [stale.uri]
     assert keys(server, "ow") == [f"{BUCKET}/ow/a.parquet"]

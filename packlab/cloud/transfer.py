@@ -15,7 +15,7 @@ point on object storage, where a directory cannot appear in one step:
   re-uploaded shard is a new entry, never a mix of old and new files.
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
-through a temporary key and published by a server-side copy (:func:`packlab.storage.location.upload_file`).
+through a temporary key and published by a server-side copy (:func:`packlab.storage.transfer.upload_file`).
 A one-file shard with companions (``megatron_sft``: a Megatron pair and packlab's sidecar) is
 uploaded companions first and its own file last (its commit point; an old one removed first),
 and downloaded whole.
@@ -45,15 +45,13 @@ from packlab.storage.files import (
     staged,
     verify_files,
 )
-from packlab.storage.location import (
-    Location,
-    as_location,
+from packlab.storage.location import Location, as_location, resolve
+from packlab.storage.transfer import (
     cache_entry,
     cache_root,
     download_file,
     fetch_files,
     put_object,
-    resolve,
     upload_file,
 )
 

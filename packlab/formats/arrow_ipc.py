@@ -1,9 +1,10 @@
-"""Format ``arrow_ipc``: one Arrow IPC *file* (not stream), read zero-copy from a memory map.
+"""Format ``arrow_ipc``: one Arrow IPC *file* (not stream), its bins read as runs of its values.
 
 Same schema as ``parquet`` (``input_ids`` list<int32>, ``loss_mask`` list<uint8>,
 ``seq_start_id`` list<int32>), in record batches of ``batch_size`` bins (the last may be
-shorter). Uncompressed by default, so a bin is three numpy views into the mapped file; lz4
-or zstd buffer compression is optional (then batches are decompressed into a small LRU cache).
+shorter). Uncompressed by default, so a bin is three runs of the file's values, read as they
+are; lz4 or zstd buffer compression is optional (then batches are decompressed into a small LRU
+cache).
 
 Where the metadata lives (IPC writes the schema first, so the schema cannot hold final counts):
 
@@ -28,14 +29,14 @@ Where the metadata lives (IPC writes the schema first, so the schema cannot hold
 The IPC footer, written at close, is what makes the file openable: a truncated file or one
 from a killed writer (which never reaches the final name anyway) does not open.
 
-The file is mapped with Python's ``mmap`` (:mod:`packlab.storage.reads`: advised for random access,
-so a cold bin reads its own pages; pyarrow's ``memory_map`` takes no advice) and handed to
-``pa.ipc.open_file`` as a buffer, still zero-copy. Arrays returned by the reader are read-only
-views into the map; they keep the mapped buffer alive through their ``.base``, so they stay
-valid after the reader is closed and collected. On the first read an uncompressed packlab file
-decodes every record batch's list offsets into RAM and indexes the whole mapped file as flat
-columns (:mod:`packlab.formats.read.table`, the read path every memory-mapped format shares), so a
-read needs no decoding and a cold read waits for the bin's tokens and mask only.
+The file is mapped with Python's ``mmap`` (:mod:`packlab.storage.reads`: advised for random access;
+pyarrow's ``memory_map`` takes no advice) and handed to ``pa.ipc.open_file`` as a buffer, which
+reads its schema and record batches. On the first read an uncompressed packlab file decodes
+every record batch's list offsets into RAM and indexes the whole file as flat columns
+(:mod:`packlab.formats.read.table`, the read path every format whose bins are runs of its files
+shares), and the map's pages are released: a read is then a ``pread`` per column into arrays of
+its own, with no decoding, and a cold read waits for the bin's tokens and mask only. Arrays the
+reader returns stay valid after it is closed and collected.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from packlab.bins import CHECKSUM, PackedBin, records_checksum
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.read.table import (
     Column,
-    Maps,
+    FileReads,
     Placement,
     TableReads,
     check_checksums,
@@ -103,7 +104,7 @@ def detect(location: Location) -> bool:
 
 
 class ArrowIpcFacts(FormatFacts):
-    """What ``arrow_ipc`` is: one Arrow IPC file, memory-mapped."""
+    """What ``arrow_ipc`` is: one Arrow IPC file, its bins runs of its values."""
 
     FORMAT = FORMAT
     SUFFIX = SUFFIX
@@ -408,7 +409,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return np.searchsorted(self.batch_offsets, index, side="right") - 1
 
     # -- the zero-copy reads: a table over the mapped file ----------------------------------------
-    def _placement(self, maps: Maps) -> Placement | None:
+    def _placement(self, reads: FileReads) -> Placement | None:
         """Where every record batch's buffers are in the mapped file, when the file allows
         zero-copy reads (packlab's uncompressed files: lists of int32 / uint8 / int32 without
         nulls); None otherwise (batches are decoded into the cache). Reads each batch's
@@ -417,7 +418,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
             return None
         reader = self._file()  # this process's map (reopened in a forked worker), shared
         assert self._source is not None
-        size = maps.file(self.path).size
+        size = reads.file(self.path).size
         base = self._base
         batches = []
         for k in range(self.num_batches):
@@ -435,7 +436,7 @@ class Reader(ArrowIpcFacts, TableReads, ShardReader):
         return Placement(Column(p, np.dtype("<i4"), 0, size // 4),
                       Column(p, np.dtype("|u1"), 0, size),
                       Column(p, np.dtype("<i4"), 0, size // 4),
-                      ListIndex(maps, p, batches, self.num_bins), self.pack_size, str(p), checksum)
+                      ListIndex(reads, p, batches, self.num_bins), self.pack_size, str(p), checksum)
 
     def _checksum(self, b: int) -> int:
         """Bin ``b``'s recorded checksum, from its record batch's metadata (decoded once per

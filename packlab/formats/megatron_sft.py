@@ -67,7 +67,7 @@ from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, sto
 from packlab.codecs import mmidx
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.read.item_table import ItemIndex, ItemPlacement, ItemTable
-from packlab.formats.read.table import Column, Maps, TableReads, refuse_unverifiable
+from packlab.formats.read.table import Column, FileReads, TableReads, refuse_unverifiable
 from packlab.formats.shared import stacks
 from packlab.formats.shared.base import (
     MAX_PACK_SIZE,
@@ -81,7 +81,8 @@ from packlab.formats.shared.base import (
 from packlab.formats.shared.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.shared.scratch import ScratchArray
 from packlab.storage.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
-from packlab.storage.location import Location, as_location, cache_entry, cache_root, fetch_files
+from packlab.storage.location import Location, as_location
+from packlab.storage.transfer import cache_entry, cache_root, fetch_files
 
 FORMAT = "megatron_sft"
 SUFFIX = ".sft.idx"
@@ -126,20 +127,19 @@ class SftFacts(FormatFacts):
     detect = staticmethod(detect)
 
 
-def entry_of(path: Any) -> Any:
+def entry_of(path: Any) -> Location:
     """The index a path names, by Bridge's rules for one pair: the ``.idx`` itself, its
     ``.bin``, the prefix both share (``train.sft``), or a local folder holding one pair (the
     writer's temporary); any other name is a prefix the ``.sft`` suffixes are added to
-    (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair). The same
-    kind as given: a ``Path``, or a :class:`~packlab.storage.location.Location`."""
-    location = path if isinstance(path, Location) else Path(path)
+    (``out/c`` names ``out/c.sft.idx``, so discovery and detection know the pair)."""
+    location = as_location(path)
     name = location.name
     if name.endswith(".idx"):
         return location
     if name.endswith(".bin"):
         return location.parent / f"{name[:-4]}.idx"
-    if isinstance(location, Path) and location.is_dir():
-        found = sorted(location.glob(f"*{SUFFIX}"))
+    if location.is_local and location.is_dir():
+        found = [c for c in location.iterdir() if c.name.endswith(SUFFIX)]
         if len(found) != 1:
             raise FormatError(f"{location}: holds {len(found)} {SUFFIX} pairs, not one (a "
                               "folder of pairs is a dataset: open it with open_dataset)")
@@ -254,7 +254,7 @@ class Reader(SftFacts, TableReads, ShardReader):
     ``verify=True``: each bin checked against its sidecar checksum. ``pack_size``: the pack
     size of a pair without a sidecar (default: its longest bin); ``convention``: what that
     pack size counts (:data:`packlab.bins.CONVENTIONS`). ``cache_dir``: where an index on
-    object storage is kept once fetched (default: :func:`packlab.storage.location.cache_root`).
+    object storage is kept once fetched (default: :func:`packlab.storage.transfer.cache_root`).
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, verify: bool = False,
@@ -340,7 +340,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         """The index and the sidecar as local files: themselves, or (on object storage) their
         copies, fetched once into the cache (the index checked against the sidecar's record)."""
         entry, sidecar = self.path, sibling(self.path, SIDECAR)
-        if not isinstance(entry, Location):
+        if self.location.is_local:
             return entry, sidecar if sidecar.is_file() else None
         raw = sidecar.read_bytes() if sidecar.is_file() else None
         expect = None
@@ -379,20 +379,20 @@ class Reader(SftFacts, TableReads, ShardReader):
                                   "sidecar: remove the sidecar to read it unchecked)")
         return record
 
-    def _placement(self, maps: Maps) -> ItemPlacement:
+    def _placement(self, reads: FileReads) -> ItemPlacement:
         n, idx = self.num_bins, self._idx
         if self.record is not None:  # the pair is the one its sidecar was written with
             files = {"idx": (idx, True)}  # on object storage each read is one ranged GET:
-            if not isinstance(self.bin, Location):  # there the per-bin checksums stand
+            if not reads.in_place:  # there the per-bin checksums stand
                 files["bin"] = (self.bin, False)
             check_fingerprints(self.record.get("fingerprints"), files,
                                f"its sidecar {sibling(self.path, SIDECAR).name}")
-        index = _Index(maps.values(idx, "<i4", mmidx.HEADER_SIZE, n),
-                       maps.values(idx, "<i8", mmidx.pointers_at(n), n), str(self.path))
+        index = _Index(reads.values(idx, "<i4", mmidx.HEADER_SIZE, n),
+                       reads.values(idx, "<i8", mmidx.pointers_at(n), n), str(self.path))
         checksum = None
         if self.has_checksums:
             assert self._side is not None
-            checksum = maps.lookups(self._side, "<u8", _Sidecar.HEAD.size, n)
+            checksum = reads.lookups(self._side, "<u8", _Sidecar.HEAD.size, n)
         return ItemPlacement(Column(self.bin, WORDS, 0, self.bin_bytes // WORDS.itemsize), index,
                           self._decode, self._summarize,
                           self._pack_size or MAX_PACK_SIZE, str(self.bin), checksum)
@@ -458,7 +458,7 @@ class Reader(SftFacts, TableReads, ShardReader):
     def validate(self) -> dict[str, Any]:
         """The pair against the sidecar's sizes and checksums, the index, every item decoded
         and every invariant of every bin, each bin against its checksum."""
-        if self.record is not None and not isinstance(self.path, Location):
+        if self.record is not None and self.location.is_local:
             pair = self.record["pair"]
             for role, file in (("idx", self._idx), ("bin", self.bin)):
                 if sha256_file(file) != pair[role].get("sha256"):
@@ -470,9 +470,9 @@ class Reader(SftFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path}: document indices do not run from 0 to "
                               f"{self.num_bins} (corrupted)")
         pack_size = self.pack_size  # a pair without a sidecar: its headers read first
-        maps = Maps()
-        placement = self._placement(maps)._replace(pack_size=pack_size)
-        table = ItemTable.mapped(placement, maps)
+        reads = self._reads()
+        placement = self._placement(reads)._replace(pack_size=pack_size)
+        table = ItemTable(placement, reads)
         table.check_contents(token_limit=MAX_ID + 1, convention=self.convention)
         if placement.checksum is not None:
             table.check_checksums(placement.checksum)
@@ -483,8 +483,8 @@ class Reader(SftFacts, TableReads, ShardReader):
 
 
 class _Index(ItemIndex):
-    """The ``.idx``'s lengths and byte pointers, mapped: bin ``b`` is ``length[b]`` words from
-    word ``pointer[b] / 4`` of the ``.bin``."""
+    """The ``.idx``'s lengths and byte pointers, read as sliced: bin ``b`` is ``length[b]``
+    words from word ``pointer[b] / 4`` of the ``.bin``."""
 
     __slots__ = ("num_bins", "_lengths", "_pointers", "source")
 

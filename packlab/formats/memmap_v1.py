@@ -22,10 +22,11 @@ bins need not be known up front: when it is not, the header is rewritten at fina
 file hashed once more. The directory is built under a temporary name and published with ONE
 rename (the design's five renames can leave a mix after a crash).
 
-Reader: the record at construction; in each process, on first read, every file mapped and
-every bin's structure checked over the mapped index (``packed_len``, ``seq_offsets``), through
-:mod:`packlab.formats.read.table` (the read path of every memory-mapped format), so the reader
-pickles without them. Bins are read-only views of the maps, valid after the reader is closed;
+Reader: the record at construction; in each process, on first read, every file opened and
+every bin's structure checked over the index (``packed_len``, ``seq_offsets``), through
+:mod:`packlab.formats.read.table` (the read path of every format whose bins are runs of its
+files), so the reader pickles without them. Bins are arrays of their own (a ``pread`` per
+column), valid after the reader is closed;
 ``seq_start_id`` comes back as int32 (the file's uint32 values, all below ``pack_size``). ``verify=True`` checks each
 bin's checksum and mask as it is read.
 """
@@ -48,7 +49,7 @@ from packlab.formats.read.table import (
     BinIndex,
     BinTable,
     Column,
-    Maps,
+    FileReads,
     Placement,
     Runs,
     TableReads,
@@ -72,7 +73,6 @@ from packlab.storage.files import (
     verify_files,
 )
 from packlab.storage.location import Location
-from packlab.storage.reads import sequential
 
 FORMAT = "memmap_v1"
 SUFFIX = ""
@@ -320,10 +320,10 @@ def shard_record(path: Path) -> dict[str, Any]:
 
 
 class Reader(MemmapFacts, TableReads, ShardReader):
-    """Lazy, picklable reader; O(1) access to any bin through the memory maps.
+    """Lazy, picklable reader; O(1) access to any bin (a ``pread`` per column).
 
-    Bins are read-only views of the maps (valid after the reader is closed: each keeps its
-    map alive). The index stays in its mapped files (:mod:`packlab.formats.read.table`).
+    Bins are arrays of their own (valid after the reader is closed). Where every bin is, read
+    once from the index files, is kept in RAM (:mod:`packlab.formats.read.table`).
     ``verify=True``: each bin read is checked against its checksum.
     """
 
@@ -354,19 +354,19 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         return {"input_ids": (n, p), "loss_mask": (n, p), "packed_len": (n,),
                 "seq_offsets": (n + 1,), "seq_starts": (self.num_seqs,)}
 
-    def _placement(self, maps: Maps) -> Placement:
-        """Where the bins are: the headers checked, the index mapped where it is."""
+    def _placement(self, reads: FileReads) -> Placement:
+        """Where the bins are: the headers checked, the index read as sliced."""
         at = self._check_headers()
         p, n = self.path, self.num_bins
         checksum = None
         if self.has_checksums:
-            checksum = maps.lookups(p / CHECKSUMS, CHECKSUM_DTYPE, self._checksums_at(), n)
+            checksum = reads.lookups(p / CHECKSUMS, CHECKSUM_DTYPE, self._checksums_at(), n)
         size = n * self.pack_size
 
         def column(name: str, count: int, dtype: np.dtype | None = None) -> Column:
             return Column(p / FILES[name], dtype or DTYPES[name], at[name], count)
 
-        index = _Index(maps, column("packed_len", n), column("seq_offsets", n + 1),
+        index = _Index(reads, column("packed_len", n), column("seq_offsets", n + 1),
                        self.pack_size, self.num_seqs, str(p))
         return Placement(column("input_ids", size), column("loss_mask", size),
                       column("seq_starts", self.num_seqs, np.dtype("<i4")), index,
@@ -394,15 +394,15 @@ class Reader(MemmapFacts, TableReads, ShardReader):
     def validate(self) -> dict[str, Any]:
         """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
         verify_files(self.path, self.record["files"], checksums=True)
-        maps = Maps()
-        placement = self._placement(maps)
-        table = BinTable.mapped(placement, maps, check=False)
+        reads = self._reads()
+        placement = self._placement(reads)
+        table = BinTable.from_placement(placement, reads, check=False)
         table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin
         if int(table.packed_lengths().sum()) != self.num_tokens:
             raise FormatError(f"{self.path / FILES['packed_len']}: bins hold "
                               f"{int(table.packed_lengths().sum())} tokens, the record says "
                               f"{self.num_tokens} (corrupted)")
-        self._check_padding(maps, placement, table.packed_lengths())
+        self._check_padding(reads, placement, table.packed_lengths())
         if placement.checksum is not None:
             table.check_checksums(placement.checksum)
         return {"format": FORMAT, "path": str(self.path), "num_bins": self.num_bins,
@@ -435,12 +435,12 @@ class Reader(MemmapFacts, TableReads, ShardReader):
         read); a shard written before identities were recorded has none to check."""
         check_identity(file, header, self.record.get("identity"))
 
-    def _check_padding(self, maps: Maps, placement: Placement, lengths: np.ndarray) -> None:
+    def _check_padding(self, reads: FileReads, placement: Placement, lengths: np.ndarray) -> None:
         """Every position past a bin's packed_len is zero, tokens and mask."""
         p = self.pack_size
         step = max(1, _VALIDATE_CHUNK_BYTES // (5 * p))
-        ids, mask = maps.column(placement.tokens), maps.column(placement.mask)
-        with sequential(*maps.files.values()):
+        ids, mask = reads.column(placement.tokens), reads.column(placement.mask)
+        with reads.sequential():
             for a in range(0, self.num_bins, step):
                 b = min(a + step, self.num_bins)
                 pad = np.arange(p) >= lengths[a:b, None]
@@ -454,15 +454,15 @@ class Reader(MemmapFacts, TableReads, ShardReader):
 
 
 class _Index(BinIndex):
-    """``packed_len.npy`` and ``seq_offsets.npy``, mapped: bin ``b`` is row ``b`` of the
-    padded arrays, ``packed_len[b]`` values of it."""
+    """``packed_len.npy`` and ``seq_offsets.npy``, read as sliced: bin ``b`` is row ``b`` of
+    the padded arrays, ``packed_len[b]`` values of it."""
 
     __slots__ = ("num_bins", "stride", "_lengths", "_seqs", "num_seqs", "source")
 
-    def __init__(self, maps: Maps, lengths: Column, seqs: Column, stride: int, num_seqs: int,
+    def __init__(self, reads: FileReads, lengths: Column, seqs: Column, stride: int, num_seqs: int,
                  source: str) -> None:
         self.num_bins, self.stride, self.num_seqs, self.source = lengths.count, stride, num_seqs, source
-        self._lengths, self._seqs = maps.column(lengths), maps.column(seqs)
+        self._lengths, self._seqs = reads.values(*lengths), reads.values(*seqs)
 
     def runs(self, lo: int, hi: int) -> Runs:
         """Bins ``lo..hi-1``: the starts must run from 0 to ``num_seqs`` in order."""

@@ -9,8 +9,9 @@ return::
 
 One read path, whatever the formats: a global index is located in a shard (one bisect over
 the shards' first bins, as MosaicML streaming's spanner does), then the shard's read of that
-bin is called (:meth:`~packlab.formats.shared.base.ShardReader.item_read`: a memory-mapped format's
-table, :mod:`packlab.formats.read.table`; any other format's reader). A batch (``__getitems__``,
+bin is called (:meth:`~packlab.formats.shared.base.ShardReader.item_read`: the table of a format
+whose bins are runs of its files' values, :mod:`packlab.formats.read.table`; any other format's
+reader). A batch (``__getitems__``,
 what a DataLoader calls) is the same read per bin.
 
 It is picklable and lazy: pickling keeps paths and counts only, and each process (DataLoader

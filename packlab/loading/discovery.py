@@ -56,7 +56,7 @@ from packlab.pipeline.receipts import read_receipt, receipt_places
 from packlab.spool import FILES as SPOOL_FILES
 from packlab.spool.prefix import is_prefix_folder
 from packlab.storage.files import is_temporary
-from packlab.storage.location import Location, resolve
+from packlab.storage.location import Location, as_location, is_remote, resolve
 
 PathLike = str | os.PathLike[str]
 # Entries of a shard directory that are never shards: layout folders, receipts, notes.
@@ -94,11 +94,9 @@ class ShardRef(tuple):
 
 
 def _named(path: Any) -> Any:
-    """A shard as callers hold it: a local one as a ``Path``, one on object storage as its
-    ``Location``."""
-    if isinstance(path, Location):
-        return path.local_path or path
-    return path
+    """A shard as callers hold it: a local one as a ``Path``, one on object storage as given
+    (its ``Location``, or its URI)."""
+    return path if is_remote(path) else as_location(path).local_path
 
 
 def is_ignored_name(name: str) -> bool:
@@ -199,8 +197,9 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
 
 
 def _shown(path: Any) -> str:
-    """A path as messages name it: as the caller gave it."""
-    return str(path.uri if isinstance(path, Location) and not path.is_local else path)
+    """A path as messages name it: as the caller gave it (a Location prints as its URI on
+    object storage)."""
+    return str(path)
 
 
 def _has_magic(location: Location) -> bool:

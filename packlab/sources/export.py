@@ -21,7 +21,8 @@ from packlab.spool.export import export_spool
 from packlab.spool.masks import MarkerTokens
 from packlab.spool.prefix import PREFIX_VERSION, SUFFIXES, prefix_files
 from packlab.storage.files import parse_json
-from packlab.storage.location import Location, is_remote, resolve, upload_file
+from packlab.storage.location import Location, is_remote, resolve
+from packlab.storage.transfer import upload_file
 
 
 def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | None = None,

@@ -25,14 +25,8 @@ from typing import Any
 
 from packlab.errors import FormatError
 from packlab.storage.files import parse_versioned_json, sha256_file, staged
-from packlab.storage.location import (
-    Location,
-    as_location,
-    cache_entry,
-    cache_root,
-    download_file,
-    put_object,
-)
+from packlab.storage.location import Location, as_location
+from packlab.storage.transfer import cache_entry, cache_root, download_file, put_object
 
 VERSION = "packlab_file_v1"
 STATES = ("writing", "complete")
@@ -77,12 +71,11 @@ def read_file_record(path: Any) -> dict[str, Any] | None:
 def write_file_record(path: Any, record: dict[str, Any]) -> None:
     """Publish the record beside ``path`` atomically (a local rename, or a copy on the store)."""
     data = (json.dumps(record, indent=2) + "\n").encode()
-    where = record_path(path)
-    if isinstance(where, Location) and not where.is_local:
+    where = as_location(record_path(path))
+    if where.local_path is None:
         put_object(data, where)
         return
-    where = Path(where.local_path if isinstance(where, Location) else where)
-    with staged(where, overwrite=True) as tmp:
+    with staged(where.local_path, overwrite=True) as tmp:
         tmp.write_bytes(data)
 
 

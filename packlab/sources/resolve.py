@@ -30,7 +30,6 @@ names) and remembers the layout it came from, so ``validate`` can check counts a
 from __future__ import annotations
 
 import glob as globlib
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +46,7 @@ from packlab.pipeline.layout.blend import (
 )
 from packlab.pipeline.layout.build import CONFIG_FILE
 from packlab.storage.files import parse_json
-from packlab.storage.location import Location, as_location, resolve
+from packlab.storage.location import Location, as_location, is_remote, resolve
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Shard:
 
     @property
     def remote(self) -> bool:
-        return isinstance(self.path, Location)
+        return is_remote(self.path)
 
 
 @dataclass
@@ -127,7 +126,7 @@ def resolve_source(path: PathLike | Location | Sequence[PathLike | Location], *,
         return Source(", ".join(p.given for p in parts), "list",
                       [s for p in parts for s in p.shards])
     location = resolve(path, filesystem)
-    given = location.uri if isinstance(path, Location) else os.fspath(path)
+    given = str(path)  # as given: a Location prints as its URI on object storage
     if not location.exists() and not location.is_link() and globlib.has_magic(location.path):
         _no_split(given, split, "a glob")
         return Source(given, "glob", [_shard(r) for r in find_shards(location, format=format)])

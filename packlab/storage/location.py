@@ -1,8 +1,11 @@
 """Where bytes live, local or on object storage, as one thing: a :class:`Location` (a pyarrow
-filesystem plus a path in it). ``s3://bucket/key`` and ``/data/out`` both become one; what
-reads and writes shards (the formats) does it through a Location's methods and never asks
-which kind it holds: a Location knows how to open, publish, sync and delete on its own
-filesystem (a rename and an fsync locally, a server-side copy on object storage).
+filesystem plus a path in it). ``s3://bucket/key`` and ``/data/out`` both become one
+(:func:`resolve`, the one place a path or URI becomes a Location); what reads and writes shards
+(the formats) does it through a Location's methods: a Location knows how to open, publish, sync
+and delete on its own filesystem (a rename and an fsync locally, a server-side copy on object
+storage), and says where it is (:attr:`Location.is_local`), the one question a reader asks to
+pick its kind of reads (:mod:`packlab.formats.read.shard_reads`). Moving bytes between stores and
+the local cache (uploads, verified downloads) is :mod:`packlab.storage.transfer`.
 
 Why pyarrow's filesystems: Parquet reads and writes go through them natively (ranged reads,
 multipart uploads), DuckDB can be handed one, and they pickle, so a DataLoader worker or a
@@ -15,12 +18,13 @@ a local S3 server does for tests and notebooks), else ``AWS_ENDPOINT_URL_S3``
 / ``AWS_ENDPOINT_URL`` from the environment (pyarrow ignores them, packlab reads them), else
 AWS itself with pyarrow's usual credential chain.
 
-Object storage has no rename, so "publish under the final name in one step" is done per object:
+Object storage has no rename, so "publish under the final name in one step" is done per object
+(:meth:`Location.publish_from`):
 
-- :func:`put_object` / :func:`upload_file` write a temporary key beside the final one
-  (``.name.tmp-<pid>-<rand>``, the local convention), then copy it to the final key server-side
+- a writer writes a temporary key beside the final one (``.name.tmp-<pid>-<rand>``, the local
+  convention: :meth:`Location.temporary`), then it is copied to the final key server-side
   (``CopyObject``: the final key shows the old object or the whole new one, never a part) and
-  delete the temporary. Why not stream straight to the final key: pyarrow's S3 output stream
+  the temporary deleted. Why not stream straight to the final key: pyarrow's S3 output stream
   has no abort, and dropping an unclosed one *completes* the upload (its destructor closes):
   a writer failing with a Python exception would publish a partial object (a test shows it).
   A writer killed outright never completes its multipart upload, so nothing appears at all.
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import fnmatch
 import glob as globlib
-import hashlib
 import os
 import posixpath
 import re
@@ -41,24 +44,15 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from packlab.errors import FormatError, PacklabError
 from packlab.storage import files
-from packlab.storage.files import (
-    TMP_MARKER,
-    HashedFile,
-    fsync_path,
-    publish,
-    remove,
-    short_digest,
-    staged,
-)
+from packlab.storage.files import TMP_MARKER, fsync_path, publish, remove
 
-CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
 _URI = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 _DEFAULTS: dict[str, dict[str, Any]] = {}
 _CACHE: dict[tuple[str, tuple[tuple[str, Any], ...]], pafs.FileSystem] = {}
@@ -76,9 +70,9 @@ def scheme_of(path: Any) -> str | None:
 
 
 def is_remote(path: Any) -> bool:
-    """A :class:`Location` or a URI other than ``file://`` (those are opened through a
-    filesystem, never with ``open``)."""
-    return isinstance(path, Location) or scheme_of(path) not in (None, "file")
+    """A URI other than ``file://``, or a :class:`Location` on object storage (those are opened
+    through a filesystem, never with ``open``)."""
+    return scheme_of(path) not in (None, "file")
 
 
 def configure(scheme: str, /, *, replace: bool = False, **options: Any) -> dict[str, Any]:
@@ -149,7 +143,7 @@ def as_arrow_filesystem(filesystem: Any) -> pafs.FileSystem:
 def as_location(path: str | os.PathLike[str] | Location) -> Location:
     """``path`` as a :class:`Location`: itself if it is one, else resolved (a local path, or
     a URI of a configured store)."""
-    return path if isinstance(path, Location) else resolve(path)
+    return resolve(path)
 
 
 def resolve(path: str | os.PathLike[str] | Location, filesystem: Any = None) -> Location:
@@ -257,7 +251,7 @@ class Location:
         try:
             return self.filesystem.get_file_info(self.path)
         except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"{self}: cannot reach it: {_short(exc)}") from None
+            raise FormatError(f"{self}: cannot reach it: {error_line(exc)}") from None
 
     def exists(self) -> bool:
         if self.is_local:  # a dangling link is there too (it would be replaced)
@@ -293,7 +287,7 @@ class Location:
         except FileNotFoundError:
             raise FormatError(f"{self}: no such file or directory") from None
         except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"{self}: cannot list it: {_short(exc)}") from None
+            raise FormatError(f"{self}: cannot list it: {error_line(exc)}") from None
         for info in sorted(infos, key=lambda i: i.path):
             name = posixpath.basename(info.path.rstrip("/"))
             if name and not name.startswith("."):
@@ -340,7 +334,7 @@ class Location:
             infos = self.filesystem.get_file_info(pafs.FileSelector(self.path, recursive=True,
                                                                     allow_not_found=True))
         except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"{self}: cannot list it: {_short(exc)}") from None
+            raise FormatError(f"{self}: cannot list it: {error_line(exc)}") from None
         yield from (i for i in infos if i.type == pafs.FileType.File)
 
     # -- bytes ------------------------------------------------------------------------------
@@ -351,11 +345,11 @@ class Location:
         except FileNotFoundError:
             raise FormatError(f"{self}: no such file or directory") from None
         except (OSError, pa.ArrowException) as exc:
-            raise FormatError(f"{self}: cannot open: {_short(exc)}") from None
+            raise FormatError(f"{self}: cannot open: {error_line(exc)}") from None
 
     def open_output(self) -> pa.NativeFile:
         """An output stream to this very key (visible when closed; see the module docstring
-        for why writers use :func:`put_object` or a temporary key instead)."""
+        for why writers write a temporary key instead)."""
         try:
             folder = posixpath.dirname(self.path)  # "" for a bare name in the working folder
             if folder and isinstance(self.filesystem, pafs.LocalFileSystem | pafs.PyFileSystem):
@@ -363,7 +357,7 @@ class Location:
                 self.filesystem.create_dir(folder, recursive=True)
             return self.filesystem.open_output_stream(self.path)
         except (OSError, pa.ArrowException) as exc:
-            raise PacklabError(f"{self}: cannot write: {_short(exc)}") from None
+            raise PacklabError(f"{self}: cannot write: {error_line(exc)}") from None
 
     def read_bytes(self) -> bytes:
         with self.open_input() as f:
@@ -372,10 +366,6 @@ class Location:
     def read_range(self, offset: int, nbytes: int) -> bytes:
         with self.open_input() as f:
             return f.read_at(nbytes, offset)
-
-    def ranged(self) -> RangedFile:
-        """This file, read by byte ranges where it is (:class:`RangedFile`)."""
-        return RangedFile(self)
 
     def temporary(self) -> Location:
         """A unique hidden sibling (``.name.tmp-<pid>-<rand>``) to write before publishing (a
@@ -390,8 +380,21 @@ class Location:
             fsync_path(Path(self.path))
 
     def publish_from(self, tmp: Location, *, overwrite: bool) -> None:
-        """Make the finished temporary ``tmp`` appear here in one step (:func:`publish_object`)."""
-        publish_object(tmp, self, overwrite=overwrite)
+        """Make the finished temporary ``tmp`` appear here in one step, then drop it: one
+        rename locally (a directory replaced whole, the folder fsynced), a server-side copy on
+        object storage (see the module docstring)."""
+        if not overwrite and self.exists():
+            tmp.delete()
+            raise PacklabError(f"{self}: already exists (pass overwrite=True to replace it)")
+        if self.is_local:
+            publish(Path(tmp.path), Path(self.path), overwrite=True)
+            return
+        try:
+            self.filesystem.copy_file(tmp.path, self.path)  # server-side CopyObject: atomic
+        except (OSError, pa.ArrowException) as exc:
+            tmp.delete()
+            raise PacklabError(f"{self}: publishing failed: {error_line(exc)}") from None
+        tmp.delete()
 
     def delete(self) -> None:
         """Remove this object, or every object under this prefix; nothing if absent."""
@@ -407,7 +410,7 @@ class Location:
         except FileNotFoundError:
             pass
         except (OSError, pa.ArrowException) as exc:
-            raise PacklabError(f"{self}: cannot delete: {_short(exc)}") from None
+            raise PacklabError(f"{self}: cannot delete: {error_line(exc)}") from None
 
 
 class RangedFile:
@@ -445,7 +448,7 @@ class RangedFile:
             data = self._opened().read_at(nbytes, offset)
         except (OSError, pa.ArrowException) as exc:
             raise FormatError(f"{self.location}: cannot read bytes {offset}..{offset + nbytes}: "
-                              f"{_short(exc)}") from None
+                              f"{error_line(exc)}") from None
         self.requests += 1
         if len(data) != nbytes:
             raise FormatError(f"{self.location}: {len(data)} of the {nbytes} bytes at byte "
@@ -458,141 +461,6 @@ class RangedFile:
             file.close()
 
 
-def cache_root() -> Path:
-    """Where packlab keeps what it fetched from object storage (verified downloads, the
-    indexes of shards read in place): ``$PACKLAB_CACHE_DIR``, default
-    ``~/.cache/packlab/remote``."""
-    env = os.environ.get("PACKLAB_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "packlab" / "remote"
-
-
-def _short(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
+    """A filesystem's error on one line (its first, at most 300 characters), for messages."""
     return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-
-
-# -- publishing objects ------------------------------------------------------------------------
-def publish_object(tmp: Location, final: Location, *, overwrite: bool) -> None:
-    """Make the finished temporary ``tmp`` appear as ``final`` in one step, then drop it."""
-    if not overwrite and final.exists():
-        tmp.delete()
-        raise PacklabError(f"{final}: already exists (pass overwrite=True to replace it)")
-    if final.is_local:  # one rename (a directory replaced whole), the folder fsynced
-        publish(Path(tmp.path), Path(final.path), overwrite=True)
-        return
-    try:
-        final.filesystem.copy_file(tmp.path, final.path)  # server-side CopyObject: atomic
-    except (OSError, pa.ArrowException) as exc:
-        tmp.delete()
-        raise PacklabError(f"{final}: publishing failed: {_short(exc)}") from None
-    tmp.delete()
-
-
-def stream_into(source: BinaryIO, out: pa.NativeFile, digest: Any = None) -> int:
-    """Copy a binary stream into ``out`` in chunks, hashing as it goes; bytes copied."""
-    total = 0
-    while block := source.read(CHUNK):
-        out.write(block)
-        if digest is not None:
-            digest.update(block)
-        total += len(block)
-    return total
-
-
-def upload_file(local: str | os.PathLike[str], final: Location, *, overwrite: bool = False,
-                atomic: bool = True) -> dict[str, Any]:
-    """Upload a local file; with ``atomic`` through a temporary key (see :func:`publish_object`).
-    Returns its record entry (``bytes``, ``sha256``, computed while uploading)."""
-    local = Path(local)
-    if not local.is_file():
-        raise FormatError(f"{local}: no such file to upload")
-    target = final.temporary() if atomic else final
-    digest = hashlib.sha256()
-    out = target.open_output()
-    try:
-        with open(local, "rb") as f:
-            size = stream_into(f, out, digest)
-        out.close()
-    except BaseException:
-        _drop(out, target)
-        raise
-    if atomic:
-        publish_object(target, final, overwrite=overwrite)
-    return {"bytes": size, "sha256": digest.hexdigest()}
-
-
-def put_object(data: bytes, final: Location, *, overwrite: bool = True) -> None:
-    """Write small ``data`` (a record, a blend file) as ``final``, atomically."""
-    tmp = final.temporary()
-    out = tmp.open_output()
-    try:
-        out.write(data)
-        out.close()
-    except BaseException:
-        _drop(out, tmp)
-        raise
-    publish_object(tmp, final, overwrite=overwrite)
-
-
-def _drop(out: pa.NativeFile, target: Location) -> None:
-    """After a failure: close the stream (pyarrow would complete it anyway) and delete it."""
-    try:
-        out.close()
-    except (OSError, pa.ArrowException):
-        pass
-    try:
-        target.delete()
-    except PacklabError:
-        pass
-
-
-def download_file(source: Location, local: str | os.PathLike[str], *,
-                  expect: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Download ``source`` to ``local`` (through a local temporary, renamed when whole),
-    hashing as it goes. With ``expect`` (a record entry), a size or checksum that differs
-    is refused: nothing is left at ``local``. Returns ``bytes`` and ``sha256``."""
-    local = Path(local)
-    local.parent.mkdir(parents=True, exist_ok=True)
-    with staged(local, overwrite=True) as tmp:
-        with source.open_input() as f, HashedFile(tmp) as out:
-            while block := f.read(CHUNK):
-                out.write(block)
-            entry = out.close()
-        if expect is not None:
-            if entry["bytes"] != expect.get("bytes"):
-                raise FormatError(f"{source}: {entry['bytes']} bytes, the record says "
-                                  f"{expect.get('bytes')} (truncated or replaced?)")
-            if entry["sha256"] != expect.get("sha256"):
-                raise FormatError(f"{source}: checksum mismatch with its record (corrupted); "
-                                  "the shard is refused")
-    return entry
-
-
-def cache_entry(cache: Path, location: Location, version: str) -> Path:
-    """The cache folder of ``location``'s bytes as of ``version`` (a record's hash, a size
-    and modification time): a replaced object is a new entry, never a mix of old and new."""
-    return cache / short_digest(location.uri) / short_digest(version)
-
-
-def fetch_files(folder: Location, files: dict[str, dict[str, Any] | None], final: Path, *,
-                last: dict[str, bytes] | None = None) -> Path:
-    """The files ``files`` names under ``folder`` downloaded whole into the local folder
-    ``final`` (a cache entry), each refused unless it matches its expected record entry
-    (``bytes``, ``sha256``) where one is given; ``last`` (name: bytes) written after them, as
-    a record is on the store. Published by one rename, so processes sharing the cache never
-    see a half download; a folder already there is checked by its sizes only (cheap)."""
-    marker = next(iter(last)) if last else next(iter(files))
-    if (final / marker).is_file():
-        for name, entry in files.items():
-            have = (final / name).stat().st_size if (final / name).is_file() else -1
-            if entry is not None and have != entry.get("bytes"):
-                raise FormatError(f"{final / name}: {have} bytes in the cache, its record says "
-                                  f"{entry.get('bytes')} (remove the cache entry)")
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    with staged(final, overwrite=True, directory=True) as tmp:
-        for name, entry in files.items():
-            download_file(folder / name, tmp / name, expect=entry)
-        for name, data in (last or {}).items():
-            (tmp / name).write_bytes(data)
-    return final
-

@@ -18,7 +18,7 @@ is before its first byte: its metadata, where the pipeline records its place in 
 and its pack size, so the same job writes the same bytes), checked when the header is read at open. ``data.bin`` and
 ``data.idx`` stay megatron-core's bytes, so the record keeps their ``fingerprints``
 (xxh3_64 of ``data.idx`` whole, a few bytes a bin, and of ``data.bin``'s first and last 4 KiB),
-checked on the first read, when the index is mapped and checked anyway. A file exchanged with
+checked on the first read, when the index is read and checked anyway. A file exchanged with
 another shard's is refused before a bin is served. Version 1 sidecars (32, 48 and 32-byte
 headers, no identity) are shards written before identities: read as before.
 
@@ -39,15 +39,15 @@ fit, naming the bin. uint16 halves ``data.bin`` (see the tests for the sizes).
 Shards written before it have none (and no ``bin_checksum`` in the record): they read as
 before, and ``verify=True`` refuses them.
 
-The reader maps every file and reads the index where it is, as megatron-core does
-(:mod:`packlab.formats.read.table`: nothing per bin is copied into the reader's memory). On object
-storage it reads in place, as megatron-core's object-storage path does: the record, the
-index and the small sidecars (``data.idx``, ``seq_starts.bin``, ``checksums.bin``) fetched once
-into a local cache, checked against the record, then each bin is one ranged GET of its tokens
-in ``data.bin`` and one of its mask in ``loss_mask.bin`` (:mod:`packlab.formats.read.ranged`). It returns
-views that stay valid after the reader is closed or collected: each view holds a reference to
-its map, which is only released when the last view is gone. (megatron-core's ``IndexedDataset``
-closes its mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
+The reader opens every file once per process and reads each bin with one ``pread`` per column
+into arrays of its own (:mod:`packlab.formats.read.table`: where every bin is, read once from
+the index, is kept in RAM, 16 bytes a bin). On object storage it reads in place, as
+megatron-core's object-storage path does: the record, the index and the small sidecars
+(``data.idx``, ``seq_starts.bin``, ``checksums.bin``) fetched once into a local cache, checked
+against the record, then each bin is one ranged GET of its tokens in ``data.bin`` and one of
+its mask in ``loss_mask.bin`` (:mod:`packlab.formats.read.ranged`). The arrays it returns stay
+valid after the reader is closed or collected. (megatron-core's ``IndexedDataset`` closes its
+mmap in ``__del__``, so arrays it returned crash the process once it is collected.)
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ from packlab.formats.read.table import (
     BinIndex,
     BinTable,
     Column,
-    Maps,
+    FileReads,
     Placement,
     Runs,
     TableReads,
@@ -101,8 +101,9 @@ from packlab.storage.files import (
     short_hash,
     verify_files,
 )
-from packlab.storage.location import Location, as_location, cache_entry, cache_root, fetch_files
+from packlab.storage.location import Location, as_location
 from packlab.storage.reads import load_array
+from packlab.storage.transfer import cache_entry, cache_root, fetch_files
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -302,13 +303,14 @@ def _starts_offset(num_bins: int, header: int) -> int:
 
 
 class Reader(BinidxFacts, TableReads, ShardReader):
-    """Memory-mapped reader; opening reads the record and the headers, reads are O(1).
+    """A ``binidx`` shard's reader; opening reads the record and the headers, reads are O(1).
 
-    On first read (in each process) the files are mapped and every bin's structure is checked
-    over the mapped index (:mod:`packlab.formats.read.table`). ``verify=True``: each bin read is
+    On first read (in each process) the files are opened and every bin's structure is checked
+    over the index (:mod:`packlab.formats.read.table`). ``verify=True``: each bin read is
     checked against its checksum. On object storage (``path`` a
-    :class:`~packlab.storage.location.Location`) the files other than ``DATA_FILES`` are fetched once
-    into ``cache_dir`` (default :func:`packlab.storage.location.cache_root`), the data read by ranges.
+    :class:`~packlab.storage.location.Location` there) the files other than ``DATA_FILES`` are
+    fetched once into ``cache_dir`` (default :func:`packlab.storage.transfer.cache_root`), the
+    data read by ranges.
     """
 
     @property
@@ -344,7 +346,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         """The folder holding the record and the index files locally: the shard itself, or
         (on object storage) their copies fetched once into the cache, each checked against
         the record's size and sha256 (a replaced record is a new cache entry)."""
-        if not isinstance(self.path, Location):
+        if self.location.is_local:
             return self.path
         record = self.path / RECORD
         if not record.is_file():
@@ -411,11 +413,11 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                               "between shards; refused")
         return fields
 
-    def _check_fingerprints(self) -> None:
-        """megatron-core's two files against the fingerprints its record keeps (on the
-        first read: the index is mapped and checked whole then anyway)."""
+    def _check_fingerprints(self, reads: FileReads) -> None:
+        """megatron-core's two files against the fingerprints the record keeps (on the
+        first read: the index is read and checked whole then anyway)."""
         files = {INDEX: (self._file(INDEX), True)}
-        if not isinstance(self._file(DATA), Location):  # on object storage each read is one
+        if not reads.in_place:  # on object storage each read is one
             files[DATA] = (self._file(DATA), False)  # ranged GET: per-bin checksums stand
         check_fingerprints(self.record.get("fingerprints"), files, f"its record {RECORD}")
 
@@ -444,21 +446,21 @@ class Reader(BinidxFacts, TableReads, ShardReader):
                 raise FormatError(f"{file}: {have} bytes, the headers imply {want} "
                                   "(truncated or corrupted)")
 
-    def _placement(self, maps: Maps) -> Placement:
-        """Where the bins are: ``data.idx`` and ``seq_starts.bin`` mapped, read in place."""
+    def _placement(self, reads: FileReads) -> Placement:
+        """Where the bins are: ``data.idx`` and ``seq_starts.bin`` read as sliced."""
         n, file, width = self.num_bins, self._file, self.token_dtype.itemsize
-        self._check_fingerprints()
+        self._check_fingerprints(reads)
         checksum = None
         if self.has_checksums:
             self.check_checksums_header()
-            checksum = maps.lookups(file(SUMS), "<u8", self._sums_header(), n)
+            checksum = reads.lookups(file(SUMS), "<u8", self._sums_header(), n)
         seqs_at = self.header_size[SEQS]
         return Placement(Column(file(DATA), self.token_dtype, 0, self.num_tokens),
                       Column(file(LOSS), np.dtype("|u1"), self.header_size[LOSS],
                              self.num_tokens),
                       Column(file(SEQS), np.dtype("<i4"), _starts_offset(n, seqs_at),
                              self.num_seqs),
-                      _Index(maps, self._local, n, width, self.num_tokens, self.num_seqs,
+                      _Index(reads, self._local, n, width, self.num_tokens, self.num_seqs,
                              seqs_at, self.path),
                       self.pack_size, str(self.path), checksum)
 
@@ -478,7 +480,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     def validate(self) -> dict[str, Any]:
         """Sizes, checksums, index consistency, token range and every bin invariant (a local
         shard: ``validate`` downloads one on object storage, verified, first)."""
-        if isinstance(self.path, Location):
+        if not self.location.is_local:
             raise PacklabError(f"{self.path}: validate a shard on object storage with "
                                "packlab.sources.validate.validate_path (it downloads it whole)")
         verify_files(self.path, self.record.get("files", {}), checksums=True)
@@ -489,9 +491,9 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         n = self.num_bins
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)
-        maps = Maps()
-        placement = self._placement(maps)
-        table = BinTable.mapped(placement, maps, check=False)
+        reads = self._reads()
+        placement = self._placement(reads)
+        table = BinTable.from_placement(placement, reads, check=False)
         limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1
         table.check_contents(token_limit=limit)  # every invariant of every bin
         if placement.checksum is not None:
@@ -503,13 +505,13 @@ class Reader(BinidxFacts, TableReads, ShardReader):
 
 
 class _Index(BinIndex):
-    """``data.idx``'s lengths and byte pointers, ``seq_starts.bin``'s offsets, mapped: bin
-    ``b``'s tokens are values ``pointer[b] / width`` and on, ``length[b]`` of them."""
+    """``data.idx``'s lengths and byte pointers, ``seq_starts.bin``'s offsets, read as sliced:
+    bin ``b``'s tokens are values ``pointer[b] / width`` and on, ``length[b]`` of them."""
 
     __slots__ = ("num_bins", "_lengths", "_pointers", "_seqs", "width", "num_tokens",
                  "num_seqs", "path")
 
-    def __init__(self, maps: Maps, local: Path, n: int, width: int, num_tokens: int,
+    def __init__(self, reads: FileReads, local: Path, n: int, width: int, num_tokens: int,
                  num_seqs: int, seqs_at: int, shown: Path | Location) -> None:
         self.num_bins, self.width, self.num_tokens, self.num_seqs = n, width, num_tokens, num_seqs
         self.path = shown  # as messages name the shard
@@ -517,7 +519,7 @@ class _Index(BinIndex):
         lengths = (path / INDEX, "<i4", mmidx.HEADER_SIZE, n)
         pointers = (path / INDEX, "<i8", mmidx.pointers_at(n), n)
         seqs = (path / SEQS, "<i8", seqs_at, n + 1)
-        self._lengths, self._pointers, self._seqs = (maps.values(*c)
+        self._lengths, self._pointers, self._seqs = (reads.values(*c)
                                                      for c in (lengths, pointers, seqs))
 
     def runs(self, lo: int, hi: int) -> Runs:

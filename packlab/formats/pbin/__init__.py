@@ -74,7 +74,7 @@ from packlab.formats.read.table import (
     BinTable,
     Column,
     CsrIndex,
-    Maps,
+    FileReads,
     Placement,
     TableReads,
     refuse_unverifiable,
@@ -265,10 +265,10 @@ class _Documents(NamedTuple):
 
 
 class Reader(PbinFacts, TableReads, ShardReader):
-    """Bins of a packlab pbin from its trailer (views, valid after close).
+    """Bins of a packlab pbin from its trailer (arrays of their own, valid after close).
 
-    On first read (in each process) the file is mapped and every bin's structure checked over
-    the trailer's mapped offsets (:mod:`packlab.formats.read.table`). ``verify=True``: each bin
+    On first read (in each process) the file is opened and every bin's structure checked over
+    the trailer's offsets (:mod:`packlab.formats.read.table`). ``verify=True``: each bin
     read is checked against its checksum.
 
     A plain pbin (no trailer) is refused unless ``lossy=True``: then each document is one bin
@@ -345,15 +345,15 @@ class Reader(PbinFacts, TableReads, ShardReader):
         base = self.file.index_offset
         return {name: base + where[0] for name, where in self.footer["sections"].items()}
 
-    def _placement(self, maps: Maps) -> Placement | None:
-        """Where a packlab pbin's bins are: the trailer's offsets and starts, mapped (None for
-        a plain pbin: its documents are served one by one)."""
+    def _placement(self, reads: FileReads) -> Placement | None:
+        """Where a packlab pbin's bins are: the trailer's offsets and starts, read as sliced
+        (None for a plain pbin: its documents are served one by one)."""
         if self.footer is None:
             return None
         at, n, p = self._at(), self.num_bins, self.path
-        index = CsrIndex(maps.values(p, "<i8", at["token_offsets"], n + 1),
-                         maps.values(p, "<i8", at["seq_offsets"], n + 1))
-        checksum = (maps.lookups(p, "<u8", at["checksums"], n)
+        index = CsrIndex(reads.values(p, "<i8", at["token_offsets"], n + 1),
+                         reads.values(p, "<i8", at["seq_offsets"], n + 1))
+        checksum = (reads.lookups(p, "<u8", at["checksums"], n)
                     if self.has_checksums else None)
         return Placement(Column(p, self.token_dtype, HEADER_SIZE, self.num_tokens),
                       Column(p, np.dtype("|u1"), at["loss_mask"], self.num_tokens),
@@ -408,10 +408,10 @@ class Reader(PbinFacts, TableReads, ShardReader):
                           source=str(self.path), first_bin=lo)
             return self._summary()
         self._verify_checksum()
-        maps = Maps()
-        placement = self._placement(maps)
+        reads = self._reads()
+        placement = self._placement(reads)
         assert placement is not None
-        table = BinTable.mapped(placement, maps, check=False)
+        table = BinTable.from_placement(placement, reads, check=False)
         table.check_contents(token_limit=self.vocab_size  # every invariant of every bin
                              or int(np.iinfo(self.token_dtype).max) + 1)
         offsets = np.concatenate(([0], np.cumsum(table.packed_lengths())))

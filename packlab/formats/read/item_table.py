@@ -5,11 +5,12 @@ words, a header, the sequence starts and the tokens with the loss-mask bit on to
 What :mod:`packlab.formats.read.table` does for bins laid out as three columns, this module does
 for bins laid out as items: a format says where its items are (:class:`ItemPlacement`: the
 column of every item's values end to end, an :class:`ItemIndex` giving bin ``b``'s first value
-and count, read in place from its mapped index, and ``decode``, which checks what one item says
-about itself and returns its :class:`~packlab.bins.PackedBin`), and :class:`ItemTable` reads:
+and count, read from its index file, and ``decode``, which checks what one item says about
+itself and returns its :class:`~packlab.bins.PackedBin`), and :class:`ItemTable` reads, through
+the shard's reads (:class:`~packlab.formats.read.shard_reads.FileReads`):
 
 - a read is one lookup in the index, one slice of the items and the format's decode. Locally
-  the whole item is asked for at once before it is touched when its pages are cold
+  the slice is one ``pread`` of the whole item, asked for at once when its pages are cold
   (:class:`~packlab.storage.reads.ReadAdvice`); on object storage it is exactly one ranged GET of
   exactly the item's bytes (:mod:`packlab.formats.read.ranged`);
 - an item carries its own structure (how many sequences, where they start), so it is checked
@@ -17,7 +18,7 @@ about itself and returns its :class:`~packlab.bins.PackedBin`), and :class:`Item
   (items inside the file, one after the other) is checked once per process on the first read;
 - ``validate`` decodes every item and checks every invariant of every bin
   (:meth:`ItemTable.check_contents`); ``verify=True`` checks each bin read against its
-  recorded checksum. Bins are arrays of their own (decoded), the starts a view of the item.
+  recorded checksum. Bins are arrays of their own (decoded, the starts copied).
 """
 
 from __future__ import annotations
@@ -25,31 +26,27 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from packlab.bins import PackedBin, check_bin_checksum, check_csr, cumulative_offsets
 from packlab.errors import FormatError
-from packlab.formats.read.ranged import scanning
+from packlab.formats.read.shard_reads import Column, FileReads
 from packlab.formats.read.table import (
     CHUNK,
     CONTENT_CHUNK,
-    Column,
-    Maps,
     check_checksums,
     compact,
     lookup,
     refuse_unverifiable,
 )
-from packlab.storage.location import Location
-from packlab.storage.reads import ReadAdvice, sequential
 
-SPAN_BYTES = 64 << 20  # bytes one request (or one view) brings while summarizing items
+SPAN_BYTES = 64 << 20  # bytes one request (or one pread) brings while summarizing items
 
 
 class ItemIndex(ABC):
-    """A format's per-bin index of items, read in place from its mapped index file."""
+    """A format's per-bin index of items, read from its index file."""
 
     num_bins: int
 
@@ -81,24 +78,23 @@ class ItemPlacement(NamedTuple):
     source: str
     checksum: Callable[[int], int] | None = None
 
-    def table(self, maps: Maps, *, verify: bool) -> ItemTable:
-        return ItemTable.mapped(self, maps, verify=verify)
+    def table(self, reads: FileReads, *, verify: bool) -> ItemTable:
+        return ItemTable(self, reads, verify=verify)
 
 
 class ItemTable:
     """One process's reads of a shard laid out as :class:`ItemPlacement` says (see the module)."""
 
     __slots__ = ("items", "index", "firsts", "counts", "locator_bytes", "decode", "summarize",
-                 "checksum", "num_bins", "pack_size", "source", "maps", "advice", "width",
-                 "offset", "ranged")
+                 "checksum", "num_bins", "pack_size", "source", "reads", "advice", "width",
+                 "offset")
 
-    def __init__(self, placement: ItemPlacement, maps: Maps, *, verify: bool = False) -> None:
+    def __init__(self, placement: ItemPlacement, reads: FileReads, *, verify: bool = False) -> None:
         refuse_unverifiable(placement.source, verify, placement.checksum is not None)
-        self.items = maps.column(placement.items)
-        self.ranged = isinstance(placement.items.path, Location)
+        self.items = reads.column(placement.items)
         self.width = np.dtype(placement.items.dtype).itemsize
         self.offset = placement.items.offset
-        self.advice = None if self.ranged else ReadAdvice(maps.file(placement.items.path).fd)
+        self.advice = reads.item_advice(placement.items)
         self.index = placement.index
         self.decode = placement.decode
         self.summarize = placement.summarize
@@ -106,7 +102,7 @@ class ItemTable:
         self.num_bins = placement.index.num_bins
         self.pack_size = placement.pack_size
         self.source = placement.source
-        self.maps = maps
+        self.reads = reads
         self.firsts, self.counts, self.locator_bytes = self._locator(len(self.items))
 
     def _locator(self, num_values: int) -> tuple[memoryview, memoryview, int]:
@@ -126,13 +122,9 @@ class ItemTable:
         """Bin ``b``'s item: its first value and its count of values (Python ints)."""
         return self.firsts[b], self.counts[b]
 
-    @classmethod
-    def mapped(cls, placement: ItemPlacement, maps: Maps, *, verify: bool = False) -> ItemTable:
-        return cls(placement, maps, verify=verify)
-
     def values(self, first: int, count: int) -> np.ndarray:
-        """An item's values, asked for at once: locally the whole item advised when cold (a
-        read-only view), on object storage one ranged GET of exactly its bytes."""
+        """An item's values, asked for at once: locally one ``pread``, the whole item advised
+        when cold; on object storage one ranged GET of exactly its bytes."""
         if self.advice is not None:  # probes (one read in 16 once warm), advises when cold
             self.advice.first(self.offset + first * self.width, count * self.width)
         return self.items[first:first + count]
@@ -157,14 +149,9 @@ class ItemTable:
     def scan(self) -> Iterator[PackedBin]:
         """Every bin in order: the kernel's sequential readahead locally, large ranged
         requests on object storage."""
-        with self._sequential():
+        with self.reads.sequential():
             for b in range(self.num_bins):
                 yield self.bin(b)
-
-    def _sequential(self) -> Any:
-        if self.ranged:
-            return scanning(self.maps.ranged.windows.values())
-        return sequential(*self.maps.files.values())
 
     def check(self, b: int, packed: PackedBin) -> None:
         assert self.checksum is not None
@@ -172,15 +159,15 @@ class ItemTable:
 
     def check_checksums(self, recorded: Callable[[int], int]) -> None:
         """Every bin against its recorded checksum (``validate``), in one sequential pass."""
-        with self._sequential():
+        with self.reads.sequential():
             check_checksums(map(self.view, range(self.num_bins)),
                             map(recorded, range(self.num_bins)), self.source)
 
     # -- what the items' headers say, without decoding them ----------------------------------
     def spans(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
         """``(lo, values, firsts, counts)`` per run of consecutive items (at most
-        ``SPAN_BYTES`` of them, ``CHUNK`` bins): their values in one view (locally: only the
-        pages read are touched) or one request, the firsts relative to it."""
+        ``SPAN_BYTES`` of them, ``CHUNK`` bins): their values in one read (one ``pread``
+        locally, one request on object storage), the firsts relative to it."""
         lo = 0
         while lo < self.num_bins:
             firsts, counts = self.index.runs(lo, min(lo + CHUNK, self.num_bins))
@@ -195,7 +182,8 @@ class ItemTable:
     def summary(self) -> tuple[np.ndarray, np.ndarray]:
         """Every bin's packed length and number of sequences (int64), from the headers."""
         lengths, seqs = [], []
-        with self._sequential() if self.ranged else nullcontext():
+        # large requests on object storage; locally each span is one large pread already
+        with self.reads.sequential() if self.reads.in_place else nullcontext():
             for lo, values, firsts, counts in self.spans():
                 packed_len, num_seqs = self.summarize(lo, values, firsts, counts)
                 lengths.append(packed_len)
@@ -210,7 +198,7 @@ class ItemTable:
     def check_contents(self, *, token_limit: int, convention: str = "packlab") -> None:
         """Every item decoded and every invariant of every bin checked (its mask's too), every
         token id in ``[0, token_limit)``, ``CONTENT_CHUNK`` bins at a time (``validate``)."""
-        with self._sequential():
+        with self.reads.sequential():
             for lo in range(0, self.num_bins, CONTENT_CHUNK):
                 bins = [self.view(b) for b in range(lo, min(lo + CONTENT_CHUNK, self.num_bins))]
                 token_offsets = cumulative_offsets([p.packed_len for p in bins])

@@ -4,10 +4,12 @@ A format that reads in place (``READS_IN_PLACE``) describes its bins exactly as 
 local files (:mod:`packlab.formats.read.table`: a :class:`~packlab.formats.read.table.Placement` of columns
 and an index, or an :class:`~packlab.formats.read.item_table.ItemPlacement`), with one difference: a column
 in a data file on object storage has that file's :class:`~packlab.storage.location.Location` as its
-path, not a local ``Path``. Its index files were fetched once into a local cache
-(:func:`packlab.storage.location.fetch_files`: verified against the shard's record where it has one)
-and are mapped like any local file, so a DataLoader worker maps the cached copy instead of
-fetching it again. This is what Megatron-core's object-storage path does (the ``.idx``
+path, not a local ``Path``. The shard's reads, chosen once for where it is
+(:class:`~packlab.formats.read.shard_reads.RangedReads`), read those columns with what is here.
+Its index files were fetched once into a local cache
+(:func:`packlab.storage.transfer.fetch_files`: verified against the shard's record where it has one)
+and are read by ``pread`` like any local file, so a DataLoader worker reads the cached copy
+instead of fetching it again. This is what Megatron-core's object-storage path does (the ``.idx``
 cached locally, the ``.bin`` read by ranges), except that packlab asks for exactly a bin's
 bytes (Megatron-core fetches blocks of ``bin_chunk_nbytes``, 256 MiB by default).
 

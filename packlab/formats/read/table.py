@@ -1,18 +1,20 @@
-"""Bins as runs of values in memory-mapped files: the one read path of every format whose bins
-are slices of its files. Those are ``memmap_v1``, ``binidx``, ``arrow_ipc`` and ``pbin``
-(``megatron_sft``, whose bin is one item it decodes, reads through
-:mod:`packlab.formats.read.item_table`).
+"""Bins as runs of values in a shard's files: the one read path of every format whose bins
+are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
+whose bin is one item it decodes, through :mod:`packlab.formats.read.item_table`).
 
-Read the way Megatron-core's ``IndexedDataset`` reads: the files are mapped and a read is a
-few lookups and three slices. A format says where its bins are with a :class:`Placement`:
+Read as Megatron-core's ``IndexedDataset`` reads, a few lookups and three slices a bin, except
+that a slice is a ``pread`` into an array of its own, never a view of a memory map (why:
+:mod:`packlab.storage.reads`). A format says where its bins are with a :class:`Placement`:
 
 - three :class:`Column` s, the whole run of token ids, loss-mask bytes and sequence starts in
   its files (a file, a dtype, a byte offset, a count);
 - a :class:`BinIndex`: for a range of bins, where their tokens, masks and starts begin and how
   long they are, as values of those columns (``runs``: numpy arrays read from the format's own
-  index, in place in its mapped files).
+  index files).
 
-:class:`BinTable` does the rest for every format, once per process on its first read:
+:class:`BinTable` does the rest for every format, once per process on its first read, through
+the shard's reads (:class:`~packlab.formats.read.shard_reads.FileReads`, of the kind chosen
+once for where the shard is):
 
 - **where every bin is, in RAM** (:class:`Locator`: 16 bytes a bin where the shard's offsets
   fit 32 bits, as packlab's shards do; 24 with a mask indexed apart): a cold read then waits
@@ -26,27 +28,25 @@ few lookups and three slices. A format says where its bins are with a :class:`Pl
   invariants (mask values, 0 at the last token of every sub-sequence) are proven per bin read
   by its checksum with ``verify=True``: its writer checked them, and a changed byte changes
   the checksum;
-- **reads**: :meth:`BinTable.bin` (a :class:`~packlab.bins.PackedBin` of three read-only views)
-  and :meth:`BinTable.item` (what ``dataset[i]`` returns: the views and the boundaries, the
-  starts followed by ``packed_len``). Views hold their map, so they stay valid after the reader
-  is closed or collected;
+- **reads**: :meth:`BinTable.bin` (a :class:`~packlab.bins.PackedBin` of three arrays of its
+  own) and :meth:`BinTable.item` (what ``dataset[i]`` returns: the arrays and the boundaries,
+  the starts followed by ``packed_len``). They stay valid after the reader is closed or
+  collected;
 - **cold reads**: the tokens and the mask of a bin are asked for together before they are
-  touched (:class:`TableAdvice`, :mod:`packlab.storage.reads`).
+  read (:class:`~packlab.formats.read.shard_reads.TableAdvice`, :mod:`packlab.storage.reads`).
 
 Memory: what a table holds in anonymous memory is its :class:`Locator` (16 bytes a bin) and a
-constant; the pages its reads touch are file-backed and kept under the process's budget
-(:data:`packlab.storage.reads.RESIDENT`).
+constant; a local read holds the bin it returns and nothing of the files.
 
-On object storage the same table reads in place: a column whose path is a
-:class:`~packlab.storage.location.Location` is read by ranged requests, exactly a bin's runs per read
-(:mod:`packlab.formats.read.ranged`), its index from a local cache.
+On object storage the same table reads in place: its data columns are read by ranged
+requests, exactly a bin's runs per read (:mod:`packlab.formats.read.ranged`), its index from a
+local cache.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -59,37 +59,14 @@ from packlab.bins import (
     seq_boundaries,
 )
 from packlab.errors import FormatError, InvariantError
-from packlab.formats.read.ranged import RangedAdvice, RangedColumn, RangedFiles, scanning
+from packlab.formats.read.shard_reads import Column, FileReads, LocalReads, reads_for
 from packlab.formats.shared.base import index_list
-from packlab.storage.location import Location
-from packlab.storage.reads import (
-    FileColumn,
-    NoAdvice,
-    ReadAdvice,
-    ReadFile,
-    advise,
-    compact,
-    forget_after_fork,
-    lookup,
-    opened,
-    scan,
-    sequential,
-)
+from packlab.storage.reads import NoAdvice, compact, forget_after_fork, lookup
 
 LOCATOR_BYTES = 24  # the most a Locator keeps a bin (16 where a shard's offsets fit 32 bits)
 CHUNK = 1 << 11  # bins checked per vectorized step (its temporaries, ~100 KB, are the peak)
 CONTENT_CHUNK = 256  # bins per step of validate's pass over the data (~1M tokens at 4096)
 _new = tuple.__new__  # a PackedBin without NamedTuple.__new__'s Python frame (a read's path)
-
-
-class Column(NamedTuple):
-    """One column's values in a file: ``count`` values of ``dtype`` from byte ``offset``
-    (``path`` a local file, mapped; or a data file on object storage, read by ranges)."""
-
-    path: Path | Location
-    dtype: np.dtype
-    offset: int
-    count: int
 
 
 class Runs(NamedTuple):
@@ -105,7 +82,7 @@ class Runs(NamedTuple):
 
 
 class BinIndex(ABC):
-    """A format's per-bin index, read in place from its mapped files."""
+    """A format's per-bin index, read from its index files."""
 
     num_bins: int
 
@@ -170,111 +147,27 @@ class Placement(NamedTuple):
     source: str
     checksum: Callable[[int], int] | None = None
 
-    def table(self, maps: Maps, *, verify: bool) -> BinTable:
-        """The table of this placement over ``maps`` (what :class:`TableReads` reads)."""
-        return BinTable.mapped(self, maps, verify=verify)
-
-
-class Maps:
-    """The files of one shard, each opened once per process (:func:`~packlab.storage.reads.opened`)
-    and read by ``pread`` (:class:`~packlab.storage.reads.FileColumn`); its data files on object
-    storage, each read by ranges through one window (:class:`~packlab.formats.read.ranged.RangedFiles`)."""
-
-    def __init__(self) -> None:
-        self.files: dict[Path, ReadFile] = {}
-        self.ranged = RangedFiles()
-
-    def file(self, path: Path) -> ReadFile:
-        if path not in self.files:
-            self.files[path] = opened(path)
-        return self.files[path]
-
-    def values(self, path: Path, dtype: Any, offset: int, count: int) -> FileColumn:
-        """``count`` values of ``dtype`` at byte ``offset`` of ``path``, read as sliced."""
-        return self.file(path).column(dtype, offset, count)
-
-    def lookups(self, path: Path, dtype: Any, offset: int, count: int) -> Callable[[int], int]:
-        """``f(b)``: value ``b`` of ``count`` values of ``dtype`` at byte ``offset`` of ``path``,
-        all of them read into RAM on the first call (a shard's per-bin checksums, which
-        ``verify=True`` asks for on every read and ``validate`` in one pass)."""
-        column = self.values(path, dtype, offset, count)
-        loaded: list[memoryview] = []
-
-        def value(b: int) -> int:
-            if not loaded:
-                loaded.append(lookup(column[:]))
-            return loaded[0][b]
-        return value
-
-    def column(self, column: Column) -> Any:
-        """The column's values: a :class:`FileColumn` of its file, or a :class:`RangedColumn`."""
-        if isinstance(column.path, Location):
-            return RangedColumn(self.ranged.window(column.path), *column[1:])
-        return self.values(*column)
-
-    def advice(self, placement: Placement) -> Any:
-        """The read advice of a table over ``placement``'s tokens and mask: cold pages asked for
-        together (:class:`TableAdvice`), or, on object storage, the bin's runs fetched."""
-        if isinstance(placement.tokens.path, Location) or isinstance(placement.mask.path, Location):
-            return RangedAdvice(self.column(placement.tokens), self.column(placement.mask))
-        tokens, mask = self.file(placement.tokens.path), self.file(placement.mask.path)
-        local = not isinstance(placement.starts.path, Location)  # else in a local cache: read
-        starts = self.file(placement.starts.path) if local else mask
-        return TableAdvice(tokens.fd, np.dtype(placement.tokens.dtype).itemsize,
-                           placement.tokens.offset, mask.fd, placement.mask.offset, starts.fd,
-                           placement.starts.offset if local else 0,
-                           np.dtype(placement.starts.dtype).itemsize if local else 0)
-
-
-class TableAdvice(ReadAdvice):
-    """Read advice for a table: where its tokens, mask and sequence starts are, in bytes."""
-
-    __slots__ = ("width", "ids_at", "mask_fd", "mask_at", "starts_fd", "starts_at",
-                 "starts_width")
-
-    def __init__(self, fd: int, width: int, ids_at: int, mask_fd: int, mask_at: int,
-                 starts_fd: int, starts_at: int, starts_width: int) -> None:
-        super().__init__(fd)
-        self.width = width
-        self.ids_at = ids_at
-        self.mask_fd, self.mask_at = mask_fd, mask_at
-        self.starts_fd, self.starts_at, self.starts_width = starts_fd, starts_at, starts_width
-
-    def advise_bin(self, t0: int, m0: int, n: int, s0: int, s1: int) -> None:
-        """The advice is due for the bin whose ``n`` tokens start at value ``t0``, its mask at
-        value ``m0``, its starts values ``s0..s1``. Cold lately
-        (:class:`~packlab.storage.reads.ReadAdvice`'s credit), all three ranges are asked for
-        without a probe, the tokens last (the reader reads them first, then finds the others
-        there); otherwise the tokens' first page is probed, and when cold the others are asked
-        for too."""
-        if self.credit > 0:
-            self.credit -= 1
-            self.due = 0
-            self._others(m0, n, s0, s1)
-            advise(self.fd, self.ids_at + self.width * t0, self.width * n)
-        elif self.probe(self.ids_at + self.width * t0, self.width * n):
-            self._others(m0, n, s0, s1)
-
-    def _others(self, m0: int, n: int, s0: int, s1: int) -> None:
-        advise(self.mask_fd, self.mask_at + m0, n)
-        w = self.starts_width
-        advise(self.starts_fd, self.starts_at + w * s0, w * (s1 - s0))
+    def table(self, reads: FileReads, *, verify: bool) -> BinTable:
+        """The table of this placement, read through ``reads`` (what :class:`TableReads`
+        reads)."""
+        return BinTable.from_placement(self, reads, verify=verify)
 
 
 class BinTable:
     """One process's reads of a shard laid out as :class:`Placement` says (see the module)."""
 
     __slots__ = ("tokens", "mask", "starts", "index", "locate", "advice", "checksum",
-                 "num_bins", "pack_size", "source", "maps")
+                 "num_bins", "pack_size", "source", "reads")
 
-    def __init__(self, tokens: np.ndarray, mask: np.ndarray, starts: np.ndarray,
+    def __init__(self, tokens: Any, mask: Any, starts: Any,
                  index: BinIndex, *, pack_size: int, source: str, advice: Any = None,
                  checksum: Callable[[int], int] | None = None,
-                 maps: Maps | None = None, check: bool = True) -> None:
-        """A table over three flat columns (views of mapped files, or arrays in RAM) and their
-        index; every bin's structure is checked here (``check=False``: by the caller, as
-        ``validate`` does with :meth:`check_contents`). ``advice``: a :class:`TableAdvice`
-        (None: bins in RAM, never advised); ``checksum``: checked on every read when given."""
+                 reads: FileReads | None = None, check: bool = True) -> None:
+        """A table over three flat columns (columns of the shard's files, read as sliced, or
+        arrays in RAM) and their index; every bin's structure is checked here (``check=False``:
+        by the caller, as ``validate`` does with :meth:`check_contents`). ``advice``: the
+        reads' advice (None: bins in RAM, never advised); ``checksum``: checked on every read
+        when given; ``reads``: the shard's reads the columns come from."""
         self.tokens, self.mask, self.starts = tokens, mask, starts
         self.index = index
         self.num_bins = index.num_bins
@@ -282,19 +175,20 @@ class BinTable:
         self.source = source
         self.advice = advice if advice is not None else NoAdvice()
         self.checksum = checksum
-        self.maps = maps or Maps()
+        self.reads = reads or LocalReads()
         self.locate = Locator(index, self._check_structure if check else None).locate
 
     @classmethod
-    def mapped(cls, placement: Placement, maps: Maps, *, verify: bool = False,
-               check: bool = True) -> BinTable:
-        """The table of a shard's files as ``placement`` says (``maps``: its files, mapped)."""
+    def from_placement(cls, placement: Placement, reads: FileReads, *, verify: bool = False,
+                       check: bool = True) -> BinTable:
+        """The table of a shard's files as ``placement`` says, read through ``reads``: its tokens
+        and mask data columns, its starts an index file."""
         refuse_unverifiable(placement.source, verify, placement.checksum is not None)
-        advice = maps.advice(placement)
-        return cls(maps.column(placement.tokens), maps.column(placement.mask),
-                   maps.column(placement.starts), placement.index, pack_size=placement.pack_size,
+        advice = reads.advice(placement.tokens, placement.mask, placement.starts)
+        return cls(reads.column(placement.tokens), reads.column(placement.mask),
+                   reads.values(*placement.starts), placement.index, pack_size=placement.pack_size,
                    source=placement.source, advice=advice,
-                   checksum=placement.checksum if verify else None, maps=maps, check=check)
+                   checksum=placement.checksum if verify else None, reads=reads, check=check)
 
     def bin(self, b: int) -> PackedBin:
         """Bin ``b`` (in ``[0, num_bins)``: callers check): three arrays of its own (read by
@@ -333,8 +227,9 @@ class BinTable:
     def scan(self) -> Iterator[PackedBin]:
         """Every bin in order, with the kernel's sequential readahead while it lasts (on
         object storage, large ranged requests)."""
-        with scanning(self.maps.ranged.windows.values()):
-            yield from scan(self.bin, self.num_bins, self._maps())
+        with self.reads.sequential():
+            for b in range(self.num_bins):
+                yield self.bin(b)
 
     def check(self, b: int, packed: PackedBin) -> None:
         """What ``verify=True`` adds per bin: its checksum against the one recorded when it was
@@ -344,7 +239,7 @@ class BinTable:
 
     def check_checksums(self, recorded: Callable[[int], int]) -> None:
         """Every bin against its recorded checksum (``validate``), in one sequential pass."""
-        with sequential(*self._maps()):
+        with self.reads.sequential():
             check_checksums(map(self.view, range(self.num_bins)),
                             map(recorded, range(self.num_bins)), self.source)
 
@@ -353,7 +248,7 @@ class BinTable:
         token_limit)``: ``validate``'s pass over the data, ``CONTENT_CHUNK`` bins at a time
         (an :class:`~packlab.errors.InvariantError` names the rule a bin breaks)."""
         index, source = self.index, self.source
-        with sequential(*self._maps()):
+        with self.reads.sequential():
             for lo in range(0, self.num_bins, CONTENT_CHUNK):
                 hi = min(lo + CONTENT_CHUNK, self.num_bins)
                 runs = index.runs(lo, hi)
@@ -389,9 +284,6 @@ class BinTable:
         except InvariantError as exc:  # on disk: a damaged shard (validate names the invariant)
             raise FormatError(f"{exc} (corrupted shard; run validate)") from None
         _check_runs(self, runs, lo, ("tokens", "loss mask"))
-
-    def _maps(self) -> tuple[ReadFile, ...]:
-        return tuple(self.maps.files.values())
 
 
 def check_checksums(bins: Iterable[PackedBin], recorded: Iterable[int], source: str,
@@ -450,7 +342,8 @@ def _check_runs(table: BinTable, runs: Runs, lo: int,
 # -- indexes most formats share --------------------------------------------------------------------
 class CsrIndex(BinIndex):
     """Bins whose tokens (and mask: the same positions) and starts are delimited by two CSR
-    offset arrays of ``num_bins + 1`` values: ``pbin``'s trailer (mapped), bins in RAM."""
+    offset arrays of ``num_bins + 1`` values: ``pbin``'s trailer (read as sliced), bins in
+    RAM."""
 
     __slots__ = ("num_bins", "token_offsets", "seq_offsets")
 
@@ -468,40 +361,47 @@ class CsrIndex(BinIndex):
 class TableReads:
     """``read_bin``, ``read_bins``, ``item_read``, ``iter_bins`` and ``packed_lengths`` of a shard
     reader whose bins are a :class:`BinTable`. The reader gives :meth:`_placement` (called once
-    per process, on the first read; None when its bins cannot be views: a compressed Arrow
-    file, a plain Modalities file; then the ``_untabled_*`` methods serve them), ``num_bins``,
-    ``verify`` and ``check_index``; its ``_handles`` name ``_table`` (dropped when pickled)."""
+    per process, on the first read, with the shard's reads; None when its bins are not slices
+    of its files: a compressed Arrow file, a plain Modalities file; then the ``_untabled_*``
+    methods serve them), ``location`` (where the shard is: it picks the kind of its reads,
+    :func:`~packlab.formats.read.shard_reads.reads_for`), ``num_bins``, ``verify`` and
+    ``check_index``; its ``_handles`` name ``_table`` (dropped when pickled)."""
 
     _table: Any = None  # a BinTable (or an ItemTable: packlab.formats.read.item_table)
     _untabled: bool = False
     verify: bool = False
     num_bins: int
+    location: Any  # ShardReader.location
     check_index: Any  # ShardReader.check_index
 
-    def _placement(self, maps: Maps) -> Any:
+    def _placement(self, reads: FileReads) -> Any:
         """A :class:`Placement` (or :class:`~packlab.formats.read.item_table.ItemPlacement`), or None."""
         raise NotImplementedError
+
+    def _reads(self) -> FileReads:
+        """New reads of this shard's files, of the kind its location says."""
+        return reads_for(self.location)
 
     def table(self) -> Any:
         """This process's table, built on first use (a forked child builds its own); None
         when the shard's bins are not slices of its files."""
         if self._table is None and not self._untabled:
-            maps = Maps()
-            placement = self._placement(maps)
+            reads = self._reads()
+            placement = self._placement(reads)
             if placement is None:
                 self._untabled = True
                 return None
-            self._table = placement.table(maps, verify=self.verify)
+            self._table = placement.table(reads, verify=self.verify)
             forget_after_fork(self)
         return self._table
 
     def placement(self) -> Placement | None:
         """Where this shard's bins are (None when they are not slices of its files): what
         the raw CSR floor reads."""
-        return self._placement(Maps())
+        return self._placement(self._reads())
 
     def forget_maps(self) -> None:
-        """In a forked child: map the files again on the next read (:mod:`packlab.storage.reads`)."""
+        """In a forked child: open the files again on the next read (:mod:`packlab.storage.reads`)."""
         self._table = None
 
     def read_bin(self, index: int) -> PackedBin:
@@ -532,7 +432,7 @@ class TableReads:
         table = self.table()
         return self._untabled_lengths() if table is None else table.packed_lengths()
 
-    # -- a shard whose bins are not views (overridden where that can happen) -------------------
+    # -- a shard whose bins are not slices of its files (overridden where that can happen) ------
     def _untabled_bin(self, index: int) -> PackedBin:
         raise NotImplementedError
 

@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from packlab.bins import PackedBin, bin_checksum, check_csr
 from packlab.errors import FormatError, PacklabError, one_line
-from packlab.formats.read.table import BinIndex, Maps, Runs
+from packlab.formats.read.table import BinIndex, FileReads, Runs
 from packlab.storage.files import parse_json
 
 COLUMNS = ("input_ids", "loss_mask", "seq_start_id")
@@ -400,8 +400,8 @@ class ListIndex(BinIndex):
 
     __slots__ = ("num_bins", "firsts", "path", "_whole", "batches")
 
-    def __init__(self, maps: Maps, path: Path, batches: list[Any], num_bins: int) -> None:
-        file = maps.file(path)
+    def __init__(self, reads: FileReads, path: Path, batches: list[Any], num_bins: int) -> None:
+        file = reads.file(path)
         self.num_bins, self.path = num_bins, path
         self._whole = file.column(np.dtype("<i4"), 0, file.size // 4)
         self.firsts = array("q", (first for first, _, _ in batches))

@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
-import pyarrow.fs as pafs
 
 from packlab.bins import PackedBin, check_bin
 from packlab.errors import FormatError, PacklabError
@@ -75,7 +74,8 @@ class FormatFacts:
     NEEDS_SPOOL: ClassVar[bool] = False
     #: the reader loads every bin when it opens (no cold read; memory grows with the shard)
     IN_RAM: ClassVar[bool] = False
-    #: bins are views of memory-mapped files (no decode): the reads held to the memcpy floor
+    #: bins are runs of values in the shard's files, read as they are (no decode): the reads
+    #: held to the memcpy floor
     RAW_RUNS: ClassVar[bool] = False
     #: the writer writes one file front to back through :meth:`ShardWriter._sink`, so it can
     #: stream straight to object storage (a temporary key, published by a server-side copy)
@@ -183,10 +183,11 @@ def index_list(indices: Sequence[int] | np.ndarray) -> Sequence[int]:
 def head(file: Path | Location, size: int) -> bytes:
     """The first ``size`` bytes of ``file`` (fewer if it is shorter; on object storage one
     ranged GET); a FormatError when it cannot be read."""
-    if isinstance(file, Location):
-        if not file.is_file():
+    location = as_location(file)
+    if not location.is_local:
+        if not location.is_file():
             raise FormatError(f"{file}: missing (the shard is incomplete)")
-        return file.read_range(0, min(size, file.size()))
+        return location.read_range(0, min(size, location.size()))
     try:
         with open(file, "rb") as f:
             return f.read(size)
@@ -256,7 +257,7 @@ class ShardWriter(FormatFacts, ABC):
         check: bool = True,
     ) -> None:
         self.target = as_location(path)
-        self.path = path if isinstance(path, Location) else Path(path)  # as messages name it
+        self.path: Any = self.target.local_path or self.target  # as messages name it
         self.pack_size = int(pack_size)
         if self.pack_size <= 0:
             raise PacklabError(f"{self.path}: pack_size must be positive, got {pack_size}")
@@ -413,7 +414,7 @@ class ShardReader(FormatFacts, ABC):
         """``stat=False``: the format's own opening finds out whether the shard is there
         (a reader whose first request tells it anyway, as a Parquet footer's read does)."""
         self.location = as_location(path)
-        self.path: Any = path if isinstance(path, Location) else Path(path)  # as messages name it
+        self.path: Any = self.location.local_path or self.location  # as messages name it
         if stat and not self.location.exists():
             raise FormatError(f"{self.path}: no such file or directory")
         self.pack_size: int = 0
@@ -478,8 +479,8 @@ class ShardReader(FormatFacts, ABC):
         return self.read_bin(index).item()
 
     def item_read(self) -> Callable[[int], dict[str, np.ndarray]]:
-        """What a dataset calls for bin ``b`` of this shard (``0 <= b < num_bins``): a
-        memory-mapped format's table's own read, else :meth:`item`."""
+        """What a dataset calls for bin ``b`` of this shard (``0 <= b < num_bins``): the
+        table's own read of a format whose bins are runs of its files, else :meth:`item`."""
         return self.item
 
     def packed_lengths(self) -> np.ndarray:
@@ -502,10 +503,7 @@ class ShardReader(FormatFacts, ABC):
 
     def bytes_on_disk(self) -> int:
         """All bytes this shard occupies (every file of a directory shard)."""
-        info = self.location.info()
-        if info.type == pafs.FileType.Directory:
-            return sum(int(f.size) for f in self.location.walk_files())
-        return int(info.size)
+        return self.location.tree_size()
 
     def info(self) -> dict[str, Any]:
         """What ``packlab inspect`` prints."""
