@@ -296,7 +296,7 @@ def test_one_file_outputs_on_the_store_are_guarded_as_local_ones(server, spool, 
     by URI; rerun refused without --overwrite, replaced with it; a person's object at such a
     URI refused whatever the flag and kept byte for byte."""
     from packlab.storage.location import resolve
-    from packlab.storage.transfer import put_object
+    from packlab.storage.objects import put_object
 
     chat = tmp_path / "chat.jsonl"
     chat.write_text("".join(json.dumps({"messages": [

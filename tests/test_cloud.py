@@ -32,7 +32,7 @@ from packlab.pipeline.shards import write_shards
 from packlab.sources.convert import convert
 from packlab.sources.validate import validate_path
 from packlab.storage import location as storage
-from packlab.storage.transfer import put_object
+from packlab.storage.objects import put_object
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ point on object storage, where a directory cannot appear in one step:
   re-uploaded shard is a new entry, never a mix of old and new files.
 
 Single-file shards (``parquet``, ``arrow_ipc``, ``pbin``, ``legacy_npy_pickle``) are uploaded
-through a temporary key and published by a server-side copy (:func:`packlab.storage.transfer.upload_file`).
+through a temporary key and published by a server-side copy (:func:`packlab.storage.objects.upload_file`).
 A one-file shard with companions (``megatron_sft``: a Megatron pair and packlab's sidecar) is
 uploaded companions first and its own file last (its commit point; an old one removed first),
 and downloaded whole.
@@ -46,7 +46,7 @@ from packlab.storage.files import (
     verify_files,
 )
 from packlab.storage.location import Location, as_location, resolve
-from packlab.storage.transfer import (
+from packlab.storage.objects import (
     cache_entry,
     cache_root,
     download_file,

@@ -44,7 +44,7 @@ from packlab.pipeline.receipts import (
 from packlab.pipeline.shards import SHARD_NAME
 from packlab.storage.files import is_temporary
 from packlab.storage.location import Location, resolve
-from packlab.storage.transfer import put_object
+from packlab.storage.objects import put_object
 
 
 def upload_tree(local: str | os.PathLike[str], uri: str | Location, *, filesystem: Any = None,

@@ -82,7 +82,7 @@ from packlab.formats.shared.fingerprints import check_fingerprints, fingerprint
 from packlab.formats.shared.scratch import ScratchArray
 from packlab.storage.files import HashedFile, fsync_directory, parse_json, remove, sha256_file
 from packlab.storage.location import Location, as_location
-from packlab.storage.transfer import cache_entry, cache_root, fetch_files
+from packlab.storage.objects import cache_entry, cache_root, fetch_files
 
 FORMAT = "megatron_sft"
 SUFFIX = ".sft.idx"
@@ -254,7 +254,7 @@ class Reader(SftFacts, TableReads, ShardReader):
     ``verify=True``: each bin checked against its sidecar checksum. ``pack_size``: the pack
     size of a pair without a sidecar (default: its longest bin); ``convention``: what that
     pack size counts (:data:`packlab.bins.CONVENTIONS`). ``cache_dir``: where an index on
-    object storage is kept once fetched (default: :func:`packlab.storage.transfer.cache_root`).
+    object storage is kept once fetched (default: :func:`packlab.storage.objects.cache_root`).
     """
 
     def __init__(self, path: str | os.PathLike[str] | Location, *, verify: bool = False,

@@ -175,12 +175,12 @@ def find_shards(path: PathLike | Location | Sequence[PathLike | Location], *,
     if not location.exists():
         raise FormatError(f"{_shown(path)}: no such file or directory")
     if not location.is_dir():
-        return [placed(location, expect_format(location, format or detect_format(location),
+        return [named_shard(location, expect_format(location, format or detect_format(location),
                                                format))]
     own = _detect(location)
     if own is not None and _is_main_entry(location, own):
         _refuse_unfinished(location, own)
-        return [placed(location, expect_format(location, own, format))]
+        return [named_shard(location, expect_format(location, own, format))]
     record = read_dataset_record(location)
     if record is not None:
         return [ShardRef.listed(p, expect_format(p, record["format"], format), entry)
@@ -211,7 +211,7 @@ def _globbed(location: Location, format: str | None) -> list[ShardRef]:
     if not matches:
         raise FormatError(f"{location}: the pattern matches nothing")
     picked: list[ShardRef] = []
-    records: Placements = {}
+    records: RecordEntries = {}
     seen: set[str] = set()
     for match in matches:
         match = shard_entry(match)  # a pair matched by any of its files is the pair, once
@@ -223,7 +223,7 @@ def _globbed(location: Location, format: str | None) -> list[ShardRef]:
                               "unfinished pair?)")
         name = detect_format(match)
         if _is_main_entry(match, name):
-            picked.append(placed(match, expect_format(match, name, format), records))
+            picked.append(named_shard(match, expect_format(match, name, format), records))
     if not picked:
         raise FormatError(f"{location}: the pattern matches no shard")
     return picked
@@ -249,7 +249,7 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
                           "a directory shard that did not finish (or not a shard); refused")
     found: list[ShardRef] = []
     unknown: list[Location] = []
-    records: Placements = {}
+    records: RecordEntries = {}
     for child in children:
         if child.is_link() and not child.resolved().exists():
             raise FormatError(f"{child}: broken link to {child.link_target()} (its shard is "
@@ -268,7 +268,7 @@ def shards_in_directory(directory: Location, *, format: str | None = None) -> li
         if not _is_main_entry(child, name):
             continue  # a companion file the format also recognises (e.g. the .idx of a .bin)
         name = expect_format(child, name, format)
-        found.append(placed(child, name, records) if child.is_link() else ShardRef(child, name))
+        found.append(named_shard(child, name, records) if child.is_link() else ShardRef(child, name))
     stems = {_stem(p.name) for p, _ in found}
     strays = [p for p in unknown if _stem(p.name) not in stems]
     if strays:
@@ -303,12 +303,12 @@ def _stem(name: str) -> str:
     return name.split(".", 1)[0]
 
 
-#: dataset records already read while placing shards, per directory: the record's entries
-#: by shard name (None: a directory without one), so placing N shards reads each record once
-Placements = dict[str, "dict[str, dict[str, Any]] | None"]
+#: dataset records already read while finding shards, per directory: the record's entries
+#: by shard name (None: a directory without one), so finding N shards reads each record once
+RecordEntries = dict[str, "dict[str, dict[str, Any]] | None"]
 
 
-def placed(shard: Any, format: str, records: Placements | None = None) -> ShardRef:
+def named_shard(shard: Any, format: str, records: RecordEntries | None = None) -> ShardRef:
     """One shard named by itself (a path, a glob match, a layout's link): where the directory
     it lives in has a dataset record, the shard must be listed there and the dataset
     complete (a shard of an interrupted job is refused like the whole directory); where it has

@@ -1,14 +1,14 @@
 """The packing algorithms, registered into :mod:`packlab.packing`.
 
 Each takes lengths already clipped to ``[1, pack_size]`` and returns the bin of each sequence,
-bins numbered in creation order. All are exact (they give what the textbook per-item loop
+bins numbered in creation order. All are exact (they give what the textbook per-sequence loop
 gives, which the tests check against naive versions) and deterministic for a seed.
 
 Why they are fast without a compiled extension:
 
 - Lengths are integers ``<= pack_size``, so a real corpus has at most a few thousand distinct
   lengths. The decreasing algorithms (FFD, BFD) see equal lengths one after another, and a
-  run of ``k`` items of size ``s`` behaves simply: under first fit every bin with room
+  run of ``k`` sequences of length ``s`` behaves simply: under first fit every bin with room
   ``r >= s``, taken in bin order, absorbs ``r // s`` of them before the next bin gets any;
   under best fit the same holds with bins taken by increasing room. So each *length group*
   is placed by a handful of numpy operations over whole groups of bins.
@@ -45,9 +45,9 @@ def register(name: str) -> Callable[[Callable[..., np.ndarray]], Callable[..., n
 
     An algorithm takes ``(lengths int64[n], pack_size, rng)`` with every length in
     ``[1, pack_size]`` and returns ``bin_of[n]`` (:data:`BIN`: int32, 4 bytes a sequence; a
-    plan of 13M sequences holds several such arrays at once), the bin of each sequence, bins numbered
-    from 0 in the order they should be written. Within a bin, sequences keep ascending index
-    order unless the algorithm says otherwise through the order it returns from :func:`pack`.
+    plan of 13M sequences holds several such arrays at once), the bin of each sequence, bins
+    numbered from 0 in the order they should be written. Within a bin, sequences keep ascending
+    index order unless the algorithm says otherwise through the order it returns from :func:`pack`.
     """
 
     def decorate(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
@@ -269,10 +269,10 @@ def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
 def grouped_first_fit(
     values: np.ndarray, counts: np.ndarray, pack_size: int, bin_bound: int
 ) -> np.ndarray:
-    """First fit of ``counts[g]`` items of size ``values[g]``, group after group, in order.
+    """First fit of ``counts[g]`` sequences of length ``values[g]``, group after group, in order.
 
-    Returns the bin of each item in that order. Bins live in blocks of ``_BLOCK`` with a
-    maximum room per block, so a group only looks at blocks that can take one of its items.
+    Returns the bin of each sequence in that order. Bins live in blocks of ``_BLOCK`` with a
+    maximum room per block, so a group only looks at blocks that can take one of its sequences.
     """
     num_blocks = -(-bin_bound // _BLOCK) + 1
     room = np.zeros(num_blocks * _BLOCK, dtype=np.int64)
@@ -347,10 +347,10 @@ class _RoomBuckets:
 
 
 def grouped_best_fit(values: np.ndarray, counts: np.ndarray, pack_size: int) -> np.ndarray:
-    """Best fit of ``counts[g]`` items of size ``values[g]``, group after group, in order.
+    """Best fit of ``counts[g]`` sequences of length ``values[g]``, group after group, in order.
 
     Buckets of rooms ``>= s`` are visited by increasing room; each bin of bucket ``r`` absorbs
-    ``r // s`` items in turn (after one item it is still the tightest fit), lowest id first.
+    ``r // s`` sequences in turn (after one sequence it is still the tightest fit), lowest id first.
     """
     buckets = _RoomBuckets()
     out = np.empty(int(counts.sum()), dtype=np.int64)
@@ -400,12 +400,13 @@ def _runs(sorted_lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _groups_pay(num_groups: int, num_items: int) -> bool:
-    """Group-at-a-time costs ~40 us per group; the tree walk ~1 us per item (measured)."""
+    """Group-at-a-time costs ~40 us per group; the tree walk ~1 us per sequence (measured)."""
     return num_groups <= max(256, num_items // 32)
 
 
 def _open_bins(first: int, k: int, s: int, pack_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """New bins for ``k`` items of size ``s``: each takes ``pack_size // s``, the last the rest."""
+    """New bins for ``k`` sequences of length ``s``: each takes ``pack_size // s``, the last
+    the rest."""
     per = pack_size // s
     count = -(-k // per)
     take = np.full(count, per, dtype=np.int64)

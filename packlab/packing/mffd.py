@@ -2,15 +2,15 @@
 
 Megatron-LM's pull request #5017 (``megatron/core/datasets/sft_dataset.py``, ``pack_samples``,
 read at commit ``97b2c55e4c373a072c36e79104bcdac1d77c022f``) packs conversations with Johnson
-and Garey's MFFD. Items are classed by their length ``s`` against the capacity ``C``::
+and Garey's MFFD. Sequences are classed by their length ``s`` against the capacity ``C``::
 
     large   (C/2, C]     medium  (C/3, C/2]     small  (C/6, C/3]     tiny  (0, C/6]
 
-1. one bin per large item, longest first;
-2. forward over those bins: each takes the longest medium item that fits;
-3. backward over the bins without a medium item: when the two shortest small items fit
-   together, the shortest goes in with the longest small item that fits beside it;
-4. forward over the same bins: each takes the longest remaining item that fits, again and
+1. one bin per large sequence, longest first;
+2. forward over those bins: each takes the longest medium sequence that fits;
+3. backward over the bins without a medium sequence: when the two shortest small sequences fit
+   together, the shortest goes in with the longest small sequence that fits beside it;
+4. forward over the same bins: each takes the longest remaining sequence that fits, again and
    again, until none does;
 5. the leftovers, longest first, into new bins.
 
@@ -20,16 +20,16 @@ leftover into the least-loaded new bin when it fits there and opens a bin otherw
 fit: ``megatron_lm_mffd``); its bins come out in its order too (the large ones, then the
 others by load), so a packlab assignment holds the very conversations each of its samples
 holds. Equal lengths go by sequence index, as Megatron-LM's stable sorts leave them: the
-lowest index first, except the second small item of step 3, taken from the top.
+lowest index first, except the second small sequence of step 3, taken from the top.
 
-Why it is fast without a per-item Python loop: items of equal length are interchangeable up to
-their order, so every step works on length groups (at most a few thousand distinct lengths).
-"The longest remaining item of length <= r" is a union-find over the groups in decreasing
-length, an emptied group pointing past itself: each query and removal costs nearly O(1) in
-the compiled walk (numba, as :mod:`packlab.packing.algorithms`' first fit). Step 5 is packlab's grouped
-first fit (:func:`packlab.packing.algorithms.grouped_first_fit`) or, for Megatron-LM's variant, a binary
-heap of the new bins keyed by load, then by when the bin last changed (Megatron-LM's list
-keeps equal loads in insertion order).
+Why it is fast without a per-sequence Python loop: sequences of equal length are interchangeable
+up to their order, so every step works on length groups (at most a few thousand distinct
+lengths). "The longest remaining sequence of length <= r" is a union-find over the groups in
+decreasing length, an emptied group pointing past itself: each query and removal costs nearly
+O(1) in the compiled walk (numba, as :mod:`packlab.packing.algorithms`' first fit). Step 5 is
+packlab's grouped first fit (:func:`packlab.packing.algorithms.grouped_first_fit`) or, for
+Megatron-LM's variant, a binary heap of the new bins keyed by load, then by when the bin last
+changed (Megatron-LM's list keeps equal loads in insertion order).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _mffd(lengths: np.ndarray, pack_size: int, *, megatron_leftovers: bool) -> n
     starts = cumulative_offsets(counts)
     classes = size_classes(values, pack_size)
     num_large = int(counts[classes == LARGE].sum())
-    head, tail = starts[:-1].copy(), starts[1:].copy()  # each group's items left: order[h:t]
+    head, tail = starts[:-1].copy(), starts[1:].copy()  # each group's sequences left: order[h:t]
     bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
     _compiled(_fill_large_bins)(order, values.astype(np.int64), classes, head, tail, bin_of,
                                 np.int64(pack_size), np.int64(num_large))
@@ -121,7 +121,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
         return root
 
     def longest_fitting(parent: np.ndarray, room: int) -> int:
-        """The group of the longest item left in the set with a length <= ``room``."""
+        """The group of the longest sequence left in the set with a length <= ``room``."""
         lo, hi = 0, count
         while lo < hi:  # the first group (lengths decreasing) of length <= room
             mid = (lo + hi) // 2
@@ -132,7 +132,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
         return find(parent, lo)
 
     def take(parent: np.ndarray, g: int, b: int, room: np.ndarray) -> None:
-        """Group ``g``'s next item (lowest index first) into bin ``b``; an emptied group
+        """Group ``g``'s next sequence (lowest index first) into bin ``b``; an emptied group
         leaves the set ``parent``."""
         bin_of[order[head[g]]] = b
         head[g] += 1
@@ -141,7 +141,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
             parent[g] = g + 1
 
     def members(wanted: int) -> np.ndarray:
-        """A union-find over the groups of class ``wanted`` with items left (-1: every class
+        """A union-find over the groups of class ``wanted`` with sequences left (-1: every class
         but large), the others deleted."""
         parent = np.empty(count + 1, dtype=np.int64)
         for g in range(count + 1):
@@ -153,7 +153,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
     room = np.empty(num_large, dtype=np.int64)
     has_medium = np.zeros(num_large, dtype=np.bool_)
     b = 0
-    for g in range(count):  # 1: one bin per large item, longest first (groups are in order)
+    for g in range(count):  # 1: one bin per large sequence, longest first (groups are in order)
         if classes[g] != 0:
             continue
         for k in range(head[g], tail[g]):
@@ -162,20 +162,20 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
             b += 1
         head[g] = tail[g]
     medium = members(1)
-    for b in range(num_large):  # 2: the longest medium item that fits, lowest index first
+    for b in range(num_large):  # 2: the longest medium sequence that fits, lowest index first
         g = longest_fitting(medium, room[b])
         if g == count:
             continue
         take(medium, g, b, room)
         has_medium[b] = True
     small = members(2)
-    shortest = count - 1  # the group of the shortest small item left (moves up only)
-    up = count - 1  # the next longer group with small items left (moves up only)
+    shortest = count - 1  # the group of the shortest small sequence left (moves up only)
+    up = count - 1  # the next longer group with small sequences left (moves up only)
     left = 0
     for g in range(count):
         if classes[g] == 2:
             left += tail[g] - head[g]
-    for b in range(num_large - 1, -1, -1):  # 3: backward, the bins without a medium item
+    for b in range(num_large - 1, -1, -1):  # 3: backward, the bins without a medium sequence
         if has_medium[b] or left < 2:
             continue
         while shortest >= 0 and (classes[shortest] != 2 or head[shortest] == tail[shortest]):
@@ -201,7 +201,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
         room[b] -= values[g]
         left -= 2
     rest = members(-1)
-    for b in range(num_large):  # 4: forward, the longest item left that fits, until none
+    for b in range(num_large):  # 4: forward, the longest sequence left that fits, until none
         while True:
             g = longest_fitting(rest, room[b])
             if g == count:
@@ -212,7 +212,7 @@ def _fill_large_bins(order: np.ndarray, values: np.ndarray, classes: np.ndarray,
 def _least_loaded(sizes: np.ndarray, pack_size: int, handles: np.ndarray) -> int:
     """Megatron-LM's step 5: each size (longest first) into the least-loaded bin if it fits,
     else into a new one; equal loads in the order the bins last changed. ``handles`` gets each
-    item's bin numbered as Megatron-LM lists its bins at the end (by load, then that order);
+    sequence's bin numbered as Megatron-LM lists its bins at the end (by load, then that order);
     returns the number of bins, or -1 on a bug."""
     n = sizes.shape[0]
 

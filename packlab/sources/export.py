@@ -22,7 +22,7 @@ from packlab.spool.masks import MarkerTokens
 from packlab.spool.prefix import PREFIX_VERSION, SUFFIXES, prefix_files
 from packlab.storage.files import parse_json
 from packlab.storage.location import Location, is_remote, resolve
-from packlab.storage.transfer import upload_file
+from packlab.storage.objects import upload_file
 
 
 def export(src: str | os.PathLike[str], out: str, *, markers: MarkerTokens | None = None,

@@ -26,7 +26,7 @@ from typing import Any
 from packlab.errors import FormatError
 from packlab.storage.files import parse_versioned_json, sha256_file, staged
 from packlab.storage.location import Location, as_location
-from packlab.storage.transfer import cache_entry, cache_root, download_file, put_object
+from packlab.storage.objects import cache_entry, cache_root, download_file, put_object
 
 VERSION = "packlab_file_v1"
 STATES = ("writing", "complete")

@@ -100,7 +100,7 @@ from packlab.storage.files import (
     temporary_sibling,
 )
 from packlab.storage.location import Location, is_remote, resolve
-from packlab.storage.transfer import cache_root
+from packlab.storage.objects import cache_root
 
 FOLDER_KINDS = ("spool", "dataset", "layout")
 KINDS = (*FOLDER_KINDS, "shard", *FILE_KINDS, "file")
@@ -417,7 +417,7 @@ def _file_output(final: Path, kind: str) -> Iterator[Path]:
 def _upload_file(local: Path, location: Location, kind: str) -> None:
     """A one-file output sent to the store: its record put as ``"writing"`` first, the file
     through a temporary key, the record finished last."""
-    from packlab.storage.transfer import upload_file
+    from packlab.storage.objects import upload_file
 
     made = identity(local)
     write_file_record(location, new_file_record(location, kind=kind, state="writing",

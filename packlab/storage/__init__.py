@@ -3,7 +3,7 @@
 - :mod:`~packlab.storage.location`: URIs and filesystems, and a
   :class:`~packlab.storage.location.Location`, a local path or an object on object storage
   behind one API;
-- :mod:`~packlab.storage.transfer`: bytes moved between stores and the local cache (uploads
+- :mod:`~packlab.storage.objects`: bytes moved between stores and the local cache (uploads
   through a temporary key, verified downloads, files fetched once into a cache entry);
 - :mod:`~packlab.storage.files`: atomic publish (a temporary, then one rename), checksums,
   strict JSON;

@@ -5,7 +5,7 @@ filesystem plus a path in it). ``s3://bucket/key`` and ``/data/out`` both become
 and delete on its own filesystem (a rename and an fsync locally, a server-side copy on object
 storage), and says where it is (:attr:`Location.is_local`), the one question a reader asks to
 pick its kind of reads (:mod:`packlab.formats.read.shard_reads`). Moving bytes between stores and
-the local cache (uploads, verified downloads) is :mod:`packlab.storage.transfer`.
+the local cache (uploads, verified downloads) is :mod:`packlab.storage.objects`.
 
 Why pyarrow's filesystems: Parquet reads and writes go through them natively (ranged reads,
 multipart uploads), DuckDB can be handed one, and they pickle, so a DataLoader worker or a

@@ -102,8 +102,8 @@ from packlab.storage.files import (
     verify_files,
 )
 from packlab.storage.location import Location, as_location
+from packlab.storage.objects import cache_entry, cache_root, fetch_files
 from packlab.storage.reads import load_array
-from packlab.storage.transfer import cache_entry, cache_root, fetch_files
 
 FORMAT = "binidx"
 SUFFIX = ""
@@ -309,7 +309,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
     over the index (:mod:`packlab.formats.read.table`). ``verify=True``: each bin read is
     checked against its checksum. On object storage (``path`` a
     :class:`~packlab.storage.location.Location` there) the files other than ``DATA_FILES`` are
-    fetched once into ``cache_dir`` (default :func:`packlab.storage.transfer.cache_root`), the
+    fetched once into ``cache_dir`` (default :func:`packlab.storage.objects.cache_root`), the
     data read by ranges.
     """
 

@@ -7,7 +7,7 @@ in a data file on object storage has that file's :class:`~packlab.storage.locati
 path, not a local ``Path``. The shard's reads, chosen once for where it is
 (:class:`~packlab.formats.read.shard_reads.RangedReads`), read those columns with what is here.
 Its index files were fetched once into a local cache
-(:func:`packlab.storage.transfer.fetch_files`: verified against the shard's record where it has one)
+(:func:`packlab.storage.objects.fetch_files`: verified against the shard's record where it has one)
 and are read by ``pread`` like any local file, so a DataLoader worker reads the cached copy
 instead of fetching it again. This is what Megatron-core's object-storage path does (the ``.idx``
 cached locally, the ``.bin`` read by ranges), except that packlab asks for exactly a bin's

@@ -1,7 +1,9 @@
-"""A shard's reads, of one kind chosen once, from where the shard is: :func:`reads_for` is the
-one place that asks (:attr:`~packlab.storage.location.Location.is_local`), as Megatron-core's
-``IndexedDataset`` picks its one ``_BinReader`` (a file's or object storage's) when it
-initializes and never asks again.
+"""A shard's reads: its files as one process reads them, local or ranged, the kind chosen once.
+
+:func:`reads_for` is the one place that asks where the shard is
+(:attr:`~packlab.storage.location.Location.is_local`), as Megatron-core's ``IndexedDataset``
+picks its one ``_BinReader`` (a file's or object storage's) when it initializes and never asks
+again.
 
 - :class:`LocalReads`: a local shard's files, each opened once per process and read by
   ``pread`` into arrays of their own (:func:`~packlab.storage.reads.opened`,
@@ -18,7 +20,7 @@ calls, never by testing a path's type:
 - an **index** file (lengths, offsets, sequence starts, checksums): :meth:`FileReads.values`
   and :meth:`FileReads.lookups`, always a local file read by ``pread``: the shard's own, or,
   for a shard on object storage, its copy fetched once into the local cache
-  (:func:`packlab.storage.transfer.fetch_files`).
+  (:func:`packlab.storage.objects.fetch_files`).
 
 Where a format checks a shard otherwise when its bins are read by ranges (whole-file
 fingerprints of a data file only where reads are local: on object storage the per-bin checksums

@@ -1,6 +1,7 @@
-"""Bins as runs of values in a shard's files: the one read path of every format whose bins
-are slices of its files (``memmap_v1``, ``binidx``, ``arrow_ipc``, ``pbin``; ``megatron_sft``,
-whose bin is one item it decodes, through :mod:`packlab.formats.read.item_table`).
+"""Bins as runs of values in a shard's files: the one read path of the formats whose bins are.
+
+Those are ``memmap_v1``, ``binidx``, ``arrow_ipc`` and ``pbin``; ``megatron_sft``, whose bin is
+one item it decodes, reads through :mod:`packlab.formats.read.item_table`.
 
 Read as Megatron-core's ``IndexedDataset`` reads, a few lookups and three slices a bin, except
 that a slice is a ``pread`` into an array of its own, never a view of a memory map (why:

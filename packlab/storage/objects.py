@@ -1,10 +1,12 @@
-"""Moving bytes between stores and the local cache: a local file up to a
-:class:`~packlab.storage.location.Location` or a small object put there, each through a
-temporary key published in one step (:meth:`~packlab.storage.location.Location.publish_from`);
-an object down into a local file, hashed as it comes and refused unless it matches its record;
-a shard's files fetched once into a cache entry (:func:`fetch_files`: how a reader that reads
-in place keeps its index locally). Whole shards, their records and spools go up and down
-one layer above, in :mod:`packlab.cloud.transfer`.
+"""Single objects moved between stores and the local cache, whole or not at all.
+
+A local file goes up to a :class:`~packlab.storage.location.Location`, or a small object is put
+there, each through a temporary key published in one step
+(:meth:`~packlab.storage.location.Location.publish_from`); an object comes down into a local
+file, hashed as it comes and refused unless it matches its record; a shard's files are fetched
+once into a cache entry (:func:`fetch_files`: how a reader that reads in place keeps its index
+locally). Whole shards, their records and spools go up and down one layer above, in
+:mod:`packlab.cloud.transfer`.
 
 The cache lives in ``$PACKLAB_CACHE_DIR`` (default ``~/.cache/packlab/remote``,
 :func:`cache_root`); entries are published by rename, so processes sharing it never see a
