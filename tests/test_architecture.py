@@ -7,7 +7,9 @@ included (an import deferred into a function is still a dependency).
 from __future__ import annotations
 
 import ast
+import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -187,6 +189,16 @@ def test_no_format_name_decides_behaviour_outside_formats() -> None:
     assert not found, "\n".join(found)
 
 
+def _repository_files(repo: Path, suffixes: tuple[str, ...]) -> Iterator[Path]:
+    """The repository's files with these suffixes; hidden folders (the virtualenvs, .git) and
+    folders named ``build`` or ``data`` are never entered."""
+    for folder, subfolders, names in os.walk(repo):
+        subfolders[:] = [d for d in subfolders
+                         if not d.startswith(".") and d not in ("build", "data")]
+        yield from (Path(folder) / n for n in names
+                    if n.endswith(suffixes) and not n.startswith("."))
+
+
 def test_the_repository_cites_nothing_outside_itself() -> None:
     """Every document the code, tests, notebooks and docs cite is in the repository: no
     design document, seed or toolchain note from outside it."""
@@ -196,11 +208,7 @@ def test_the_repository_cites_nothing_outside_itself() -> None:
     outside = re.compile(r"(?<![\w/])(" + "|".join(names) + ")")
     cited = re.compile(r"(?<![\w/.])((?:docs|notebooks|tests|packlab)/[\w/.-]+\.(?:md|py|ipynb))")
     found, missing = [], []
-    for path in sorted(repo.rglob("*")):
-        if (path.suffix not in (".py", ".md", ".ipynb", ".toml", ".yml") or not path.is_file()
-                or any(part.startswith(".") or part in ("build", "data") for part in
-                       path.relative_to(repo).parts)):
-            continue
+    for path in sorted(_repository_files(repo, (".py", ".md", ".ipynb", ".toml", ".yml"))):
         text = path.read_text(errors="replace")
         found += [f"{path.relative_to(repo)}: {m.group(1)}" for m in outside.finditer(text)]
         missing += [f"{path.relative_to(repo)}: {m.group(1)}" for m in cited.finditer(text)
