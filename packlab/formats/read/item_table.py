@@ -30,13 +30,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin, check_bin_checksum, check_csr, cumulative_offsets
+from packlab.bins import PackedBin, check_csr, cumulative_offsets
 from packlab.errors import FormatError
 from packlab.formats.read.shard_reads import Column, FileReads
 from packlab.formats.read.table import (
     CHUNK,
     CONTENT_CHUNK,
-    check_checksums,
+    ShardTable,
     compact,
     lookup,
     refuse_unverifiable,
@@ -82,7 +82,7 @@ class ItemPlacement(NamedTuple):
         return ItemTable(self, reads, verify=verify)
 
 
-class ItemTable:
+class ItemTable(ShardTable):
     """One process's reads of a shard laid out as :class:`ItemPlacement` says (see the module)."""
 
     __slots__ = ("items", "index", "firsts", "counts", "locator_bytes", "decode", "summarize",
@@ -145,23 +145,6 @@ class ItemTable:
         """Bin ``b`` without read advice or checksum (a sequential pass)."""
         first, count = self.locate(b)
         return self.decode(b, self.items[first:first + count])
-
-    def scan(self) -> Iterator[PackedBin]:
-        """Every bin in order: the kernel's sequential readahead locally, large ranged
-        requests on object storage."""
-        with self.reads.sequential():
-            for b in range(self.num_bins):
-                yield self.bin(b)
-
-    def check(self, b: int, packed: PackedBin) -> None:
-        assert self.checksum is not None
-        check_bin_checksum(packed, self.checksum(b), self.source, b)
-
-    def check_checksums(self, recorded: Callable[[int], int]) -> None:
-        """Every bin against its recorded checksum (``validate``), in one sequential pass."""
-        with self.reads.sequential():
-            check_checksums(map(self.view, range(self.num_bins)),
-                            map(recorded, range(self.num_bins)), self.source)
 
     # -- what the items' headers say, without decoding them ----------------------------------
     def spans(self) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:

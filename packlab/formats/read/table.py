@@ -154,7 +154,43 @@ class Placement(NamedTuple):
         return BinTable.from_placement(self, reads, verify=verify)
 
 
-class BinTable:
+class ShardTable:
+    """What a table and an item table do alike once they can read a bin (``bin``, with its
+    checks; ``view``, without): a pass over every bin, and the checksums checked."""
+
+    __slots__ = ()
+    reads: FileReads
+    num_bins: int
+    checksum: Callable[[int], int] | None
+    source: str
+
+    def bin(self, b: int) -> PackedBin:
+        raise NotImplementedError
+
+    def view(self, b: int) -> PackedBin:
+        raise NotImplementedError
+
+    def scan(self) -> Iterator[PackedBin]:
+        """Every bin in order, with the kernel's sequential readahead while it lasts (on
+        object storage, large ranged requests)."""
+        with self.reads.sequential():
+            for b in range(self.num_bins):
+                yield self.bin(b)
+
+    def check(self, b: int, packed: PackedBin) -> None:
+        """What ``verify=True`` adds per bin: its checksum against the one recorded when it was
+        written (which proves its content invariants too, see the module)."""
+        assert self.checksum is not None
+        check_bin_checksum(packed, self.checksum(b), self.source, b)
+
+    def check_checksums(self, recorded: Callable[[int], int]) -> None:
+        """Every bin against its recorded checksum (``validate``), in one sequential pass."""
+        with self.reads.sequential():
+            check_checksums(map(self.view, range(self.num_bins)),
+                            map(recorded, range(self.num_bins)), self.source)
+
+
+class BinTable(ShardTable):
     """One process's reads of a shard laid out as :class:`Placement` says (see the module)."""
 
     __slots__ = ("tokens", "mask", "starts", "index", "locate", "advice", "checksum",
@@ -224,25 +260,6 @@ class BinTable:
         t0, t1, m0, s0, s1 = self.locate(b)
         return _new(PackedBin, (self.tokens[t0:t1], self.mask[m0:m0 + t1 - t0],
                                 self.starts[s0:s1]))
-
-    def scan(self) -> Iterator[PackedBin]:
-        """Every bin in order, with the kernel's sequential readahead while it lasts (on
-        object storage, large ranged requests)."""
-        with self.reads.sequential():
-            for b in range(self.num_bins):
-                yield self.bin(b)
-
-    def check(self, b: int, packed: PackedBin) -> None:
-        """What ``verify=True`` adds per bin: its checksum against the one recorded when it was
-        written (which proves its content invariants too, see the module)."""
-        assert self.checksum is not None
-        check_bin_checksum(packed, self.checksum(b), self.source, b)
-
-    def check_checksums(self, recorded: Callable[[int], int]) -> None:
-        """Every bin against its recorded checksum (``validate``), in one sequential pass."""
-        with self.reads.sequential():
-            check_checksums(map(self.view, range(self.num_bins)),
-                            map(recorded, range(self.num_bins)), self.source)
 
     def check_contents(self, *, token_limit: int) -> None:
         """Every invariant of every bin, its mask's included, and every token id in ``[0,
