@@ -27,7 +27,8 @@ NOT_FORMAT_NAMES = {
 # Layers 0-6 are the core (what a training job or a data pipeline imports); the lab (7) sits on
 # the core, and the command line (8) on both.
 LAYERS: list[tuple[str, ...]] = [
-    ("errors", "version", "limits", "progress", "executors", "storage", "codecs", "bins"),
+    ("errors", "version", "limits", "progress", "executors", "compiled", "storage", "codecs",
+     "bins"),
     ("spool", "tokenize", "packing"),
     ("formats",),
     ("loading", "pipeline", "interop"),

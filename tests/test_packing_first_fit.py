@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from packlab import compiled as compiled_module
 from packlab.packing import algorithms as packers
 from packlab.packing import assignment_from_bins, pack
 from packlab.spool.synth import synth_lengths
@@ -172,12 +173,12 @@ def test_without_numba_the_same_loops_run_in_python(monkeypatch: pytest.MonkeyPa
     lengths = synth_lengths(3000, "chat", 4)
     expected, _ = pack(lengths, 4096, seed=3)
     monkeypatch.setitem(sys.modules, "numba", None)  # `import numba` now raises ImportError
-    packers._compiled.cache_clear()
+    compiled_module.compiled.cache_clear()
     try:
         with pytest.warns(UserWarning, match="numba is not installed"):
             again, _ = pack(lengths, 4096, seed=3)
     finally:
-        packers._compiled.cache_clear()
+        compiled_module.compiled.cache_clear()
     assert again.digest() == expected.digest()
 
 
@@ -206,17 +207,17 @@ def test_ctrl_c_while_compiling_is_raised_once_the_compile_ends(
 
     bin_of = np.array([0, 1, 0, 2], dtype=np.int64)
     lengths = np.array([5, 6, 7, 8], dtype=np.int64)
-    packers._compiled.cache_clear()
+    compiled_module.compiled.cache_clear()
     monkeypatch.setattr(Dispatcher, "compile", interrupted)
     try:
         with pytest.raises(KeyboardInterrupt):
             packers.bin_totals(bin_of, lengths)
         assert compiled, "numba compiled nothing: the interruption was never tried"
-        assert packers._compiled(packers._add_per_bin).dispatcher.overloads  # it finished
+        assert compiled_module.compiled(packers._add_per_bin).dispatcher.overloads  # it finished
         monkeypatch.setattr(Dispatcher, "compile", original)
         counts, loads = packers.bin_totals(bin_of, lengths)
     finally:
-        packers._compiled.cache_clear()
+        compiled_module.compiled.cache_clear()
         signal.signal(signal.SIGINT, previous)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert counts.tolist() == [2, 1, 1] and loads.tolist() == [12, 6, 8]

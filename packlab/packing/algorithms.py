@@ -26,16 +26,14 @@ no open bin fits, so any two bins (consecutive ones, for next fit) together hold
 from __future__ import annotations
 
 import bisect
-import functools
-import warnings
 from array import array
 from collections.abc import Callable
 
 import numpy as np
 
 from packlab.bins import cumulative_offsets
+from packlab.compiled import compiled
 from packlab.errors import PacklabError
-from packlab.executors import interrupts_deferred
 
 ALGORITHMS: dict[str, Callable[..., np.ndarray]] = {}
 
@@ -132,7 +130,7 @@ def first_fit_in_order(lengths: np.ndarray, order: np.ndarray, pack_size: int) -
     levels, starts = _max_tree(max_bins(lengths, pack_size), pack_size, dtype)
     sizes = lengths.astype(dtype, copy=False)[order]  # narrow first: the gather reads less
     placed = np.empty(order.shape[0], dtype=BIN)
-    if _compiled(_first_fit_walk)(sizes, levels, starts, placed) < 0:
+    if compiled(_first_fit_walk)(sizes, levels, starts, placed) < 0:
         raise PacklabError("first fit ran out of bins (algorithm bug)")
     del sizes, levels
     bin_of = np.empty(lengths.shape[0], dtype=BIN)
@@ -202,7 +200,7 @@ def bin_totals(bin_of: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.
     num_bins = int(bin_of.max()) + 1 if bin_of.size else 0
     counts = np.zeros(num_bins, dtype=np.int64)
     loads = np.zeros(num_bins, dtype=np.int64)
-    _compiled(_add_per_bin)(bin_of, lengths, counts, loads)
+    compiled(_add_per_bin)(bin_of, lengths, counts, loads)
     return counts, loads
 
 
@@ -220,7 +218,7 @@ def sequences_by_bin(bin_of: np.ndarray, counts: np.ndarray) -> np.ndarray:
     following = np.zeros(counts.shape[0], dtype=np.int64)
     np.cumsum(counts[:-1], out=following[1:])
     out = np.empty(bin_of.shape[0], dtype=np.int64)
-    _compiled(_counting_scatter)(bin_of, following, out)
+    compiled(_counting_scatter)(bin_of, following, out)
     return out
 
 
@@ -229,41 +227,6 @@ def _counting_scatter(bin_of: np.ndarray, following: np.ndarray, out: np.ndarray
         b = bin_of[i]
         out[following[b]] = i
         following[b] += 1
-
-
-@functools.cache
-def _compiled(fn: Callable[..., object]) -> Callable[..., object]:
-    """``fn`` compiled by numba, once per machine (the machine code is cached on disk, or
-    compiled anew in each process where no cache folder is writable). Imported on first use:
-    importing numba costs ~0.3 s that nothing else needs. Without numba, ``fn`` itself runs:
-    the same result, some 100x slower (a warning says so).
-
-    Each new argument signature is compiled (or loaded from the cache) before the call,
-    with Ctrl-C deferred until that ends: an interrupt that lands in one of the compiler's
-    callbacks into Python would be printed as a traceback and lost."""
-    try:
-        from numba import njit
-    except ImportError:
-        warnings.warn("numba is not installed: packing runs its loops in plain Python, "
-                      "~100x slower (pip install numba)", stacklevel=3)
-        return fn
-    try:
-        dispatcher = njit(cache=True, nogil=True)(fn)
-    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        dispatcher = njit(nogil=True)(fn)
-    compiled: set[tuple[object, ...]] = set()
-
-    @functools.wraps(fn)
-    def run(*args: object) -> object:
-        signature = tuple(dispatcher.typeof_pyval(a) for a in args)
-        if signature not in compiled:
-            with interrupts_deferred():
-                dispatcher.compile(signature)
-            compiled.add(signature)
-        return dispatcher(*args)
-
-    run.dispatcher = dispatcher  # type: ignore[attr-defined]
-    return run
 
 
 def grouped_first_fit(

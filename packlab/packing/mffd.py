@@ -37,9 +37,9 @@ from __future__ import annotations
 import numpy as np
 
 from packlab.bins import cumulative_offsets
+from packlab.compiled import compiled
 from packlab.errors import PacklabError
 from packlab.packing.algorithms import (
-    _compiled,
     _runs,
     decreasing_order,
     grouped_first_fit,
@@ -80,7 +80,7 @@ def _mffd(lengths: np.ndarray, pack_size: int, *, megatron_leftovers: bool) -> n
     num_large = int(counts[classes == LARGE].sum())
     head, tail = starts[:-1].copy(), starts[1:].copy()  # each group's sequences left: order[h:t]
     bin_of = np.full(lengths.shape[0], -1, dtype=np.int64)
-    _compiled(_fill_large_bins)(order, values.astype(np.int64), classes, head, tail, bin_of,
+    compiled(_fill_large_bins)(order, values.astype(np.int64), classes, head, tail, bin_of,
                                 np.int64(pack_size), np.int64(num_large))
     left = tail - head
     if not left.any():
@@ -90,7 +90,7 @@ def _mffd(lengths: np.ndarray, pack_size: int, *, megatron_leftovers: bool) -> n
     kept = left > 0
     if megatron_leftovers:
         handles = np.empty(placed.shape[0], dtype=np.int64)
-        count = _compiled(_least_loaded)(np.repeat(values[kept], left[kept]).astype(np.int64),
+        count = compiled(_least_loaded)(np.repeat(values[kept], left[kept]).astype(np.int64),
                                          np.int64(pack_size), handles)
         if count < 0:
             raise PacklabError("MFFD ran out of bins (algorithm bug)")

@@ -28,8 +28,9 @@ end marker that closes each assistant segment (``<|im_end|>``), as packlab's tok
 ``{% generation %}`` templates mark it, so the model learns to stop. With it, the mask of a
 conversation packlab tokenized with a ChatML template is recovered exactly (the tests check it).
 
-The per-conversation walk is compiled with numba (the same helper as the packers); a mask of
-billions of tokens is derived in chunks of conversations (:func:`derive_masks`).
+The per-conversation walk is compiled with numba (:func:`packlab.compiled.compiled`, as the
+packers' loops are); a mask of billions of tokens is derived in chunks of conversations
+(:func:`derive_masks`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from packlab.compiled import compiled
 from packlab.errors import PacklabError
-from packlab.packing.algorithms import _compiled
 
 MARKERS = ("system_start", "user_start", "assistant_start", "end", "think_start", "think_end",
            "tool_call_start", "tool_call_end", "tool_response_start")
@@ -157,7 +158,7 @@ def derive_masks(tokens: np.ndarray, offsets: np.ndarray, lengths: np.ndarray,
     ids = [np.array(getattr(markers, name), dtype=np.int64) for name in TRAINED]
     starts = np.zeros(lengths.shape[0], dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    _compiled(_derive)(tokens, np.asarray(offsets).astype(np.int64), lengths, starts, out, *ids,
+    compiled(_derive)(tokens, np.asarray(offsets).astype(np.int64), lengths, starts, out, *ids,
                        markers.train_on_thinking_traces, markers.train_on_tool_calls,
                        markers.train_on_end_of_turn)
     return out
