@@ -204,6 +204,18 @@ def check_bin(
         )
 
 
+def check_token_ids(ids: np.ndarray, token_offsets: np.ndarray, *, token_limit: int,
+                    source: str, first_bin: int = 0) -> None:
+    """Every token id of the bins whose tokens are ``ids`` (bin ``first_bin + i`` from
+    ``token_offsets[i]``) in ``[0, token_limit)``; a FormatError naming the first bin that
+    holds one outside."""
+    bad = (ids < 0) | (ids >= token_limit)
+    if bad.any():
+        at = int(np.argmax(bad))
+        b = first_bin + int(np.searchsorted(token_offsets, at, side="right")) - 1
+        raise FormatError(f"{source}: bin {b}: token id {int(ids[at])} outside [0, {token_limit})")
+
+
 def check_csr(
     token_offsets: np.ndarray,
     seq_offsets: np.ndarray,

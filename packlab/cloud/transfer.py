@@ -61,10 +61,6 @@ class NoFileList(FormatError):
     (a Nemotron spool, for one): callers that know what the directory is say so."""
 
 
-def _cache_root(cache_dir: str | os.PathLike[str] | None) -> Path:
-    return Path(cache_dir) if cache_dir is not None else cache_root()
-
-
 # -- records -----------------------------------------------------------------------------------
 def parse_file_list(raw: bytes, source: str) -> dict[str, Any]:
     """A directory shard's record, with a ``files`` table of plain names (no ``/``, no ``..``:
@@ -150,10 +146,10 @@ def download_shard(uri: str | Location, *, filesystem: Any = None,
     location = resolve(uri, filesystem)
     found = remote_record(location) if not location.is_file() else None
     if found is not None:
-        return _download_directory(location, *found, _cache_root(cache_dir))
+        return _download_directory(location, *found, cache_root(cache_dir))
     if not location.is_file():
         raise FormatError(f"{location}: no such shard (no object, and no {DIRECTORY_RECORD} under it)")
-    return _download_object(location, _cache_root(cache_dir), format=format, validate=validate)
+    return _download_object(location, cache_root(cache_dir), format=format, validate=validate)
 
 
 def _download_directory(location: Location, raw: bytes, record: dict[str, Any],
@@ -252,6 +248,6 @@ def download_prefix(uri: str | Location, *, filesystem: Any = None,
         version = ",".join(f"{n}:{(folder / n).info().size}:{(folder / n).info().mtime_ns}"
                            for n in files)
         last = None
-    final = cache_entry(_cache_root(cache_dir), location, version)
+    final = cache_entry(cache_root(cache_dir), location, version)
     fetch_files(folder, files, final, last=last)
     return final / location.name

@@ -67,6 +67,7 @@ from packlab.bins import CHECKSUM, PackedBin, budget_used, check_convention, sto
 from packlab.codecs import mmidx
 from packlab.errors import FormatError, PacklabError
 from packlab.formats.read.item_table import ItemIndex, ItemPlacement, ItemTable
+from packlab.formats.read.shard_reads import reads_for
 from packlab.formats.read.table import Column, FileReads, TableReads, refuse_unverifiable
 from packlab.formats.shared import stacks
 from packlab.formats.shared.base import (
@@ -350,8 +351,7 @@ class Reader(SftFacts, TableReads, ShardReader):
         else:
             info = entry.info()
             version = f"{info.size}:{info.mtime_ns}"
-        root = Path(self.cache_dir) if self.cache_dir else cache_root()
-        final = cache_entry(root / "index", entry, version)
+        final = cache_entry(cache_root(self.cache_dir) / "index", entry, version)
         fetch_files(entry.parent, {entry.name: expect}, final,
                     last={sidecar.name: raw} if raw is not None else None)
         return final / entry.name, (final / sidecar.name) if raw is not None else None
@@ -470,7 +470,7 @@ class Reader(SftFacts, TableReads, ShardReader):
             raise FormatError(f"{self.path}: document indices do not run from 0 to "
                               f"{self.num_bins} (corrupted)")
         pack_size = self.pack_size  # a pair without a sidecar: its headers read first
-        reads = self._reads()
+        reads = reads_for(self.location)
         placement = self._placement(reads)._replace(pack_size=pack_size)
         table = ItemTable(placement, reads)
         table.check_contents(token_limit=MAX_ID + 1, convention=self.convention)

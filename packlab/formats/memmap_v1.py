@@ -45,6 +45,7 @@ import numpy as np
 from packlab.bins import CHECKSUM, PackedBin, records_checksum, stored_checksum
 from packlab.codecs.safe_pickle import read_npy_header
 from packlab.errors import FormatError, PacklabError
+from packlab.formats.read.shard_reads import reads_for
 from packlab.formats.read.table import (
     BinIndex,
     BinTable,
@@ -394,7 +395,7 @@ class Reader(MemmapFacts, TableReads, ShardReader):
     def validate(self) -> dict[str, Any]:
         """Sizes and checksums, headers, every invariant, zero padding, every bin's checksum."""
         verify_files(self.path, self.record["files"], checksums=True)
-        reads = self._reads()
+        reads = reads_for(self.location)
         placement = self._placement(reads)
         table = BinTable.from_placement(placement, reads, check=False)
         table.check_contents(token_limit=_INT32_MAX + 1)  # every invariant of every bin

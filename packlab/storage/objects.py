@@ -29,10 +29,12 @@ from packlab.storage.location import Location
 CHUNK = 8 << 20  # bytes per read/write when streaming a file up or down
 
 
-def cache_root() -> Path:
+def cache_root(given: str | os.PathLike[str] | None = None) -> Path:
     """Where packlab keeps what it fetched from object storage (verified downloads, the
-    indexes of shards read in place): ``$PACKLAB_CACHE_DIR``, default
-    ``~/.cache/packlab/remote``."""
+    indexes of shards read in place): ``given`` (a reader's ``cache_dir=``), else
+    ``$PACKLAB_CACHE_DIR``, default ``~/.cache/packlab/remote``."""
+    if given:
+        return Path(given)
     env = os.environ.get("PACKLAB_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "packlab" / "remote"
 

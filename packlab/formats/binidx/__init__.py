@@ -71,6 +71,7 @@ from packlab.formats.binidx.headers import (
     VersionPrefix,
     unpack_raw,
 )
+from packlab.formats.read.shard_reads import reads_for
 from packlab.formats.read.table import (
     BinIndex,
     BinTable,
@@ -357,8 +358,8 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         listed = files if isinstance(files, dict) else {}
         wanted = {name: listed.get(name) for name in (INDEX, SEQS, SUMS)
                   if name in listed or name != SUMS}
-        root = Path(self.cache_dir) if self.cache_dir else cache_root()
-        final = cache_entry(root / "index", self.path, hashlib.sha256(raw).hexdigest())
+        final = cache_entry(cache_root(self.cache_dir) / "index", self.path,
+                            hashlib.sha256(raw).hexdigest())
         return fetch_files(self.path, wanted, final, last={RECORD: raw})
 
     def _file(self, name: str) -> Path | Location:
@@ -491,7 +492,7 @@ class Reader(BinidxFacts, TableReads, ShardReader):
         n = self.num_bins
         mmidx.check_documents(load_array(self.path / INDEX, "<i8", mmidx.documents_at(n), n + 1),
                               n, self.path / INDEX)
-        reads = self._reads()
+        reads = reads_for(self.location)
         placement = self._placement(reads)
         table = BinTable.from_placement(placement, reads, check=False)
         limit = self.vocab_size if self.vocab_size else int(np.iinfo(self.token_dtype).max) + 1

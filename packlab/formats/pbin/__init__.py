@@ -70,6 +70,7 @@ from packlab.formats.pbin.codec import (
     finish_output,
     open_output,
 )
+from packlab.formats.read.shard_reads import reads_for
 from packlab.formats.read.table import (
     BinTable,
     Column,
@@ -408,7 +409,7 @@ class Reader(PbinFacts, TableReads, ShardReader):
                           source=str(self.path), first_bin=lo)
             return self._summary()
         self._verify_checksum()
-        reads = self._reads()
+        reads = reads_for(self.location)
         placement = self._placement(reads)
         assert placement is not None
         table = BinTable.from_placement(placement, reads, check=False)

@@ -30,8 +30,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from packlab.bins import PackedBin, check_csr, cumulative_offsets
-from packlab.errors import FormatError
+from packlab.bins import PackedBin, check_csr, check_token_ids, cumulative_offsets
 from packlab.formats.read.shard_reads import Column, FileReads
 from packlab.formats.read.table import (
     CHUNK,
@@ -191,10 +190,5 @@ class ItemTable(ShardTable):
                           np.concatenate([p.loss_mask for p in bins]),
                           pack_size=self.pack_size, source=self.source, first_bin=lo,
                           convention=convention)
-                ids = np.concatenate([p.input_ids for p in bins])
-                bad = (ids < 0) | (ids >= token_limit)
-                if bad.any():
-                    at = int(np.argmax(bad))
-                    b = lo + int(np.searchsorted(token_offsets, at, side="right")) - 1
-                    raise FormatError(f"{self.source}: bin {b}: token id {int(ids[at])} "
-                                      f"outside [0, {token_limit})")
+                check_token_ids(np.concatenate([p.input_ids for p in bins]), token_offsets,
+                                token_limit=token_limit, source=self.source, first_bin=lo)

@@ -56,6 +56,7 @@ from packlab.bins import (
     PackedBin,
     check_bin_checksum,
     check_csr,
+    check_token_ids,
     cumulative_offsets,
     seq_boundaries,
 )
@@ -276,13 +277,9 @@ class BinTable(ShardTable):
                           gather(self.starts, runs.seq_start, runs.num_seqs),
                           gather(self.mask, runs.mask_start, runs.packed_len),
                           pack_size=self.pack_size, source=source, first_bin=lo)
-                ids = gather(self.tokens, runs.token_start, runs.packed_len)
-                bad = (ids < 0) | (ids >= token_limit)
-                if bad.any():
-                    at = int(np.argmax(bad))
-                    b = lo + int(np.searchsorted(token_offsets, at, side="right")) - 1
-                    raise FormatError(f"{source}: bin {b}: token id "
-                                      f"{int(ids[at])} outside [0, {token_limit})")
+                check_token_ids(gather(self.tokens, runs.token_start, runs.packed_len),
+                                token_offsets, token_limit=token_limit, source=source,
+                                first_bin=lo)
 
     def packed_lengths(self) -> np.ndarray:
         """Every bin's packed length (int64), from the index."""
@@ -396,15 +393,11 @@ class TableReads:
         """A :class:`Placement` (or :class:`~packlab.formats.read.item_table.ItemPlacement`), or None."""
         raise NotImplementedError
 
-    def _reads(self) -> FileReads:
-        """New reads of this shard's files, of the kind its location says."""
-        return reads_for(self.location)
-
     def table(self) -> Any:
         """This process's table, built on first use (a forked child builds its own); None
         when the shard's bins are not slices of its files."""
         if self._table is None and not self._untabled:
-            reads = self._reads()
+            reads = reads_for(self.location)
             placement = self._placement(reads)
             if placement is None:
                 self._untabled = True
@@ -416,7 +409,7 @@ class TableReads:
     def placement(self) -> Placement | None:
         """Where this shard's bins are (None when they are not slices of its files): what
         the raw CSR floor reads."""
-        return self._placement(self._reads())
+        return self._placement(reads_for(self.location))
 
     def forget_maps(self) -> None:
         """In a forked child: open the files again on the next read (:mod:`packlab.storage.reads`)."""
