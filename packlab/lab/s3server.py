@@ -157,13 +157,19 @@ def serve(host: str = HOST, port: int = 0, buckets: Iterable[str] = (),
     """Serve moto on ``host:port`` (0: a free port) with ``buckets`` made, printing
     ``PORT <n>`` once listening (then ``on_ready(port)``), until interrupted (or, with
     ``exit_with_parent``, until the process that started it is gone)."""
-    from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from moto.server import MotoRequestHandler, create_backend_app
     from werkzeug.serving import make_server
 
     if host != HOST:
         raise PacklabError(f"the test server binds {HOST} only, not {host}")
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request: counted, not told
-    app = CountingMiddleware(DomainDispatcherApplication(create_backend_app))
+    # moto's S3 application alone, not its every-service dispatcher: that one looks for each
+    # request's service anew (a listing of moto's package folder per request, a third of the
+    # server's CPU), and this store serves S3 only. Flask's debug mode (moto turns it on)
+    # builds a class per request to explain form errors nobody here reads.
+    s3 = create_backend_app("s3")
+    s3.debug = False
+    app = CountingMiddleware(s3)
     server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
     if exit_with_parent:
         threading.Thread(target=_exit_with_parent, args=(os.getppid(),), daemon=True).start()
