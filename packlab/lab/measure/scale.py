@@ -211,11 +211,14 @@ def ranks_job(path: str, world_size: int = 4, workers: int = 2, batch_size: int 
                        str(result), str(done)]
             ranks.append((subprocess.Popen(command), result, done))
         report = Progress(progress, 0)
-        while any(p.poll() is None for p, _, _ in ranks):
+        while running := [p for p, _, _ in ranks if p.poll() is None]:
             seen = [_read_pair(d) for _, _, d in ranks]
             report.total = sum(t for _, t in seen)
             report.update(sum(n for n, _ in seen))
-            time.sleep(0.5)
+            try:  # the next report in 0.5 s, or as soon as the last rank running exits
+                running[-1].wait(0.5)
+            except subprocess.TimeoutExpired:
+                pass
         codes = [p.wait() for p, _, _ in ranks]
         if any(codes):
             raise PacklabError(f"ranks exited {codes}")

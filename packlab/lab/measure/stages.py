@@ -262,7 +262,10 @@ def _measure(name: str, argv: list[str], *, tokens: int | None, progress: Any,
                 outcome, detail = "failed", f"timed out after {timeout:.0f} s"
                 _kill(child)
                 break
-            time.sleep(interval)
+            try:  # the next sample in ``interval`` s, or the end as soon as it exits
+                child.wait(interval)
+            except subprocess.TimeoutExpired:
+                pass
         child.wait()
     finally:
         if child.poll() is None:
