@@ -65,7 +65,7 @@ def test_export_markers_pack_and_validate(tmp_path: Path, spool: SpoolReader, ca
                            "--chat-markers", "cl100k_base", "--no-thinking-traces")
     assert code == 0, err
     assert int(SpoolReader(tmp_path / "plain").masks.sum()) < int(spool.masks.sum())
-    # packed_index over the prefix (Bridge #4351's index-only mode), as over a spool
+    # packed_index over the prefix (index-only packing over offline-tokenized data), as over a spool
     for source, name in ((tmp_path / "derived", "over_prefix"), (spool.path, "over_spool")):
         code, _, err = run_cli(capsys, "pack", source, tmp_path / name, "--format",
                                "packed_index", "--pack-size", 512)

@@ -29,7 +29,7 @@ def _section(title: str) -> str:
 
 
 SECTION = _section(AS_OF_TODAY)
-FACTS = " ".join(f"{i.reads} {i.at()} {i.where} {i.change} {i.also}" for i in stacks.INPUTS)
+FACTS = " ".join(f"{i.reads} {i.at()} {i.where} {i.change}" for i in stacks.INPUTS)
 
 
 def test_the_section_prints_the_facts_table() -> None:

@@ -48,9 +48,7 @@ class StackInput:
     date: str  #: that commit's date, or the date the pull request was seen in this state
     where: str  #: the files it was read in
     written_by: str  #: the packlab command that writes it
-    change: str = ""  #: the pull request or issue that proposes or plans it
-    #: what else was read on the way (earlier commits, related issues), for the README's prose
-    also: str = ""
+    change: str = ""  #: the pull request that proposes it
 
     @property
     def released(self) -> bool:
@@ -96,16 +94,14 @@ PRETOKENIZED_PREFIX = StackInput(
     commit="97b2c55e4c373a072c36e79104bcdac1d77c022f", date="open on 2026-08-22",
     where="`megatron/core/datasets/sft_dataset.py`",
     written_by="`packlab export` (and `packed_index` to pack or repack over it)",
-    change="pull request #5017",
-    also=("Megatron-Bridge issue #4351 asks for offline tokenization into `.bin/.idx` and "
-          "index-only packing"))
+    change="pull request #5017")
 PREPARED_PLAN = StackInput(
     name="prepared SFT prefix", stack=BRIDGE, status=PLANNED,
     reads=("pre-tokenized `.bin/.idx` as its prepared text SFT data (\"planned, not available "
-           "yet\", issue #4664); packed Parquet is its \"transitional\" prepared data until then"),
+           "yet\"); packed Parquet is its \"transitional\" prepared data until then"),
     version="main", commit=BRIDGE_MAIN, date=BRIDGE_MAIN_DATE,
     where="`data-preparation.md` (in `docs/training/`)",
-    written_by="`packlab export`", change="issue #4664")
+    written_by="`packlab export`")
 
 #: every input, in the order the README lists them
 INPUTS = (PACKED_PARQUET, PACKED_NPY, SFT_PAIR, PRETOKENIZED_PREFIX, PREPARED_PLAN)

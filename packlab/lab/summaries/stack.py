@@ -163,7 +163,7 @@ def beside_stack(run: Run) -> dict[str, Any] | None:
          + ", ".join(r for r in (parquet or {}).get("token_readers", [])
                      if r != stacks.BRIDGE),
          f"{prefix.stack}'s `SFTDataset` ({prefix.change}, {prefix.status}); {plan.stack} "
-         f"plans it ({plan.change}); megatron-core's `IndexedDataset` reads the prefix"),
+         f"plans it (its `data-preparation.md` at `{plan.commit}`); megatron-core's `IndexedDataset` reads the prefix"),
         ("a random bin, shuffled", f"{_reads(ours)} (notebook 05)",
          _bridge_epoch(run, ours, noticed),
          f"`{index_name}` over its tokens: {_reads(index)}"
