@@ -52,6 +52,16 @@ def resident_pages(path: str | os.PathLike[str]) -> tuple[int, int]:
     return int(resident.sum()), int(resident.shape[0])
 
 
+def resident_once(path: str | os.PathLike[str], at_least: int, *, timeout: float = 10.0) -> int:
+    """The resident pages of one file once there are ``at_least`` (or when ``timeout`` seconds
+    have passed): readahead and advised reads are asynchronous, and on a loaded machine the
+    pages they asked for land later than on a quiet one."""
+    deadline = time.monotonic() + timeout
+    while (pages := resident_pages(path)[0]) < at_least and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return pages
+
+
 def resident_map(path: str | os.PathLike[str]) -> np.ndarray:
     """Which pages of one file are in the page cache (one bool per page), by ``mincore``."""
     fd = os.open(path, os.O_RDONLY)
