@@ -145,16 +145,18 @@ def test_read_advice_asks_for_cold_ranges_and_stops_asking_once_reads_stay_warm(
     assert advice.credit == 0
     assert advice.first(3 * PAGE + 100, 5 * PAGE) is False  # asked: warm
     far = 1000 * PAGE
-    for _ in range(5):
-        # The probe's own one-page read can finish before the kernel answers it when the
-        # reading thread is descheduled between the two (a loaded machine): the page is then
-        # warm, rightly. A probe that never notices fails every try.
+    # The probe's own one-page read can finish before the kernel answers it when the reading
+    # thread is descheduled between the two (a loaded machine): the page is then warm, rightly.
+    # A probe that never notices fails every try.
+    for _try in range(5):
         assert drop_until_cold([path]) == 0
         for _ in range(mapping.SAMPLE - 1):  # warm for long: most reads are not checked at all
             assert advice.first(far, 4 * PAGE) is False
         assert resident_pages(path)[0] == 0
         if advice.first(far, 4 * PAGE):  # the sampled read notices
             break
+    else:
+        pytest.fail("the sampled read found a cold page warm in 5 tries")
     assert advice.credit == mapping.STAY
     resident_once(path, 4)
     time.sleep(0.2)
