@@ -6,14 +6,16 @@ asserted: only that timings exist, come from one index list, and are put beside 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from conftest import Child
 
 from packlab.errors import PacklabError
-from packlab.lab.measure.peers import get_peer, mds_env, peer_names, side_by_side
+from packlab.lab.measure.peers import get_peer, mds_env, peer_names, run, side_by_side
 from packlab.lab.measure.peers.base import (
     COLUMNS,
     Peer,
@@ -22,6 +24,7 @@ from packlab.lab.measure.peers.base import (
     bytes_of,
     reference_from,
 )
+from packlab.lab.measure.peers.megatron_peer import MODULE as MEGATRON_MODULE
 from packlab.lab.measure.peers.raw_csr import RawCsr, load_reference
 from packlab.lab.measure.peers.run import compare, prepare, verify
 from packlab.lab.measure.peers.summary import findings, smallest_fast, table
@@ -101,6 +104,43 @@ def test_raw_csr_carries_the_reference(reference: Reference, tmp_path: Path) -> 
     assert loaded.pack_size == reference.pack_size and loaded.vocab_size == reference.vocab_size
     assert all(np.array_equal(a, b) for a, b in zip(loaded.columns, reference.columns,
                                                    strict=True))
+
+
+class _Logged(RawCsr):
+    """Raw CSR whose import and write are logged, in order, with the run's clock readings."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def load(self) -> None:
+        self.events.append("load")
+        super().load()
+
+    def write(self, reference: Reference, directory: Path) -> None:
+        self.events.append("write")
+        super().write(reference, directory)
+
+
+def test_write_seconds_time_the_write_and_not_the_import(
+        reference: Reference, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[str] = []
+    readings = iter((10.0, 12.5))
+    monkeypatch.setattr(run, "time", SimpleNamespace(
+        perf_counter=lambda: events.append("clock") or next(readings)))
+    prepared = prepare(_Logged(events), reference, tmp_path / "csr")
+    prepared.opened.close()
+    assert events == ["load", "clock", "write", "clock"]
+    assert prepared.write_seconds == 2.5
+
+
+def _loaded_by(name: str) -> list[str]:
+    get_peer(name).load()
+    return sorted(m for m in ("torch", MEGATRON_MODULE) if m in sys.modules)
+
+
+def test_megatrons_load_imports_what_its_writer_uses() -> None:
+    # in a forked child, so that the import shows (and stays out of the test process)
+    assert Child(_loaded_by, "megatron_indexed").result() == sorted(("torch", MEGATRON_MODULE))
 
 
 class _Missing(Peer):

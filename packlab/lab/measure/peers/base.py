@@ -115,6 +115,12 @@ class Peer:
                 return f"{module} is not installed in this environment"
         return None
 
+    def load(self) -> None:
+        """Import the system's library before its write is timed: ``write_seconds`` is the
+        time to write, not the seconds an import of megatron-core or streaming takes."""
+        for module in self.REQUIRES:
+            require(module)
+
     def write(self, reference: Reference, directory: Path) -> None:
         raise NotImplementedError
 

@@ -68,6 +68,9 @@ class _Mds(Peer):
     ENVIRONMENT = "mds"
     COMPRESSION: str | None = None
 
+    def load(self) -> None:
+        _streaming()
+
     def write(self, reference: Reference, directory: Path) -> None:
         streaming = _streaming()
         with streaming.MDSWriter(out=str(directory), columns=ENCODINGS,

@@ -32,6 +32,11 @@ class Megatron(Peer):
     COLUMNS = TOKENS_ONLY
     REQUIRES = ("megatron.core",)
 
+    def load(self) -> None:
+        import torch  # noqa: F401 - its builder takes tensors
+
+        _indexed()
+
     def write(self, reference: Reference, directory: Path) -> None:
         import torch
 
