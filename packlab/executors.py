@@ -21,11 +21,14 @@ counts as it goes). A failing task cancels the others and its own error is raise
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import select
 import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
@@ -159,7 +162,7 @@ def _iter_pool(fn: Callable[..., T], jobs: list[tuple[Any, ...]], workers: int
     writers clean up; a worker killed outright leaves a temporary the next run sweeps). Any other failure
     cancels the queued jobs and lets those in flight finish."""
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)),
-                             initializer=_ignore_interrupt) as pool:
+                             initializer=_pool_worker) as pool:
         with interrupts_held():  # forked with SIGINT held, until the worker ignores it
             futures = {pool.submit(_stoppable, fn, job): i for i, job in enumerate(jobs)}
         try:
@@ -221,14 +224,16 @@ def interrupts_deferred() -> Iterator[None]:
 _IN_JOB = [False]  # in a pool worker: whether a job is running
 _STOPPED = [False]  # in a pool worker: the parent asked the running job to stop
 STOP_JOB = signal.SIGUSR1
+PARENT_GONE = 128 + signal.SIGHUP  # a worker's exit status once its parent is gone, as a shell's
 
 
-def _ignore_interrupt() -> None:
-    """In a pool worker: ignore Ctrl-C (the parent stops the pool and reports it, once; no
-    worker prints a traceback); ``STOP_JOB`` (SIGUSR1) from the parent aborts the job running
-    (its writer cleans up: nothing half written is published) and leaves an idle worker alone
-    (it exits when the pool shuts down, so the pool never sees a worker vanish; SIGTERM keeps
-    its default, for the pool's own clean-up of a broken pool)."""
+def _pool_worker() -> None:
+    """A pool worker's set-up: it ignores Ctrl-C (the parent stops the pool and reports it,
+    once; no worker prints a traceback); ``STOP_JOB`` (SIGUSR1) from the parent aborts the job
+    running (its writer cleans up: nothing half written is published) and leaves an idle worker
+    alone (it exits when the pool shuts down, so the pool never sees a worker vanish; SIGTERM
+    keeps its default, for the pool's own clean-up of a broken pool); and it exits once the
+    parent is gone (:func:`_exit_with_parent`)."""
     def stop(signum: int, frame: Any) -> None:
         if _IN_JOB[0]:
             _STOPPED[0] = True
@@ -244,6 +249,34 @@ def _ignore_interrupt() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(STOP_JOB, stop)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    _exit_with_parent()
+
+
+def _exit_with_parent() -> None:
+    """In a pool worker: exit as soon as the parent process is gone. A parent killed outright
+    (``kill PID``, ``timeout``, the OOM killer) never shuts its pool down, and its workers would
+    wait on the job queue forever, holding what they inherited: the output's writing lock
+    among it, so the same command run again was refused. A thread waits on the parent's pidfd
+    (polls its parent id where there is none); the worker's temporaries are swept by the next
+    run, as a killed worker's are."""
+    parent = multiprocessing.parent_process()
+    pid = parent.pid if parent is not None else os.getppid()
+    try:
+        handle: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux 5.3+
+        handle = None
+    if os.getppid() != pid:  # gone before the watch began
+        os._exit(PARENT_GONE)
+
+    def watch() -> None:
+        if handle is not None:
+            select.select([handle], [], [])  # readable once the process has exited
+        else:
+            while os.getppid() == pid:
+                time.sleep(1.0)
+        os._exit(PARENT_GONE)
+
+    threading.Thread(target=watch, name="packlab-parent-watch", daemon=True).start()
 
 
 def check_stop() -> None:
@@ -254,7 +287,7 @@ def check_stop() -> None:
 
 
 def _stoppable(fn: Callable[..., T], job: tuple[Any, ...]) -> T:
-    """``fn(*job)`` in a pool worker, marked as running (see :func:`_ignore_interrupt`)."""
+    """``fn(*job)`` in a pool worker, marked as running (see :func:`_pool_worker`)."""
     _IN_JOB[0] = True
     try:
         return fn(*job)

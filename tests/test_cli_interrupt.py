@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import as_a_terminal_job, write_random_spool
 
@@ -50,10 +51,14 @@ def entries(out: Path) -> int:
     return sum(len(dirs) + len(files) for _, dirs, files in os.walk(out))
 
 
-def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
+def interrupted(argv: list[str], out: Path, at: int, sig: int,
+                workers: list[psutil.Process] | None = None,
+                outlived: list[psutil.Process] | None = None) -> int:
     """Run ``packlab ARGV`` in a process group of its own; ``sig`` to the group once OUT holds
     ``at`` entries (progress, not time: a loaded machine only slows both); its exit status
-    (0: it finished first)."""
+    (0: it finished first). Given a ``workers`` list, ``sig`` goes to the command alone, as
+    ``kill PID`` or ``timeout`` sends it; the list gets the command's children then, and
+    ``outlived`` those still alive 30 s after it, killed (they hold its stderr open)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # the command runs at a lower priority than this watcher: on a loaded machine (two test
     # workers, the command's own pool) a starved watcher saw the count only once the whole
@@ -66,14 +71,24 @@ def interrupted(argv: list[str], out: Path, at: int, sig: int) -> int:
     while process.poll() is None and entries(out) < at:
         time.sleep(0.001)
     try:
-        os.killpg(process.pid, sig)
-    except ProcessLookupError:
+        if workers is None:
+            os.killpg(process.pid, sig)
+        else:
+            workers.extend(psutil.Process(process.pid).children())
+            os.kill(process.pid, sig)
+    except (ProcessLookupError, psutil.NoSuchProcess):
         pass
     status = process.wait(timeout=60)
+    if workers:
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        for child in alive:
+            child.kill()
+        if outlived is not None:
+            outlived.extend(alive)
     err = process.stderr.read().decode()
     process.stderr.close()
     assert "Traceback" not in err, err
-    assert status in (0, 130, -signal.SIGINT, -signal.SIGKILL), (status, err)
+    assert status in (0, 130, -signal.SIGINT, -sig), (status, err)
     return status
 
 
@@ -147,6 +162,34 @@ def test_pack_interrupted_at_random_points_resumes_to_the_same_bytes(tmp_path, c
     assert all(main(["validate", str(tmp_path / f"ref-{n}")]) == 0 for n in formats)
     capsys.readouterr()
     assert any("incomplete output" in w for w in seen), seen  # some came mid-write
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_a_pack_killed_alone_leaves_no_worker_behind_and_the_same_command_finishes_it(
+        tmp_path, capsys, sig) -> None:
+    """The command killed and its pool workers not (``kill PID``): the workers exit, so
+    nothing holds the output's writing lock, and the same command run again finishes the job
+    with the bytes of an uninterrupted run."""
+    spool = write_random_spool(tmp_path / "spool", num_sequences=1500, max_len=300,
+                               seed=9).path
+    ref = tmp_path / "ref"
+    most = most_entries(command(spool, ref, "memmap_v1", FLAT), ref)
+    rng = random.Random(SEED + 2)
+    for attempt in range(8):
+        out = tmp_path / f"run{attempt}"
+        argv = command(spool, out, "memmap_v1", FLAT)
+        workers: list[psutil.Process] = []
+        outlived: list[psutil.Process] = []
+        status = interrupted(argv, out, rng.randint(1, max(1, int(0.9 * most))), sig,
+                             workers, outlived)
+        assert not outlived, f"pool workers outlived the killed command: {outlived}"
+        if status == 0 or not workers:
+            continue  # it finished first, or was killed before its pool started
+        assert main(argv) == 0, capsys.readouterr().err
+        capsys.readouterr()
+        assert tree(out) == tree(ref)
+        return
+    pytest.fail("the command finished, or had no pool, before the signal every time")
 
 
 def test_an_interrupted_layout_is_refused_until_the_same_pack_finishes_it(tmp_path,
