@@ -115,7 +115,7 @@ test: $(STAMP) $(MDS_STAMP) $(BRIDGE_STAMP)
 	fi
 
 # The edit loop: everything but the slow tests (notebooks, fuzzing, interrupts, real ranks,
-# Ray, the S3 server's command runs, JupyterLab): 1,837 of the 1,948 tests (71 of them in
+# Ray, the S3 server's command runs, JupyterLab): 1,837 of the 1,950 tests (71 of them in
 # .venv-bridge).
 test-fast: $(STAMP) $(BRIDGE_STAMP)
 	$(MAKE) --no-print-directory test PYTEST_SELECT='-m "not slow"'
