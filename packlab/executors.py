@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import select
 import signal
 import sys
 import tempfile
@@ -225,6 +224,7 @@ _IN_JOB = [False]  # in a pool worker: whether a job is running
 _STOPPED = [False]  # in a pool worker: the parent asked the running job to stop
 STOP_JOB = signal.SIGUSR1
 PARENT_GONE = 128 + signal.SIGHUP  # a worker's exit status once its parent is gone, as a shell's
+PARENT_POLL = 0.5  # seconds between a worker's looks at its parent
 
 
 def _pool_worker() -> None:
@@ -253,27 +253,18 @@ def _pool_worker() -> None:
 
 
 def _exit_with_parent() -> None:
-    """In a pool worker: exit as soon as the parent process is gone. A parent killed outright
+    """In a pool worker: exit once the parent process is gone. A parent killed outright
     (``kill PID``, ``timeout``, the OOM killer) never shuts its pool down, and its workers would
     wait on the job queue forever, holding what they inherited: the output's writing lock
-    among it, so the same command run again was refused. A thread waits on the parent's pidfd
-    (polls its parent id where there is none); the worker's temporaries are swept by the next
-    run, as a killed worker's are."""
-    parent = multiprocessing.parent_process()
+    among it, so the same command run again was refused. A thread looks at the worker's parent
+    id every ``PARENT_POLL`` s (it changes when the parent dies); the worker's temporaries are
+    swept by the next run, as a killed worker's are."""
+    parent = multiprocessing.parent_process()  # as it was at the fork: it may be gone by now
     pid = parent.pid if parent is not None else os.getppid()
-    try:
-        handle: int | None = os.pidfd_open(pid)
-    except (AttributeError, OSError):  # not Linux 5.3+
-        handle = None
-    if os.getppid() != pid:  # gone before the watch began
-        os._exit(PARENT_GONE)
 
     def watch() -> None:
-        if handle is not None:
-            select.select([handle], [], [])  # readable once the process has exited
-        else:
-            while os.getppid() == pid:
-                time.sleep(1.0)
+        while os.getppid() == pid:
+            time.sleep(PARENT_POLL)
         os._exit(PARENT_GONE)
 
     threading.Thread(target=watch, name="packlab-parent-watch", daemon=True).start()
